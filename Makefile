@@ -1,0 +1,32 @@
+# Two commands on a fresh machine with python3 + pip: `make demo` and `make test`.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export RAY_AUTH_MODE ?= disabled
+
+.PHONY: demo test lint bench clean
+
+$(STAMP): pyproject.toml requirements.txt
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -r requirements.txt -e .
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/raysim run examples/quickstart.yaml
+
+test: $(STAMP)
+	$(BIN)/ruff check raysim tests benchmarks
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check raysim tests benchmarks
+	$(BIN)/ruff format --check raysim tests benchmarks
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/overhead.py
+	$(BIN)/python benchmarks/async_vs_sync.py
+	$(BIN)/python benchmarks/clock.py
+
+clean:
+	rm -rf $(VENV) mlflow.db mlruns .pytest_cache

@@ -1,0 +1,289 @@
+"""The coordinator: virtual clock, model versions, strategy, staleness, evaluation, tracking.
+
+``CoordinatorCore`` is plain Python (testable and benchmarkable without Ray); ``Coordinator`` is its
+Ray actor form, which builds the dataset, the worker pool and the MLflow tracker itself. The driver
+only calls ``step()`` until ``done``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from raysim.actors.executor import Executor
+from raysim.actors.jobs import ClientJob, client_seed
+from raysim.algorithms.base import Strategy, Update
+from raysim.algorithms.registry import get_method
+from raysim.clock import ArrivalQueue, PendingJob, Schedule
+from raysim.config import RunConfig
+from raysim.delays import build_delay_model
+from raysim.runtime import weights_digest
+
+Evaluator = Callable[[np.ndarray], dict[str, float]]
+
+
+@dataclass
+class ClientStats:
+    """Per-client counters for the per-client metrics table."""
+
+    dispatched: int = 0
+    arrived: int = 0
+    rejected: int = 0
+    dropped_late: int = 0
+    num_samples: int = 0
+    train_loss_sum: float = 0.0
+    staleness_sum: int = 0
+    last_round: int = -1
+
+
+@dataclass
+class _Version:
+    weights: np.ndarray
+    handle: Any
+    refs: int = 0
+
+
+@dataclass
+class RoundLog:
+    """Accumulates what happens inside one round."""
+
+    arrived: int = 0
+    rejected: int = 0
+    bytes_up: int = 0
+    bytes_down: int = 0
+    tau_rounds: list[int] = field(default_factory=list)
+    tau_versions: list[int] = field(default_factory=list)
+    train_loss: list[float] = field(default_factory=list)
+
+
+class CoordinatorCore:
+    """Steps a run one round of virtual time at a time (feddle.md §2.3).
+
+    Per round k: (1) dispatch the schedule's clients on the current version and start their jobs;
+    (2) deliver the updates whose arrival round is k, by arrival time then client id, rejecting
+    non-finite ones; (3) ``strategy.on_round_end``; (4) evaluate every ``eval.every`` rounds.
+    Jobs that would arrive after the last round are dispatched (they count) but never computed.
+    """
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        initial: np.ndarray,
+        client_sizes: np.ndarray,
+        executor: Executor,
+        evaluator: Evaluator | None = None,
+        tracker: Any | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.executor = executor
+        self.evaluator = evaluator
+        self.tracker = tracker
+        method = get_method(cfg.algorithm.name)
+        self.method = method
+        self.strategy: Strategy = method.strategy(cfg.algorithm.params, initial, cfg.clients.num)
+        delay_model = build_delay_model(cfg.delays, cfg.clients.num, cfg.seed)
+        self.schedule = Schedule(cfg.clients.num, cfg.clients.per_round, delay_model, cfg.seed)
+        self.queue = ArrivalQueue()
+        self.client_sizes = client_sizes
+        self.round = 0
+        self.version = 0
+        self._versions: dict[int, _Version] = {}
+        self._job_ids = 0
+        self.stats: dict[int, ClientStats] = defaultdict(ClientStats)
+        self.history: list[dict[str, float]] = []
+        self.evaluations: list[dict[str, float]] = []
+        self.totals = defaultdict(float)
+        self._corrupt = {(f.client, f.round): f.value for f in cfg.faults.corrupt_updates}
+        self._started = time.perf_counter()
+
+    # ----------------------------------------------------------------- model versions
+    def _current_handle(self) -> _Version:
+        v = self._versions.get(self.version)
+        if v is None:
+            w = np.array(self.strategy.weights, dtype=np.float32, copy=True)
+            w.flags.writeable = False  # a version is immutable once published
+            v = self._versions[self.version] = _Version(w, self.executor.put(w))
+        return v
+
+    def _release(self, version: int) -> None:
+        v = self._versions[version]
+        v.refs -= 1
+        if v.refs == 0 and version != self.version:
+            del self._versions[version]
+
+    def _bump(self, changed: bool) -> None:
+        if changed:
+            old = self.version
+            self.version += 1
+            if old in self._versions and self._versions[old].refs == 0:
+                del self._versions[old]
+
+    # ----------------------------------------------------------------- the round
+    @property
+    def done(self) -> bool:
+        return self.round >= self.cfg.rounds
+
+    def step(self) -> dict[str, float]:
+        """Advance the virtual clock by one round and return that round's metrics."""
+        if self.done:
+            raise RuntimeError("the run is finished")
+        k, log, t0 = self.round, RoundLog(), time.perf_counter()
+        self._dispatch(k, log)
+        if self.cfg.faults.kill_worker and self.cfg.faults.kill_worker.round == k:
+            self.executor.kill_worker(self.cfg.faults.kill_worker.worker)
+        for job in self.queue.pop_round(k):
+            self._deliver(job, k, log)
+        self._bump(self.strategy.on_round_end(k))
+        self.round += 1
+        if self.done:
+            for job in self.queue.drop_after(k):
+                self.stats[job.client].dropped_late += 1
+                self._release(job.dispatch_version)
+        metrics = self._round_metrics(k, log, time.perf_counter() - t0)
+        self.history.append(metrics)
+        if self.tracker is not None:
+            self.tracker.log_round(k, metrics)
+        return metrics
+
+    def _dispatch(self, k: int, log: RoundLog) -> None:
+        d = self.schedule.dispatch(k)
+        if not len(d):
+            return
+        v = self._current_handle()
+        jobs = []
+        for client, t_arr, r_arr in zip(
+            d.clients.tolist(), d.arrival_times.tolist(), d.arrival_rounds.tolist(), strict=True
+        ):
+            self._job_ids += 1
+            st = self.stats[client]
+            st.dispatched += 1
+            v.refs += 1
+            self.queue.push(PendingJob(client, k, self.version, t_arr, r_arr, self._job_ids))
+            if r_arr < self.cfg.rounds:
+                seed = client_seed(self.cfg.seed, client, k)
+                corrupt = self._corrupt.get((client, k))
+                jobs.append(ClientJob(self._job_ids, client, k, seed, corrupt))
+        log.bytes_down += len(d) * v.weights.nbytes
+        if jobs:
+            self.executor.submit(v.handle, jobs)
+
+    def _deliver(self, job: PendingJob, k: int, log: RoundLog) -> None:
+        result = self.executor.result(job.job_id)
+        st = self.stats[job.client]
+        log.bytes_up += result.delta.nbytes
+        if not np.isfinite(result.delta).all():
+            st.rejected += 1
+            log.rejected += 1
+            self.totals["rejected_updates"] += 1
+            if self.tracker is not None:
+                self.tracker.warn(
+                    f"round {k}: rejected a non-finite update from client {job.client}"
+                )
+            self._release(job.dispatch_version)
+            return
+        base = self._versions[job.dispatch_version].weights
+        update = Update(
+            client_id=job.client,
+            delta=result.delta,
+            num_samples=result.num_samples,
+            dispatch_round=job.dispatch_round,
+            dispatch_version=job.dispatch_version,
+            arrival_time=job.arrival_time,
+            arrival_round=k,
+            tau_versions=self.version - job.dispatch_version,
+            base=base,
+            metrics=result.metrics,
+        )
+        self._release(job.dispatch_version)
+        log.arrived += 1
+        log.tau_rounds.append(update.tau_rounds)
+        log.tau_versions.append(update.tau_versions)
+        loss = result.metrics.get("train_loss")
+        if loss is not None:
+            log.train_loss.append(loss)
+            st.train_loss_sum += loss
+        st.arrived += 1
+        st.num_samples = result.num_samples
+        st.staleness_sum += update.tau_rounds
+        st.last_round = k
+        self._bump(self.strategy.on_arrival(update))
+
+    def _round_metrics(self, k: int, log: RoundLog, wall: float) -> dict[str, float]:
+        self.totals["bytes_up"] += log.bytes_up
+        self.totals["bytes_down"] += log.bytes_down
+        self.totals["arrived"] += log.arrived
+        m: dict[str, float] = {
+            "round": float(k),
+            "virtual_time": float(k + 1),
+            "wall_time": time.perf_counter() - self._started,
+            "round_wall_s": wall,
+            "clients_arrived": float(log.arrived),
+            "clients_in_flight": float(len(self.queue)),
+            "rejected_updates": self.totals["rejected_updates"],
+            "bytes_up": float(log.bytes_up),
+            "bytes_down": float(log.bytes_down),
+            "model_version": float(self.version),
+        }
+        if log.tau_rounds:
+            m["staleness_rounds_mean"] = float(np.mean(log.tau_rounds))
+            m["staleness_rounds_max"] = float(np.max(log.tau_rounds))
+            m["staleness_versions_mean"] = float(np.mean(log.tau_versions))
+            m["staleness_versions_max"] = float(np.max(log.tau_versions))
+        if log.train_loss:
+            m["train_loss"] = float(np.mean(log.train_loss))
+        m.update(self.strategy.metrics())
+        if self.evaluator is not None and ((k + 1) % self.cfg.eval.every == 0 or self.done):
+            ev = self.evaluator(self.strategy.weights)
+            self.evaluations.append({"round": float(k), **ev})
+            m.update(ev)
+        return m
+
+    # ----------------------------------------------------------------- results
+    @property
+    def weights(self) -> np.ndarray:
+        return self.strategy.weights
+
+    def final_metrics(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        if self.evaluations:
+            last = self.evaluations[-1]
+            out.update({k: v for k, v in last.items() if k != "round"})
+            window = self.evaluations[-self.cfg.eval.final_window :]
+            out["accuracy_max_last"] = max(e.get("accuracy", float("nan")) for e in window)
+        out["wall_time_s"] = time.perf_counter() - self._started
+        out["rounds"] = float(self.round)
+        out["virtual_time"] = float(self.round)
+        out["total_bytes_up"] = self.totals["bytes_up"]
+        out["total_bytes_down"] = self.totals["bytes_down"]
+        out["total_updates"] = self.totals["arrived"]
+        out["rejected_updates"] = self.totals["rejected_updates"]
+        return out
+
+    def client_table(self) -> list[dict[str, float]]:
+        rows = []
+        for client in sorted(self.stats):
+            s = self.stats[client]
+            rows.append(
+                {
+                    "client": client,
+                    "num_samples": int(self.client_sizes[client]),
+                    "dispatched": s.dispatched,
+                    "arrived": s.arrived,
+                    "rejected": s.rejected,
+                    "dropped_late": s.dropped_late,
+                    "mean_train_loss": s.train_loss_sum / s.arrived if s.arrived else float("nan"),
+                    "mean_staleness_rounds": s.staleness_sum / s.arrived
+                    if s.arrived
+                    else float("nan"),
+                    "last_round": s.last_round,
+                }
+            )
+        return rows
+
+    def digest(self) -> str:
+        return weights_digest(self.strategy.weights)

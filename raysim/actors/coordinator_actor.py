@@ -1,0 +1,100 @@
+"""The coordinator as a Ray actor: builds data, worker pool, evaluator and tracker, then steps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+
+from raysim.actors.coordinator import CoordinatorCore
+from raysim.actors.pool import RayWorkerPool
+from raysim.config import RunConfig, flatten
+from raysim.data import build_federated_dataset
+from raysim.models.params import unflatten
+from raysim.runtime import GlobalEvaluator, initial_weights
+from raysim.tracking import Tracker
+
+
+class Coordinator:
+    """Owns the run; the single MLflow writer. Wrapped with ``ray.remote`` by the driver."""
+
+    def __init__(self, config: dict[str, Any], pool_size: int, tracking_uri: str | None) -> None:
+        cfg = RunConfig.model_validate(config)
+        self.cfg = cfg
+        dataset = build_federated_dataset(cfg.data, cfg.clients.num, cfg.seed)
+        self.dataset_ref = ray.put(dataset)  # held for the whole run: restarted workers re-read it
+        self.pool = RayWorkerPool(cfg, self.dataset_ref, pool_size)
+        evaluator = GlobalEvaluator(cfg.model, dataset)
+        self._model = evaluator.model
+        self.tracker = None
+        if cfg.tracking.enabled and tracking_uri:
+            method = cfg.algorithm.name
+            self.tracker = Tracker(
+                tracking_uri,
+                cfg.tracking.experiment,
+                cfg.tracking.run_name or cfg.name,
+                flatten(cfg.to_dict()),
+                {"algorithm": method, "reference": _reference(method), "seed": str(cfg.seed)},
+            )
+        self.core = CoordinatorCore(
+            cfg,
+            initial_weights(cfg.model, dataset, cfg.seed),
+            dataset.client_sizes(),
+            self.pool,
+            evaluator,
+            self.tracker,
+        )
+
+    def ready(self) -> dict[str, Any]:
+        return {"run_id": self.tracker.run_id if self.tracker else None, "rounds": self.cfg.rounds}
+
+    def step(self) -> dict[str, float]:
+        return self.core.step()
+
+    def done(self) -> bool:
+        return self.core.done
+
+    def workers(self) -> list[dict[str, Any]]:
+        return self.pool.describe()
+
+    def kill_worker(self, index: int) -> None:
+        """Fault injection from the driver (tests, chaos experiments)."""
+        self.pool.kill_worker(index)
+
+    def weights(self):
+        return self.core.weights
+
+    def finish(self) -> dict[str, Any]:
+        core = self.core
+        summary = {
+            "metrics": core.final_metrics(),
+            "history": core.history,
+            "weights_digest": core.digest(),
+            "run_id": self.tracker.run_id if self.tracker else None,
+            "clients": core.client_table(),
+        }
+        if self.tracker is not None:
+            self.tracker.log_round(
+                self.cfg.rounds, {f"final_{k}": v for k, v in summary["metrics"].items()}
+            )
+            self.tracker.log_final(
+                self.cfg.to_dict(),
+                unflatten(self._model, core.weights),
+                summary["clients"],
+                core.history,
+                {"weights_digest": summary["weights_digest"], **summary["metrics"]},
+            )
+        return summary
+
+    def fail(self) -> None:
+        if self.tracker is not None:
+            self.tracker.fail()
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+def _reference(method: str) -> str:
+    from raysim.algorithms.registry import get_method
+
+    return get_method(method).reference

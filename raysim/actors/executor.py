@@ -1,0 +1,58 @@
+"""How the coordinator gets client jobs done: the ``Executor`` interface and an in-process one."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+
+from raysim.actors.jobs import ClientJob, ClientResult
+
+
+class Executor(Protocol):
+    """Runs client jobs somewhere; results are fetched by job id, in any order."""
+
+    def put(self, weights: np.ndarray) -> Any:
+        """Publish one global model version once; the handle is passed to ``submit``."""
+
+    def submit(self, handle: Any, jobs: list[ClientJob]) -> None:
+        """Start jobs on the version behind ``handle``; may run eagerly in the background."""
+
+    def result(self, job_id: int) -> ClientResult:
+        """Block until the job's result is there."""
+
+    def kill_worker(self, index: int) -> None:
+        """Fault injection: kill one worker (it is replaced, its jobs re-run)."""
+
+    def describe(self) -> list[dict[str, Any]]:
+        """One dict per worker (placement, jobs run)."""
+
+    def close(self) -> None: ...
+
+
+class InProcessExecutor:
+    """Runs jobs lazily in the calling process with one ``ClientRunner`` (no Ray)."""
+
+    def __init__(self, runner: Any) -> None:
+        self.runner = runner
+        self._pending: dict[int, tuple[np.ndarray, ClientJob]] = {}
+
+    def put(self, weights: np.ndarray) -> np.ndarray:
+        return weights
+
+    def submit(self, handle: np.ndarray, jobs: list[ClientJob]) -> None:
+        for job in jobs:
+            self._pending[job.job_id] = (handle, job)
+
+    def result(self, job_id: int) -> ClientResult:
+        weights, job = self._pending.pop(job_id)
+        return self.runner.run(weights, job)
+
+    def kill_worker(self, index: int) -> None:  # nothing to kill in-process
+        pass
+
+    def describe(self) -> list[dict[str, Any]]:
+        return [{"worker": 0, "jobs_run": self.runner.jobs_run, "mode": "in_process"}]
+
+    def close(self) -> None:
+        self._pending.clear()

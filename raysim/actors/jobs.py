@@ -1,0 +1,35 @@
+"""What travels between coordinator and workers: client jobs and their results."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+CLIENT_STREAM = 0xC11E
+
+
+def client_seed(seed: int, client: int, dispatch_round: int) -> int:
+    """The RNG seed of one client job, derived from (run seed, client id, dispatch round) only."""
+    ss = np.random.SeedSequence([seed, CLIENT_STREAM, client, dispatch_round])
+    return int(ss.generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
+
+
+@dataclass(frozen=True)
+class ClientJob:
+    """One virtual client's local training on a given global model version."""
+
+    job_id: int
+    client: int
+    dispatch_round: int
+    seed: int
+    corrupt: str | None = None  # fault injection: "nan" or "inf" poisons the update
+
+
+@dataclass
+class ClientResult:
+    job_id: int
+    client: int
+    delta: np.ndarray
+    num_samples: int
+    metrics: dict[str, float] = field(default_factory=dict)

@@ -1,0 +1,132 @@
+"""A pool of Ray worker actors sized from the cluster; jobs go out in batches."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import ray
+
+from raysim.actors.jobs import ClientJob, ClientResult
+from raysim.actors.worker import Worker
+from raysim.config import RunConfig
+
+#: More actors than this in ``per_client`` mode is almost surely a mistake on one machine.
+PER_CLIENT_LIMIT = 256
+
+
+class ResourceError(RuntimeError):
+    """The requested workers cannot be placed on this cluster."""
+
+
+def plan_pool_size(cfg: RunConfig, resources: dict[str, float]) -> int:
+    """Number of worker actors for ``cfg`` on a cluster with ``resources``; raises if impossible."""
+    w, c = cfg.workers, cfg.coordinator
+    cpus, gpus = resources.get("CPU", 0.0), resources.get("GPU", 0.0)
+    if w.num_gpus > 0 and gpus == 0:
+        raise ResourceError(
+            f"workers.num_gpus={w.num_gpus} but the Ray cluster has no GPU; set workers.num_gpus=0 "
+            "or declare logical GPUs (ray start --num-gpus N)"
+        )
+    if w.num_gpus > 1 and not float(w.num_gpus).is_integer():
+        raise ResourceError(f"workers.num_gpus={w.num_gpus}: above 1 it must be a whole number")
+    free_cpu, free_gpu = cpus - c.num_cpus, gpus - c.num_gpus
+    if free_cpu < 0 or free_gpu < 0:
+        raise ResourceError(
+            f"the coordinator asks for {c.num_cpus} CPUs / {c.num_gpus} GPUs; the cluster has "
+            f"{cpus} CPUs / {gpus} GPUs"
+        )
+    fit = math.inf
+    if w.num_cpus > 0:
+        fit = min(fit, math.floor(free_cpu / w.num_cpus + 1e-9))
+    if w.num_gpus > 0:
+        fit = min(fit, math.floor(free_gpu / w.num_gpus + 1e-9))
+    if w.count == "per_client":
+        n = cfg.clients.num
+        if n > PER_CLIENT_LIMIT:
+            raise ResourceError(
+                f"workers.count=per_client would start {n} actors (limit {PER_CLIENT_LIMIT}); "
+                "use a pool (workers.count=auto) for large federations"
+            )
+    elif w.count == "auto":
+        n = int(max(1, min(fit, cfg.clients.per_round)))
+    else:
+        n = int(w.count)
+    if n > fit:
+        raise ResourceError(
+            f"{n} worker(s) × ({w.num_cpus} CPU, {w.num_gpus} GPU) do not fit the cluster "
+            f"({free_cpu} CPUs, {free_gpu} GPUs free after the coordinator); lower workers.count, "
+            "workers.num_cpus or workers.num_gpus"
+        )
+    return n
+
+
+class RayWorkerPool:
+    """Owns the worker actors. A dead actor is restarted by Ray and its batch re-run.
+
+    Each global version is ``ray.put`` once as numpy (zero-copy reads on every worker of a node).
+    A round's jobs are split into one contiguous batch per worker (one call per worker per round);
+    in ``per_client`` mode every client has its own actor and a batch is that client's job.
+    """
+
+    def __init__(self, cfg: RunConfig, dataset_ref: Any, size: int) -> None:
+        w = cfg.workers
+        self.per_client = w.count == "per_client"
+        actor = ray.remote(Worker).options(
+            num_cpus=w.num_cpus,
+            num_gpus=w.num_gpus,
+            max_restarts=w.max_restarts,
+            max_task_retries=-1,
+        )
+        config = cfg.to_dict()
+        # The dataset ref travels nested so workers resolve it themselves (restart-safe while the
+        # coordinator holds the ref; see ray-project/ray#53727).
+        self.workers = [actor.remote(config, [dataset_ref], w.threads) for _ in range(size)]
+        self._where: dict[int, tuple[Any, int]] = {}
+        self._fetched: dict[Any, list[ClientResult]] = {}
+        self._remaining: dict[Any, int] = {}
+        self._next = 0
+
+    def put(self, weights: np.ndarray) -> Any:
+        return ray.put(weights)
+
+    def _batches(self, jobs: list[ClientJob]) -> list[tuple[int, list[ClientJob]]]:
+        if self.per_client:
+            return [(job.client, [job]) for job in jobs]
+        n = min(len(self.workers), len(jobs))
+        bounds = np.linspace(0, len(jobs), n + 1).round().astype(int)
+        out = []
+        for i in range(n):
+            out.append(((self._next + i) % len(self.workers), jobs[bounds[i] : bounds[i + 1]]))
+        self._next = (self._next + n) % len(self.workers)
+        return out
+
+    def submit(self, handle: Any, jobs: list[ClientJob]) -> None:
+        for worker, batch in self._batches(jobs):
+            ref = self.workers[worker].run_batch.remote(handle, batch)
+            self._remaining[ref] = len(batch)
+            for i, job in enumerate(batch):
+                self._where[job.job_id] = (ref, i)
+
+    def result(self, job_id: int) -> ClientResult:
+        ref, i = self._where.pop(job_id)
+        if ref not in self._fetched:
+            self._fetched[ref] = ray.get(ref)
+        out = self._fetched[ref][i]
+        self._remaining[ref] -= 1
+        if self._remaining[ref] == 0:
+            del self._remaining[ref], self._fetched[ref]
+        return out
+
+    def kill_worker(self, index: int) -> None:
+        ray.kill(self.workers[index % len(self.workers)], no_restart=False)
+
+    def describe(self) -> list[dict[str, Any]]:
+        infos = ray.get([w.info.remote() for w in self.workers])
+        return [{"worker": i, **info} for i, info in enumerate(infos)]
+
+    def close(self) -> None:
+        for w in self.workers:
+            ray.kill(w)
+        self.workers = []

@@ -1,0 +1,164 @@
+"""Python entry points: ``run(config, overrides) -> Result`` and the ``RunSession`` driver loop.
+
+The driver owns nothing but the loop: ``while not done: metrics = coordinator.step()``. The CLI,
+the API and (later) the Ray Tune trainable all go through ``RunSession``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from raysim.config import RunConfig, load_config
+from raysim.tracking import default_tracking_uri
+
+
+@dataclass
+class Result:
+    """What a finished run gives back."""
+
+    metrics: dict[str, float]
+    history: list[dict[str, float]]
+    run_id: str | None
+    weights_digest: str
+    config: RunConfig
+    tracking_uri: str | None = None
+    clients: list[dict[str, Any]] = field(default_factory=list)
+    weights: np.ndarray | None = None
+
+
+def ensure_ray(address: str | None = None, **init_kwargs: Any) -> bool:
+    """Start (or connect to) Ray unless already initialised; True if this call started it."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": "WARNING"}
+    kwargs.update(init_kwargs)
+    ray.init(address=address, **kwargs)
+    return True
+
+
+class RunSession:
+    """Starts the coordinator actor for one validated config and steps it round by round."""
+
+    def __init__(self, cfg: RunConfig, address: str | None = None) -> None:
+        import ray
+
+        from raysim.actors.coordinator_actor import Coordinator
+        from raysim.actors.pool import plan_pool_size
+
+        self.cfg = cfg
+        self.tracking_uri = (
+            (cfg.tracking.uri or default_tracking_uri()) if cfg.tracking.enabled else None
+        )
+        if self.tracking_uri:
+            os.environ["MLFLOW_TRACKING_URI"] = (
+                self.tracking_uri
+            )  # before ray.init (ENVIRONMENT.md)
+        self._started_ray = ensure_ray(address)
+        try:
+            size = plan_pool_size(cfg, ray.cluster_resources())
+            actor = ray.remote(Coordinator).options(
+                num_cpus=cfg.coordinator.num_cpus, num_gpus=cfg.coordinator.num_gpus
+            )
+            self.actor = actor.remote(cfg.to_dict(), size, self.tracking_uri)
+            info = ray.get(self.actor.ready.remote())
+        except BaseException:
+            self.close()
+            raise
+        self.run_id: str | None = info["run_id"]
+        self.pool_size = size
+        self.round = 0
+
+    def step(self) -> dict[str, float]:
+        import ray
+
+        metrics = ray.get(self.actor.step.remote())
+        self.round += 1
+        return metrics
+
+    @property
+    def done(self) -> bool:
+        return self.round >= self.cfg.rounds
+
+    def rounds(self) -> Iterator[dict[str, float]]:
+        while not self.done:
+            yield self.step()
+
+    def workers(self) -> list[dict[str, Any]]:
+        import ray
+
+        return ray.get(self.actor.workers.remote())
+
+    def finish(self) -> Result:
+        import ray
+
+        summary = ray.get(self.actor.finish.remote())
+        weights = ray.get(self.actor.weights.remote())
+        return Result(
+            metrics=summary["metrics"],
+            history=summary["history"],
+            run_id=summary["run_id"],
+            weights_digest=summary["weights_digest"],
+            config=self.cfg,
+            tracking_uri=self.tracking_uri,
+            clients=summary["clients"],
+            weights=np.array(weights),
+        )
+
+    def close(self) -> None:
+        import ray
+
+        actor = getattr(self, "actor", None)
+        if actor is not None:
+            try:
+                ray.get(actor.close.remote(), timeout=30)
+            except Exception:  # noqa: BLE001 - best effort on the way out
+                pass
+            ray.kill(actor)
+            self.actor = None
+        if self._started_ray:
+            ray.shutdown()
+            self._started_ray = False
+
+
+RoundCallback = Callable[[dict[str, float]], None]
+
+
+def run(
+    config: str | Path | Mapping[str, Any] | RunConfig,
+    overrides: Iterable[str] = (),
+    *,
+    address: str | None = None,
+    on_round: RoundCallback | None = None,
+) -> Result:
+    """Run one simulation to the end. ``config`` is a YAML path, a dict or a ``RunConfig``.
+
+    The config is validated (overrides included) before Ray starts. ``on_round`` sees each round's
+    metrics (the CLI draws its progress bar with it).
+    """
+    cfg = config if isinstance(config, RunConfig) else load_config(config, overrides)
+    session = RunSession(cfg, address=address)
+    try:
+        for metrics in session.rounds():
+            if on_round is not None:
+                on_round(metrics)
+        return session.finish()
+    except BaseException:
+        import ray
+
+        if session.actor is not None:
+            try:
+                ray.get(session.actor.fail.remote(), timeout=30)
+            except Exception:  # noqa: BLE001
+                pass
+        raise
+    finally:
+        session.close()

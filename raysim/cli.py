@@ -1,0 +1,171 @@
+"""``raysim`` command line: ``run``, ``ui`` and ``methods``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from raysim.config import ConfigError, load_config
+
+console = Console()
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("[bold]round"),
+        MofNCompleteColumn(),
+        BarColumn(),
+        TextColumn("virtual t={task.fields[vt]:>6}"),
+        TextColumn("acc={task.fields[acc]}"),
+        TextColumn("arrived={task.fields[arrived]}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    )
+
+
+def _summary_table(result: Any) -> Table:
+    m = result.metrics
+    table = Table(title=f"raysim · {result.config.name} · {result.config.algorithm.name}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    rows = [
+        ("final accuracy", f"{m['accuracy']:.4f}" if "accuracy" in m else "—"),
+        ("final loss", f"{m['loss']:.4f}" if "loss" in m else "—"),
+        (
+            f"max accuracy, last {result.config.eval.final_window} evals",
+            f"{m['accuracy_max_last']:.4f}" if "accuracy_max_last" in m else "—",
+        ),
+        ("rounds (virtual time)", f"{m['rounds']:.0f}"),
+        ("updates applied / rejected", f"{m['total_updates']:.0f} / {m['rejected_updates']:.0f}"),
+        ("bytes up / down", f"{m['total_bytes_up']:.3g} / {m['total_bytes_down']:.3g}"),
+        ("wall time", f"{m['wall_time_s']:.1f} s"),
+        ("MLflow run id", str(result.run_id)),
+        ("MLflow store", str(result.tracking_uri)),
+        ("weights sha256", result.weights_digest),
+    ]
+    for k, v in rows:
+        table.add_row(k, v)
+    return table
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from raysim.api import run
+
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as e:
+        console.print(f"[red]{e}[/red]")
+        return 2
+    with _progress() as progress:
+        task = progress.add_task("run", total=cfg.rounds, vt="0", acc="—", arrived=0)
+
+        def on_round(m: dict[str, float]) -> None:
+            acc = f"{m['accuracy']:.4f}" if "accuracy" in m else progress.tasks[0].fields["acc"]
+            progress.update(
+                task,
+                advance=1,
+                vt=f"{m['virtual_time']:.0f}",
+                acc=acc,
+                arrived=int(m["clients_arrived"]),
+            )
+
+        result = run(cfg, address=args.address, on_round=on_round)
+    console.print(_summary_table(result))
+    return 0
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    from raysim.tracking import default_tracking_uri
+
+    uri = args.uri or default_tracking_uri()
+    env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+    cmd = [
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--backend-store-uri",
+        uri,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(args.port),
+        "--workers",
+        "1",
+    ]
+    proc = subprocess.Popen(cmd, env=env)
+    url = f"http://127.0.0.1:{args.port}"
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            time.sleep(0.5)
+    if proc.poll() is not None:
+        console.print(f"[red]mlflow server exited with code {proc.returncode}[/red]")
+        return 1
+    console.print(f"MLflow UI for {uri} at [bold]{url}[/bold] (pid {proc.pid}); Ctrl-C stops it")
+    if args.check:
+        proc.terminate()
+        proc.wait(timeout=30)
+        return 0
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        return 0
+
+
+def cmd_methods(args: argparse.Namespace) -> int:
+    from raysim.algorithms.registry import get_method, method_names
+
+    table = Table(title="registered methods")
+    for col in ("name", "params", "reference"):
+        table.add_column(col)
+    for name in method_names():
+        m = get_method(name)
+        params = ", ".join(f"{k}={f.default}" for k, f in m.params.model_fields.items())
+        table.add_row(name, params or "—", m.reference)
+    console.print(table)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="raysim", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("run", help="run one simulation from a YAML config")
+    p.add_argument("config", help="path to a YAML config")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rounds=50 delays.sigma=20")
+    p.add_argument("--address", default=None, help="existing Ray cluster: auto or ray://host:port")
+    p.set_defaults(func=cmd_run)
+    p = sub.add_parser("ui", help="serve the MLflow UI for the run store on 127.0.0.1")
+    p.add_argument(
+        "--uri", default=None, help="tracking URI (default: $MLFLOW_TRACKING_URI or ./mlflow.db)"
+    )
+    p.add_argument("--port", type=int, default=5000)
+    p.add_argument("--check", action="store_true", help="start, wait until healthy, then stop")
+    p.set_defaults(func=cmd_ui)
+    p = sub.add_parser("methods", help="list registered methods and their parameters")
+    p.set_defaults(func=cmd_methods)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,238 @@
+"""Typed run configuration: one YAML file + dotted ``key=value`` overrides → ``RunConfig``.
+
+Everything is validated before Ray starts; errors name the offending key and the closest valid one.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    Field,
+    SerializeAsAny,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
+
+from raysim.algorithms.base import MethodParams
+from raysim.algorithms.registry import get_method
+from raysim.data import DataConfig
+from raysim.delays import DelayParams, NoDelayParams, parse_delay_params
+from raysim.models.registry import ModelConfig
+from raysim.schema import StrictModel
+from raysim.training.loop import LocalTrainingConfig
+
+
+class ConfigError(ValueError):
+    """A configuration problem, with one line per offending key."""
+
+
+class ClientsConfig(StrictModel):
+    num: int = Field(100, ge=1, description="J, the number of virtual clients")
+    per_round: int = Field(10, ge=1, description="S, clients dispatched per round")
+
+
+class AlgorithmConfig(StrictModel):
+    """``name`` picks a registered method; every other key is one of that method's params."""
+
+    name: str = "fedavg"
+    params: SerializeAsAny[MethodParams] = Field(default_factory=MethodParams)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _split(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "params" not in data:
+            data = dict(data)
+            name = data.pop("name", "fedavg")
+            try:
+                method = get_method(str(name))
+            except KeyError as e:
+                raise ValueError(e.args[0]) from None
+            fields = list(method.params.model_fields)
+            for key in data:
+                if key not in fields:
+                    close = difflib.get_close_matches(str(key), fields, n=1, cutoff=0.5)
+                    hint = f" (did you mean {close[0]!r}?)" if close else ""
+                    known = ", ".join(fields) if fields else "none"
+                    raise ValueError(
+                        f"algorithm {name!r} has no parameter {key!r}{hint}; "
+                        f"its parameters: {known}"
+                    )
+            return {"name": name, "params": method.params(**data)}
+        return data
+
+    @model_serializer
+    def _flat(self) -> dict[str, Any]:
+        return {"name": self.name, **self.params.model_dump()}
+
+
+class WorkersConfig(StrictModel):
+    count: int | Literal["auto", "per_client"] = Field(
+        "auto",
+        description="pool size; 'auto' sizes it from the cluster; 'per_client' pins one each",
+    )
+    num_cpus: float = Field(1.0, ge=0)
+    num_gpus: float = Field(0.0, ge=0)
+    threads: int = Field(1, ge=1, description="torch intra-op threads per worker")
+    max_restarts: int = Field(3, ge=0, description="times a dead worker is replaced")
+
+    @field_validator("count")
+    @classmethod
+    def _positive(cls, v: Any) -> Any:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("workers.count must be ≥ 1, 'auto' or 'per_client'")
+        return v
+
+
+class CoordinatorConfig(StrictModel):
+    num_cpus: float = Field(0.0, ge=0)
+    num_gpus: float = Field(0.0, ge=0)
+
+
+class EvalConfig(StrictModel):
+    every: int = Field(1, ge=1, description="evaluate the global model every N rounds")
+    final_window: int = Field(5, ge=1, description="report max accuracy over the last N evals")
+
+
+class TrackingConfig(StrictModel):
+    enabled: bool = True
+    uri: str | None = Field(
+        None, description="MLflow URI; default: $MLFLOW_TRACKING_URI, else sqlite"
+    )
+    experiment: str = "raysim"
+    run_name: str | None = None
+
+
+class CorruptUpdate(StrictModel):
+    client: int = Field(ge=0)
+    round: int = Field(ge=0)
+    value: Literal["nan", "inf"] = "nan"
+
+
+class KillWorker(StrictModel):
+    round: int = Field(ge=0)
+    worker: int = Field(0, ge=0)
+
+
+class FaultsConfig(StrictModel):
+    """Fault injection for robustness experiments (and the recovery tests)."""
+
+    kill_worker: KillWorker | None = None
+    corrupt_updates: list[CorruptUpdate] = Field(default_factory=list)
+
+
+class RunConfig(StrictModel):
+    """A whole run. See ``examples/quickstart.yaml`` for an annotated instance."""
+
+    name: str = "run"
+    seed: int = 0
+    rounds: int = Field(30, ge=1)
+    clients: ClientsConfig = Field(default_factory=ClientsConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    local: LocalTrainingConfig = Field(default_factory=LocalTrainingConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    delays: SerializeAsAny[DelayParams] = Field(default_factory=NoDelayParams)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    workers: WorkersConfig = Field(default_factory=WorkersConfig)
+    coordinator: CoordinatorConfig = Field(default_factory=CoordinatorConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    faults: FaultsConfig = Field(default_factory=FaultsConfig)
+
+    @field_validator("delays", mode="before")
+    @classmethod
+    def _delay_kind(cls, v: Any) -> Any:
+        return parse_delay_params(dict(v)) if isinstance(v, Mapping) else v
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> RunConfig:
+        if self.clients.per_round > self.clients.num:
+            raise ValueError(
+                f"clients.per_round ({self.clients.per_round}) exceeds clients.num "
+                f"({self.clients.num})"
+            )
+        for f in self.faults.corrupt_updates:
+            if f.client >= self.clients.num:
+                raise ValueError(
+                    f"faults.corrupt_updates names client {f.client}, beyond clients.num"
+                )
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+def parse_value(text: str) -> Any:
+    """Parse an override value as YAML (``50`` → int, ``true`` → bool, ``[1,2]`` → list)."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
+    """Apply ``a.b.c=value`` overrides to a nested dict (a copy); intermediate dicts are created."""
+    out = yaml.safe_load(yaml.safe_dump(raw)) or {}
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override {item!r} is not of the form key=value")
+        node = out
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            child = node.get(part)
+            if not isinstance(child, dict):
+                child = node[part] = {}
+            node = child
+        node[parts[-1]] = parse_value(value)
+    return out
+
+
+def _format(error: ValidationError) -> str:
+    lines = []
+    for e in error.errors():
+        loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-"))
+        msg = e["msg"].removeprefix("Value error, ")
+        got = e.get("input")
+        if e["type"] not in ("value_error", "assertion_error", "missing") and not isinstance(
+            got, dict
+        ):
+            msg += f" (got {got!r})"
+        lines.append(f"{loc or '<config>'}: {msg}")
+    return "invalid config:\n  " + "\n  ".join(lines)
+
+
+def load_config(source: str | Path | Mapping[str, Any], overrides: Iterable[str] = ()) -> RunConfig:
+    """Read a YAML path or a dict, apply overrides and validate; raises ``ConfigError``."""
+    if isinstance(source, Mapping):
+        raw = dict(source)
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        raw = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of keys")
+    raw = apply_overrides(raw, overrides)
+    try:
+        return RunConfig.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(_format(e)) from None
+
+
+def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` → ``{"a.b": 1}`` (for MLflow params)."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping) and v:
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out

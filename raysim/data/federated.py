@@ -1,0 +1,195 @@
+"""DataConfig, the FederatedDataset container and ``build_federated_dataset``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from pydantic import Field, model_validator
+
+from raysim.data.builtin import BUILTIN_LOADERS, RawData
+from raysim.data.hf import HFConfig, load_hf
+from raysim.data.partition import PartitionConfig, pack, partition
+from raysim.data.text import build_vocab, encode
+from raysim.schema import StrictModel
+
+SPLIT_TAG = 1  # rng = default_rng([seed, SPLIT_TAG]) for the train/test split
+PARTITION_TAG = 2  # rng = default_rng([seed, PARTITION_TAG]) for the client partition
+
+
+class DataConfig(StrictModel):
+    """Which dataset to load and how to split it; ``hf`` options apply to ``name='hf'``."""
+
+    name: Literal["digits", "mnist1d", "bbc_news", "hf"] = "digits"
+    test_fraction: float = Field(0.2, gt=0, lt=1)
+    partition: PartitionConfig = Field(default_factory=PartitionConfig)
+    vocab_size: int = Field(5000, ge=3)  # text: embedding rows incl. pad (0) and unk (1)
+    max_tokens: int = Field(256, ge=1)  # text: tokens per sample after truncate/pad
+    hf: HFConfig = Field(default_factory=HFConfig)
+
+    @model_validator(mode="after")
+    def _check(self) -> DataConfig:
+        if self.name == "hf":
+            self.hf.check()
+        elif self.hf != HFConfig():
+            raise ValueError(f"hf options only apply to name='hf', not name={self.name!r}")
+        if self.partition.kind == "natural" and not (self.name == "hf" and self.hf.client_column):
+            raise ValueError("partition.kind='natural' needs name='hf' with hf.client_column set")
+        return self
+
+
+@dataclass(eq=False)
+class FederatedDataset:
+    """Numpy arrays plus small metadata; one object-store copy serves every worker.
+
+    Client ``j`` owns train rows ``client_indices[client_offsets[j]:client_offsets[j+1]]``.
+    Dense inputs are float32 ``(N, *feature_shape)``; token inputs are int64
+    ``(N, max_tokens)`` with 0 = padding and 1 = unknown.
+    """
+
+    name: str
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    client_indices: np.ndarray
+    client_offsets: np.ndarray
+    num_classes: int
+    input_kind: Literal["dense", "tokens"]
+    vocab_size: int | None = None
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.client_offsets) - 1
+
+    @property
+    def feature_shape(self) -> tuple[int, ...]:
+        return tuple(int(d) for d in self.x_train.shape[1:])
+
+    def client_sizes(self) -> np.ndarray:
+        """Number of train samples of every client, int64 ``(num_clients,)``."""
+        return np.diff(self.client_offsets)
+
+    def client_train_indices(self, j: int) -> np.ndarray:
+        """Indices into ``x_train`` owned by client ``j``."""
+        if not 0 <= j < self.num_clients:
+            raise IndexError(f"client {j} out of range [0, {self.num_clients})")
+        return self.client_indices[self.client_offsets[j] : self.client_offsets[j + 1]]
+
+    def client_data(self, j: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(x, y)`` of client ``j`` (a copy gathered from the shared arrays)."""
+        idx = self.client_train_indices(j)
+        return self.x_train[idx], self.y_train[idx]
+
+    def label_histogram(self) -> np.ndarray:
+        """Per-client label counts, int64 ``(num_clients, num_classes)``."""
+        owner = np.repeat(np.arange(self.num_clients), self.client_sizes())
+        labels = self.y_train[self.client_indices]
+        hist = np.zeros((self.num_clients, self.num_classes), dtype=np.int64)
+        np.add.at(hist, (owner, labels), 1)
+        return hist
+
+    def summary(self) -> dict:
+        """Sizes and label-skew statistics (JSON-friendly)."""
+        sizes = self.client_sizes()
+        hist = self.label_histogram()
+        entropy = _normalized_entropy(hist)
+        return {
+            "name": self.name,
+            "num_clients": self.num_clients,
+            "num_train": int(len(self.y_train)),
+            "num_test": int(len(self.y_test)),
+            "num_classes": self.num_classes,
+            "input_kind": self.input_kind,
+            "feature_shape": list(self.feature_shape),
+            "vocab_size": self.vocab_size,
+            "client_size": _stats(sizes),
+            "labels_per_client": _stats((hist > 0).sum(axis=1)),
+            "label_entropy": _stats(entropy),
+            "train_label_counts": np.bincount(self.y_train, minlength=self.num_classes).tolist(),
+        }
+
+
+def _stats(values: np.ndarray) -> dict[str, float]:
+    values = np.asarray(values, dtype=np.float64)
+    return {
+        "min": float(values.min()),
+        "max": float(values.max()),
+        "mean": float(values.mean()),
+        "std": float(values.std()),
+    }
+
+
+def _normalized_entropy(hist: np.ndarray) -> np.ndarray:
+    """Per-row label entropy divided by log(num_classes): 0 = one label, 1 = uniform."""
+    totals = np.maximum(hist.sum(axis=1, keepdims=True), 1)
+    p = hist / totals
+    with np.errstate(divide="ignore", invalid="ignore"):
+        h = 0.0 - np.where(p > 0, p * np.log(p), 0.0).sum(axis=1)  # 0.0 - x avoids -0.0
+    return h / np.log(hist.shape[1]) if hist.shape[1] > 1 else np.zeros(len(hist))
+
+
+def load_raw(cfg: DataConfig) -> RawData:
+    """Load the configured dataset before splitting."""
+    if cfg.name == "hf":
+        return load_hf(cfg.hf)
+    return BUILTIN_LOADERS[cfg.name]()
+
+
+def split_indices(n: int, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Deterministic sorted (train, test) row indices; the test set gets ~``test_fraction``."""
+    if n < 2:
+        raise ValueError(f"need at least 2 samples to split train/test, got {n}")
+    n_test = min(max(1, round(n * test_fraction)), n - 1)
+    perm = np.random.default_rng([seed, SPLIT_TAG]).permutation(n)
+    return np.sort(perm[n_test:]), np.sort(perm[:n_test])
+
+
+def _train_test(raw: RawData, cfg: DataConfig, seed: int) -> tuple[RawData, RawData]:
+    """Split ``raw`` into train/test ``RawData`` (carving test only when the source has none)."""
+    if raw.x_test is not None and raw.y_test is not None:
+        train = RawData(raw.x, raw.y, raw.num_classes, raw.is_text, client_ids=raw.client_ids)
+        return train, RawData(raw.x_test, raw.y_test, raw.num_classes, raw.is_text)
+    tr, te = split_indices(len(raw.y), cfg.test_fraction, seed)
+    ids = None if raw.client_ids is None else raw.client_ids[tr]
+    train = RawData(raw.x[tr], raw.y[tr], raw.num_classes, raw.is_text, client_ids=ids)
+    return train, RawData(raw.x[te], raw.y[te], raw.num_classes, raw.is_text)
+
+
+def _check_labels(y: np.ndarray, num_classes: int, what: str) -> np.ndarray:
+    y = np.ascontiguousarray(y, dtype=np.int64)
+    if len(y) and (y.min() < 0 or y.max() >= num_classes):
+        raise ValueError(f"{what} labels must lie in [0, {num_classes}), got {y.min()}..{y.max()}")
+    return y
+
+
+def build_federated_dataset(cfg: DataConfig, num_clients: int, seed: int) -> FederatedDataset:
+    """Load, split train/test from ``seed``, tokenize text, partition train among clients."""
+    raw = load_raw(cfg)
+    train, test = _train_test(raw, cfg, seed)
+    vocab_size = None
+    if raw.is_text:
+        vocab = build_vocab(train.x, cfg.vocab_size)
+        x_train, x_test = (encode(d.x, vocab, cfg.max_tokens) for d in (train, test))
+        vocab_size, kind = len(vocab) + 2, "tokens"
+    else:
+        x_train, x_test = (np.ascontiguousarray(d.x, dtype=np.float32) for d in (train, test))
+        kind = "dense"
+    y_train = _check_labels(train.y, raw.num_classes, "train")
+    y_test = _check_labels(test.y, raw.num_classes, "test")
+    rng = np.random.default_rng([seed, PARTITION_TAG])
+    parts = partition(cfg.partition, y_train, num_clients, rng, ids=train.client_ids)
+    indices, offsets = pack(parts)
+    return FederatedDataset(
+        name=cfg.name if cfg.name != "hf" else f"hf:{cfg.hf.path}",
+        x_train=x_train,
+        y_train=y_train,
+        x_test=x_test,
+        y_test=y_test,
+        client_indices=indices,
+        client_offsets=offsets,
+        num_classes=raw.num_classes,
+        input_kind=kind,
+        vocab_size=vocab_size,
+    )

@@ -1,0 +1,5 @@
+"""Model zoo behind a registry: ``build_model(config, data_spec)``."""
+
+from raysim.models.registry import DataSpec, ModelConfig, build_model, register_model
+
+__all__ = ["DataSpec", "ModelConfig", "build_model", "register_model"]

@@ -1,0 +1,60 @@
+"""Name → model builder registry; later issues add LLM and vision builders here."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from pydantic import Field
+
+from raysim.schema import StrictModel
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """What a model builder needs to know about the data."""
+
+    input_kind: str  # "dense" or "tokens"
+    feature_shape: tuple[int, ...]
+    num_classes: int
+    vocab_size: int | None = None
+
+
+class ModelConfig(StrictModel):
+    """Which model to build; unused fields are ignored by builders that do not need them."""
+
+    name: str = "mlp"
+    hidden: list[int] = Field(default_factory=lambda: [128])
+    channels: list[int] = Field(default_factory=lambda: [16, 32])
+    embed_dim: int = Field(64, ge=1)
+    dropout: float = Field(0.0, ge=0, lt=1)
+
+
+Builder = Callable[[ModelConfig, DataSpec], torch.nn.Module]
+_BUILDERS: dict[str, Builder] = {}
+
+
+def register_model(name: str) -> Callable[[Builder], Builder]:
+    def wrap(fn: Builder) -> Builder:
+        _BUILDERS[name] = fn
+        return fn
+
+    return wrap
+
+
+def model_names() -> list[str]:
+    import raysim.models.small  # noqa: F401  (registers the built-in models)
+
+    return sorted(_BUILDERS)
+
+
+def build_model(cfg: ModelConfig, spec: DataSpec) -> torch.nn.Module:
+    """Build a freshly initialised model (initialisation follows torch's global RNG)."""
+    names = model_names()
+    if cfg.name not in _BUILDERS:
+        close = difflib.get_close_matches(cfg.name, names, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"unknown model {cfg.name!r}{hint}; known: {', '.join(names)}")
+    return _BUILDERS[cfg.name](cfg, spec)

@@ -1,0 +1,82 @@
+"""Small models for the offline datasets: MLP, CNN (1-D or 2-D), bag of embeddings."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from raysim.models.registry import DataSpec, ModelConfig, register_model
+
+
+def _mlp(sizes: list[int], dropout: float) -> list[nn.Module]:
+    layers: list[nn.Module] = []
+    for a, b in zip(sizes[:-2], sizes[1:-1], strict=True):
+        layers += [nn.Linear(a, b), nn.ReLU()]
+        if dropout:
+            layers.append(nn.Dropout(dropout))
+    layers.append(nn.Linear(sizes[-2], sizes[-1]))
+    return layers
+
+
+@register_model("mlp")
+def build_mlp(cfg: ModelConfig, spec: DataSpec) -> nn.Module:
+    """Flatten → [Linear → ReLU]* → Linear."""
+    if spec.input_kind != "dense":
+        raise ValueError("model 'mlp' needs dense inputs; use 'bag_of_embeddings' for text")
+    sizes = [math.prod(spec.feature_shape), *cfg.hidden, spec.num_classes]
+    return nn.Sequential(nn.Flatten(), *_mlp(sizes, cfg.dropout))
+
+
+class _Reshape(nn.Module):
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        super().__init__()
+        self.shape = shape
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(x.shape[0], *self.shape)
+
+
+@register_model("cnn")
+def build_cnn(cfg: ModelConfig, spec: DataSpec) -> nn.Module:
+    """Conv(3) → ReLU blocks, one max-pool, then an MLP head; 2-D for square inputs, else 1-D.
+
+    A flat 64-feature input (sklearn digits) is viewed as 1×8×8; a flat 40-feature one (mnist1d) as
+    1×40.
+    """
+    if spec.input_kind != "dense":
+        raise ValueError("model 'cnn' needs dense inputs")
+    n = math.prod(spec.feature_shape)
+    side = math.isqrt(n)
+    two_d = side * side == n and len(spec.feature_shape) <= 2 and n > 16
+    conv, pool = (nn.Conv2d, nn.MaxPool2d) if two_d else (nn.Conv1d, nn.MaxPool1d)
+    shape = (1, side, side) if two_d else (1, n)
+    layers: list[nn.Module] = [_Reshape(shape)]
+    c_in = 1
+    for c in cfg.channels:
+        layers += [conv(c_in, c, 3, padding=1), nn.ReLU()]
+        c_in = c
+    layers += [pool(2), nn.Flatten()]
+    flat = c_in * ((side // 2) ** 2 if two_d else n // 2)
+    layers += _mlp([flat, *cfg.hidden, spec.num_classes], cfg.dropout)
+    return nn.Sequential(*layers)
+
+
+class BagOfEmbeddings(nn.Module):
+    """Mean of token embeddings (padding id 0 ignored) → MLP head."""
+
+    def __init__(self, vocab_size: int, embed_dim: int, hidden: list[int], num_classes: int):
+        super().__init__()
+        self.embedding = nn.EmbeddingBag(vocab_size, embed_dim, mode="mean", padding_idx=0)
+        self.head = nn.Sequential(*_mlp([embed_dim, *hidden, num_classes], 0.0))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embedding(tokens))
+
+
+@register_model("bag_of_embeddings")
+def build_bag_of_embeddings(cfg: ModelConfig, spec: DataSpec) -> nn.Module:
+    if spec.input_kind != "tokens" or not spec.vocab_size:
+        raise ValueError("model 'bag_of_embeddings' needs token inputs (e.g. data.name=bbc_news)")
+    return BagOfEmbeddings(spec.vocab_size, cfg.embed_dim, cfg.hidden, spec.num_classes)

@@ -1,0 +1,139 @@
+"""MLflow tracking: the coordinator is the only writer. Per-round metrics, params, artifacts."""
+
+from __future__ import annotations
+
+import csv
+import io
+import logging
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+log = logging.getLogger("raysim")
+
+
+def default_tracking_uri(cwd: str | Path | None = None) -> str:
+    """``$MLFLOW_TRACKING_URI`` if set, else sqlite ``mlflow.db`` in the working dir."""
+    env = os.environ.get("MLFLOW_TRACKING_URI")
+    if env:
+        return env
+    return f"sqlite:///{Path(cwd or os.getcwd()).resolve() / 'mlflow.db'}"
+
+
+class Tracker:
+    """One MLflow run; metrics are batched per round (one request per round)."""
+
+    def __init__(
+        self,
+        uri: str,
+        experiment: str,
+        run_name: str | None,
+        params: Mapping[str, Any],
+        tags: Mapping[str, str],
+        parent_run_id: str | None = None,
+    ) -> None:
+        import mlflow
+        from mlflow.tracking import MlflowClient
+
+        self.client = MlflowClient(tracking_uri=uri)
+        mlflow.set_tracking_uri(uri)
+        exp = self.client.get_experiment_by_name(experiment)
+        exp_id = exp.experiment_id if exp else self.client.create_experiment(experiment)
+        run_tags = dict(tags)
+        if parent_run_id:
+            run_tags["mlflow.parentRunId"] = parent_run_id
+        run = self.client.create_run(exp_id, run_name=run_name, tags=run_tags)
+        self.run_id = run.info.run_id
+        self.uri = uri
+        self._log_params(params)
+        self.warnings: list[str] = []
+
+    def _log_params(self, params: Mapping[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(k, str(v)[:6000]) for k, v in sorted(params.items())]
+        for i in range(0, len(items), 100):
+            self.client.log_batch(self.run_id, params=items[i : i + 100])
+
+    def log_round(self, step: int, metrics: Mapping[str, float]) -> None:
+        from mlflow.entities import Metric
+
+        ts = int(__import__("time").time() * 1000)
+        batch = [
+            Metric(k, float(v), ts, step)
+            for k, v in metrics.items()
+            if v is not None and np.isfinite(v)
+        ]
+        self.client.log_batch(self.run_id, metrics=batch)
+
+    def warn(self, message: str) -> None:
+        log.warning(message)
+        self.warnings.append(message)
+
+    def log_final(
+        self,
+        config: Mapping[str, Any],
+        weights: dict[str, np.ndarray],
+        client_rows: Sequence[Mapping[str, Any]],
+        history: Sequence[Mapping[str, float]],
+        summary: Mapping[str, Any],
+    ) -> None:
+        """Resolved config, weights (safetensors), per-client table, accuracy plot, summary."""
+        from safetensors.numpy import save_file
+
+        with tempfile.TemporaryDirectory() as tmp:
+            d = Path(tmp)
+            (d / "config.yaml").write_text(yaml.safe_dump(dict(config), sort_keys=False))
+            save_file(
+                {k: np.ascontiguousarray(v) for k, v in weights.items()}, d / "weights.safetensors"
+            )
+            (d / "clients.csv").write_text(_csv(client_rows))
+            (d / "summary.yaml").write_text(yaml.safe_dump(dict(summary), sort_keys=False))
+            if self.warnings:
+                (d / "warnings.txt").write_text("\n".join(self.warnings) + "\n")
+            plot_curves(history, d / "accuracy.png")
+            self.client.log_artifacts(self.run_id, str(d))
+        self.client.set_terminated(self.run_id, "FINISHED")
+
+    def fail(self) -> None:
+        self.client.set_terminated(self.run_id, "FAILED")
+
+
+def _csv(rows: Sequence[Mapping[str, Any]]) -> str:
+    if not rows:
+        return ""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue()
+
+
+def plot_curves(history: Sequence[Mapping[str, float]], path: Path) -> None:
+    """Accuracy (and loss) of the global model against virtual time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    evals = [h for h in history if "accuracy" in h]
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    if evals:
+        t = [h["virtual_time"] for h in evals]
+        ax.plot(t, [h["accuracy"] for h in evals], marker=".", label="accuracy")
+        ax.set_ylim(0, 1)
+        if any("loss" in h for h in evals):
+            ax2 = ax.twinx()
+            ax2.plot(t, [h.get("loss", np.nan) for h in evals], color="tab:red", alpha=0.5)
+            ax2.set_ylabel("test loss", color="tab:red")
+    ax.set_xlabel("virtual time (rounds)")
+    ax.set_ylabel("test accuracy")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

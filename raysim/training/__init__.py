@@ -1,0 +1,1 @@
+"""Local training loops shared by every client algorithm."""

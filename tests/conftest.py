@@ -1,0 +1,52 @@
+"""Shared fixtures: one Ray instance per test session (ENVIRONMENT.md: ray.init costs 5–9 s)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+
+
+@pytest.fixture(scope="session")
+def mlflow_uri(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("mlflow") / "mlflow.db"
+    uri = f"sqlite:///{path}"
+    os.environ["MLFLOW_TRACKING_URI"] = uri  # before ray.init, so every process agrees
+    return uri
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(mlflow_uri):
+    """A local Ray instance with 2 CPUs and 4 *logical* GPUs (fractional placement on CPU)."""
+    import ray
+
+    ray.init(num_cpus=2, num_gpus=4, include_dashboard=False, logging_level="ERROR")
+    yield ray
+    ray.shutdown()
+
+
+def tiny(**overrides) -> dict:
+    """A few-second digits run; keyword overrides replace top-level sections."""
+    cfg = {
+        "name": "tiny",
+        "seed": 3,
+        "rounds": 4,
+        "clients": {"num": 20, "per_round": 5},
+        "data": {"name": "digits", "partition": {"kind": "dirichlet", "alpha": 0.3}},
+        "model": {"name": "mlp", "hidden": [32]},
+        "local": {"epochs": 1, "batch_size": 16, "lr": 0.1},
+        "algorithm": {"name": "fedavg"},
+        "eval": {"every": 1},
+        "workers": {"count": 2},
+    }
+    cfg.update(overrides)
+    return cfg

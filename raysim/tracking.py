@@ -40,6 +40,9 @@ class Tracker:
         import mlflow
         from mlflow.tracking import MlflowClient
 
+        logging.getLogger("mlflow").setLevel(logging.WARNING)
+        logging.getLogger("alembic").setLevel(logging.WARNING)
+
         self.client = MlflowClient(tracking_uri=uri)
         mlflow.set_tracking_uri(uri)
         exp = self.client.get_experiment_by_name(experiment)

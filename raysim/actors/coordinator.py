@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from raysim.actors.executor import Executor
-from raysim.actors.jobs import ClientJob, client_seed
+from raysim.actors.jobs import ClientJob
 from raysim.algorithms.base import Strategy, Update
 from raysim.algorithms.registry import get_method
 from raysim.clock import ArrivalQueue, PendingJob, Schedule
@@ -165,9 +165,8 @@ class CoordinatorCore:
             v.refs += 1
             self.queue.push(PendingJob(client, k, self.version, t_arr, r_arr, self._job_ids))
             if r_arr < self.cfg.rounds:
-                seed = client_seed(self.cfg.seed, client, k)
                 corrupt = self._corrupt.get((client, k))
-                jobs.append(ClientJob(self._job_ids, client, k, seed, corrupt))
+                jobs.append(ClientJob(self._job_ids, client, k, self.cfg.seed, corrupt))
         log.bytes_down += len(d) * v.weights.nbytes
         if jobs:
             self.executor.submit(v.handle, jobs)

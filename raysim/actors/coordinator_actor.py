@@ -23,7 +23,7 @@ class Coordinator:
         self.cfg = cfg
         dataset = build_federated_dataset(cfg.data, cfg.clients.num, cfg.seed)
         self.dataset_ref = ray.put(dataset)  # held for the whole run: restarted workers re-read it
-        self.pool = RayWorkerPool(cfg, self.dataset_ref, pool_size)
+        self.pool = RayWorkerPool(cfg, self.dataset_ref, pool_size, dataset.client_sizes())
         evaluator = GlobalEvaluator(cfg.model, dataset)
         self._model = evaluator.model
         self.tracker = None

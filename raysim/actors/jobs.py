@@ -22,8 +22,13 @@ class ClientJob:
     job_id: int
     client: int
     dispatch_round: int
-    seed: int
+    run_seed: int
     corrupt: str | None = None  # fault injection: "nan" or "inf" poisons the update
+
+    @property
+    def seed(self) -> int:
+        """Derived on the worker, so the coordinator's hot loop does not pay for it."""
+        return client_seed(self.run_seed, self.client, self.dispatch_round)
 
 
 @dataclass

@@ -70,7 +70,9 @@ class RayWorkerPool:
     in ``per_client`` mode every client has its own actor and a batch is that client's job.
     """
 
-    def __init__(self, cfg: RunConfig, dataset_ref: Any, size: int) -> None:
+    def __init__(
+        self, cfg: RunConfig, dataset_ref: Any, size: int, client_sizes: np.ndarray | None = None
+    ) -> None:
         w = cfg.workers
         self.per_client = w.count == "per_client"
         actor = ray.remote(Worker).options(
@@ -86,21 +88,24 @@ class RayWorkerPool:
         self._where: dict[int, tuple[Any, int]] = {}
         self._fetched: dict[Any, list[ClientResult]] = {}
         self._remaining: dict[Any, int] = {}
-        self._next = 0
+        self._sizes = client_sizes
 
     def put(self, weights: np.ndarray) -> Any:
         return ray.put(weights)
 
     def _batches(self, jobs: list[ClientJob]) -> list[tuple[int, list[ClientJob]]]:
+        """Per-client actors get their own job; a pool gets one batch per worker, balanced by
+        client data size (longest first to the least-loaded worker; deterministic)."""
         if self.per_client:
             return [(job.client, [job]) for job in jobs]
         n = min(len(self.workers), len(jobs))
-        bounds = np.linspace(0, len(jobs), n + 1).round().astype(int)
-        out = []
-        for i in range(n):
-            out.append(((self._next + i) % len(self.workers), jobs[bounds[i] : bounds[i + 1]]))
-        self._next = (self._next + n) % len(self.workers)
-        return out
+        cost = [1 if self._sizes is None else int(self._sizes[j.client]) for j in jobs]
+        load, batches = [0] * n, [[] for _ in range(n)]
+        for i in sorted(range(len(jobs)), key=lambda i: (-cost[i], i)):
+            w = min(range(n), key=lambda w: (load[w], w))
+            load[w] += cost[i]
+            batches[w].append(jobs[i])
+        return [(w, b) for w, b in enumerate(batches) if b]
 
     def submit(self, handle: Any, jobs: list[ClientJob]) -> None:
         for worker, batch in self._batches(jobs):

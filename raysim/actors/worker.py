@@ -14,6 +14,7 @@ from raysim.data import FederatedDataset
 from raysim.models import build_model
 from raysim.models.params import get_flat, set_flat
 from raysim.runtime import data_spec
+from raysim.training.loop import make_optimizer
 
 
 class ClientRunner:
@@ -32,6 +33,8 @@ class ClientRunner:
         method = get_method(self.cfg.algorithm.name)
         self.client_algorithm = method.client(self.cfg.algorithm.params)
         self.jobs_run = 0
+        # torch.optim imports torch._dynamo lazily on first use (~1.5 s); pay it at start-up.
+        make_optimizer(list(self.model.parameters()), self.cfg.local)
 
     def _client_tensors(self, client: int) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = self.dataset.client_data(client)

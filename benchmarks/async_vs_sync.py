@@ -1,0 +1,119 @@
+"""Async vs sync cost per client job: quickstart on local Ray (2 CPU workers, no tracking).
+
+Sync runs ``--rounds`` rounds with no delays. Async uses half-normal delays (σ=20 by default). With
+delays, jobs whose arrival round is past the last round are dispatched but never computed
+(``CoordinatorCore._dispatch``), so both runs are compared on *computed* jobs, counted from the
+history as Σ ``clients_arrived`` + the final ``rejected_updates`` (= delivered = computed). The
+async run's length is chosen by replaying its schedule offline: the fewest rounds whose computed
+jobs reach the sync run's count (the counts then match to within a few jobs). The comparison is
+wall time of the stepping loop per computed job; the gap left in the counts is thus normalised too.
+
+Both runs evaluate the global model once, at the end (``eval.every`` larger than the run): the
+async run needs about twice the rounds for the same jobs, and per-round evaluation is real work per
+round, not a cost of the virtual clock (pass ``--set eval.every=1`` to include it). Last line:
+``async_sync_ratio`` = async / sync wall per computed job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from common import QUICKSTART, machine, report
+
+from raysim.clock import Schedule
+from raysim.config import RunConfig, load_config
+from raysim.delays import build_delay_model
+
+
+def computed_jobs(cfg: RunConfig, rounds: int) -> int:
+    """Jobs of ``cfg``'s schedule that arrive within ``rounds`` rounds (= jobs computed)."""
+    delay = build_delay_model(cfg.delays, cfg.clients.num, cfg.seed)
+    schedule = Schedule(cfg.clients.num, cfg.clients.per_round, delay, cfg.seed)
+    return sum(int((schedule.dispatch(k).arrival_rounds < rounds).sum()) for k in range(rounds))
+
+
+def matching_rounds(cfg: RunConfig, target: int, limit: int = 10_000) -> int:
+    """The fewest rounds for which ``cfg`` computes at least ``target`` jobs."""
+    lo, hi = 1, 1
+    while computed_jobs(cfg, hi) < target:
+        lo, hi = hi + 1, hi * 2
+        if hi > limit:
+            raise ValueError(f"{target} jobs are not reached within {limit} rounds")
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if computed_jobs(cfg, mid) >= target:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def timed_run(cfg: RunConfig) -> dict[str, float]:
+    """Step one ``RunSession``; wall of the stepping loop and the jobs computed."""
+    from raysim.api import RunSession
+
+    session = RunSession(cfg)
+    try:
+        session.workers()  # every worker actor constructed before the clock starts
+        t0 = time.perf_counter()
+        history = [session.step() for _ in range(cfg.rounds)]
+        wall = time.perf_counter() - t0
+    finally:
+        session.close()
+    jobs = int(sum(m["clients_arrived"] for m in history) + history[-1]["rejected_updates"])
+    return {"rounds": cfg.rounds, "jobs": jobs, "wall_s": wall, "ms_per_job": wall / jobs * 1e3}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default=str(QUICKSTART))
+    parser.add_argument("--rounds", type=int, default=60, help="sync rounds")
+    parser.add_argument("--sigma", type=float, default=20.0, help="half-normal delay σ (rounds)")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3, help="sync/async pairs (median)")
+    parser.add_argument("--set", nargs="*", default=[], help="extra key=value overrides (both)")
+    args = parser.parse_args()
+    print(f"machine={machine()}", flush=True)
+    import ray
+
+    base = [
+        f"workers.count={args.workers}",
+        "workers.num_cpus=1",
+        "tracking.enabled=false",
+        "eval.every=1000000",
+        *args.set,
+    ]
+    sync = load_config(args.config, [*base, f"rounds={args.rounds}", "delays.kind=none"])
+    target = computed_jobs(sync, sync.rounds)
+    delays = ["delays.kind=half_normal", f"delays.sigma={args.sigma}"]
+    probe = load_config(args.config, [*base, *delays])
+    rounds = matching_rounds(probe, target)
+    asyn = load_config(args.config, [*base, *delays, f"rounds={rounds}"])
+    report(
+        "config",
+        file=args.config,
+        workers=args.workers,
+        sigma=args.sigma,
+        sync_rounds=sync.rounds,
+        async_rounds=rounds,
+        eval_every=sync.eval.every,
+        repeats=args.repeats,
+    )
+
+    ray.init(num_cpus=args.workers, include_dashboard=False, logging_level="WARNING")
+    try:
+        pairs = []
+        for _ in range(args.repeats):
+            s, a = timed_run(sync), timed_run(asyn)
+            report("sync", **s)
+            report("async", **a)
+            pairs.append(a["ms_per_job"] / s["ms_per_job"])
+    finally:
+        ray.shutdown()
+    report(async_sync_ratio=statistics.median(pairs))
+
+
+if __name__ == "__main__":
+    main()

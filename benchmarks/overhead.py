@@ -1,0 +1,168 @@
+"""Simulator overhead: raysim on local Ray (2 CPU workers) vs a plain PyTorch loop, same work.
+
+Both sides run the quickstart workload (FedAvg, digits, 100 clients Dir(0.3), 10 per round, MLP,
+evaluation of the global model every ``eval.every`` rounds) from the same dataset, initial weights,
+schedule (``raysim.clock.Schedule``), client seeds (``client_seed``) and aggregation order
+(arrivals by arrival time then client id; ``WeightedMean.combine`` with n_j/Σn), so the final
+weights should match bit for bit. The plain loop keeps one resident model and loads each client's
+starting weights into it (what a raysim worker does), with the client tensors built once up front.
+
+Steady-state per-round wall = median over rounds after the first 3. ``ray.init`` and session
+construction (coordinator + workers ready) are timed and reported separately, not per round.
+Repeats interleave plain and raysim runs (Ray stays up throughout; idle, it costs the plain loop
+nothing measurable), since this VM's speed drifts by 10-20% from minute to minute.
+Last line: ``overhead_ratio`` = raysim steady round / plain loop (1 torch thread) steady round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import torch
+from common import QUICKSTART, machine, report, steady
+
+from raysim.actors.jobs import client_seed
+from raysim.algorithms.base import WeightedMean
+from raysim.clock import ArrivalQueue, PendingJob, Schedule
+from raysim.config import RunConfig, load_config
+from raysim.data import build_federated_dataset
+from raysim.delays import build_delay_model
+from raysim.models import build_model
+from raysim.models.params import get_flat, set_flat
+from raysim.runtime import GlobalEvaluator, data_spec, initial_weights, weights_digest
+from raysim.training.loop import train_local
+
+
+def run_raysim(cfg: RunConfig) -> tuple[list[float], str, float]:
+    """One ``RunSession`` on the running Ray instance: per-round walls, digest, start-up time."""
+    from raysim.api import RunSession
+
+    t0 = time.perf_counter()
+    session = RunSession(cfg)
+    try:
+        session.workers()  # blocks until every worker actor is constructed
+        start = time.perf_counter() - t0
+        walls = []
+        while not session.done:
+            t0 = time.perf_counter()
+            session.step()
+            walls.append(time.perf_counter() - t0)
+        return walls, session.finish().weights_digest, start
+    finally:
+        session.close()
+
+
+def run_plain(cfg: RunConfig, threads: int) -> tuple[list[float], str]:
+    """The same FedAvg run as a plain single-process PyTorch loop with ``threads`` threads."""
+    torch.set_num_threads(threads)
+    dataset = build_federated_dataset(cfg.data, cfg.clients.num, cfg.seed)
+    weights = initial_weights(cfg.model, dataset, cfg.seed)
+    model = build_model(cfg.model, data_spec(dataset))
+    evaluator = GlobalEvaluator(cfg.model, dataset)
+    tensors = []
+    for j in range(cfg.clients.num):
+        x, y = dataset.client_data(j)
+        tensors.append((torch.tensor(x), torch.tensor(y, dtype=torch.long)))
+    delay = build_delay_model(cfg.delays, cfg.clients.num, cfg.seed)
+    schedule = Schedule(cfg.clients.num, cfg.clients.per_round, delay, cfg.seed)
+    queue = ArrivalQueue()  # for the ordering only: with no delays every job lands in round k
+    walls = []
+    for k in range(cfg.rounds):
+        t0 = time.perf_counter()
+        d = schedule.dispatch(k)
+        for client, t_arr, r_arr in zip(
+            d.clients.tolist(), d.arrival_times.tolist(), d.arrival_rounds.tolist(), strict=True
+        ):
+            queue.push(PendingJob(client, k, k, t_arr, r_arr, client))
+        deltas, sizes = [], []
+        for job in queue.pop_round(k):
+            x, y = tensors[job.client]
+            set_flat(model, weights)
+            seed = client_seed(cfg.seed, job.client, k)
+            torch.manual_seed(seed)
+            train_local(model, x, y, cfg.local, torch.Generator().manual_seed(seed))
+            deltas.append(get_flat(model) - weights)
+            sizes.append(len(y))
+        if deltas:
+            total = sum(sizes)
+            weights = weights + WeightedMean.combine(deltas, [n / total for n in sizes])
+        if (k + 1) % cfg.eval.every == 0 or k + 1 == cfg.rounds:
+            evaluator(weights)
+        walls.append(time.perf_counter() - t0)
+    if len(queue):
+        raise RuntimeError("the plain loop only reproduces runs without delays")
+    return walls, weights_digest(np.asarray(weights, dtype=np.float32))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default=str(QUICKSTART))
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--repeats", type=int, default=3, help="raysim sessions / plain runs")
+    parser.add_argument("--workers", type=int, default=2, help="Ray CPU workers (= ray CPUs)")
+    args = parser.parse_args()
+    print(f"machine={machine()}", flush=True)
+    overrides = [
+        f"rounds={args.rounds}",
+        f"workers.count={args.workers}",
+        "workers.num_cpus=1",
+        "tracking.enabled=false",
+        "delays.kind=none",
+    ]
+    cfg = load_config(args.config, overrides)
+    report(
+        "config",
+        file=args.config,
+        rounds=cfg.rounds,
+        clients=cfg.clients.num,
+        per_round=cfg.clients.per_round,
+        workers=args.workers,
+        eval_every=cfg.eval.every,
+        repeats=args.repeats,
+    )
+
+    import ray
+
+    from raysim.api import ensure_ray
+
+    t0 = time.perf_counter()
+    ensure_ray(num_cpus=args.workers)
+    ray_init = time.perf_counter() - t0
+    # Repeats interleave plain and raysim runs so that drift in this VM's speed hits both alike.
+    walls: dict[str, list[list[float]]] = {"plain_1thread": [], "plain_2thread": [], "raysim": []}
+    digests: dict[str, set[str]] = {name: set() for name in walls}
+    starts = []
+    try:
+        for _ in range(args.repeats):
+            for threads in (1, 2):
+                w, digest = run_plain(cfg, threads)
+                walls[f"plain_{threads}thread"].append(w)
+                digests[f"plain_{threads}thread"].add(digest)
+            w, digest, start = run_raysim(cfg)
+            walls["raysim"].append(w)
+            digests["raysim"].add(digest)
+            starts.append(start)
+    finally:
+        ray.shutdown()
+
+    report("raysim", ray_init_s=ray_init, session_start_s=statistics.median(starts))
+    med: dict[str, float] = {}
+    for name, runs in walls.items():
+        med[name] = statistics.median(steady(w) for w in runs)
+        report(name, round_ms=" ".join(f"{x * 1e3:.1f}" for x in runs[0]))
+        report(name, steady_round_ms_each=" ".join(f"{steady(w) * 1e3:.1f}" for w in runs))
+        digest = ",".join(d[:16] for d in sorted(digests[name]))
+        report(name, steady_round_ms=med[name] * 1e3, digest=digest)
+    same = {name: d == digests["raysim"] for name, d in digests.items() if name != "raysim"}
+    for name, ok in same.items():
+        report(name, same_weights=ok)
+    report(same_weights=same["plain_1thread"] and len(digests["raysim"]) == 1)
+    report(overhead_ratio_vs_2threads=med["raysim"] / med["plain_2thread"])
+    report(overhead_ratio=med["raysim"] / med["plain_1thread"])
+
+
+if __name__ == "__main__":
+    main()

@@ -59,6 +59,7 @@ class RoundLog:
     tau_rounds: list[int] = field(default_factory=list)
     tau_versions: list[int] = field(default_factory=list)
     train_loss: list[float] = field(default_factory=list)
+    wait_s: float = 0.0
 
 
 class CoordinatorCore:
@@ -172,7 +173,9 @@ class CoordinatorCore:
             self.executor.submit(v.handle, jobs)
 
     def _deliver(self, job: PendingJob, k: int, log: RoundLog) -> None:
+        t0 = time.perf_counter()
         result = self.executor.result(job.job_id)
+        log.wait_s += time.perf_counter() - t0
         st = self.stats[job.client]
         log.bytes_up += result.delta.nbytes
         if not np.isfinite(result.delta).all():
@@ -221,6 +224,7 @@ class CoordinatorCore:
             "virtual_time": float(k + 1),
             "wall_time": time.perf_counter() - self._started,
             "round_wall_s": wall,
+            "round_wait_s": log.wait_s,
             "clients_arrived": float(log.arrived),
             "clients_in_flight": float(len(self.queue)),
             "rejected_updates": self.totals["rejected_updates"],

@@ -11,7 +11,7 @@ from raysim.actors.pool import RayWorkerPool
 from raysim.config import RunConfig, flatten
 from raysim.data import build_federated_dataset
 from raysim.models.params import unflatten
-from raysim.runtime import GlobalEvaluator, initial_weights
+from raysim.runtime import GlobalEvaluator, data_spec, initial_weights
 from raysim.tracking import Tracker
 
 
@@ -23,7 +23,9 @@ class Coordinator:
         self.cfg = cfg
         dataset = build_federated_dataset(cfg.data, cfg.clients.num, cfg.seed)
         self.dataset_ref = ray.put(dataset)  # held for the whole run: restarted workers re-read it
-        self.pool = RayWorkerPool(cfg, self.dataset_ref, pool_size, dataset.client_sizes())
+        self.pool = RayWorkerPool(
+            cfg, self.dataset_ref, data_spec(dataset), pool_size, dataset.client_sizes()
+        )
         evaluator = GlobalEvaluator(cfg.model, dataset)
         self._model = evaluator.model
         self.tracker = None

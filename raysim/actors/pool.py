@@ -11,6 +11,7 @@ import ray
 from raysim.actors.jobs import ClientJob, ClientResult
 from raysim.actors.worker import Worker
 from raysim.config import RunConfig
+from raysim.models import DataSpec
 
 #: More actors than this in ``per_client`` mode is almost surely a mistake on one machine.
 PER_CLIENT_LIMIT = 256
@@ -71,7 +72,12 @@ class RayWorkerPool:
     """
 
     def __init__(
-        self, cfg: RunConfig, dataset_ref: Any, size: int, client_sizes: np.ndarray | None = None
+        self,
+        cfg: RunConfig,
+        dataset_ref: Any,
+        spec: DataSpec,
+        size: int,
+        client_sizes: np.ndarray | None = None,
     ) -> None:
         w = cfg.workers
         self.per_client = w.count == "per_client"
@@ -82,9 +88,8 @@ class RayWorkerPool:
             max_task_retries=-1,
         )
         config = cfg.to_dict()
-        # The dataset ref travels nested so workers resolve it themselves (restart-safe while the
-        # coordinator holds the ref; see ray-project/ray#53727).
-        self.workers = [actor.remote(config, [dataset_ref], w.threads) for _ in range(size)]
+        self.data = [dataset_ref]  # sent with every batch; see ``Worker``
+        self.workers = [actor.remote(config, spec, w.threads) for _ in range(size)]
         self._where: dict[int, tuple[Any, int]] = {}
         self._fetched: dict[Any, list[ClientResult]] = {}
         self._remaining: dict[Any, int] = {}
@@ -109,7 +114,7 @@ class RayWorkerPool:
 
     def submit(self, handle: Any, jobs: list[ClientJob]) -> None:
         for worker, batch in self._batches(jobs):
-            ref = self.workers[worker].run_batch.remote(handle, batch)
+            ref = self.workers[worker].run_batch.remote(handle, batch, self.data)
             self._remaining[ref] = len(batch)
             for i, job in enumerate(batch):
                 self._where[job.job_id] = (ref, i)

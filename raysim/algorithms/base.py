@@ -114,10 +114,12 @@ class ClientAlgorithm:
         generator: torch.Generator,
     ) -> dict[str, float]:
         """Train ``model`` (holding the global weights) in place on one client's data."""
-        global_params = [p.detach().clone() for p in model.parameters() if p.requires_grad]
-        return train_local(
-            model, inputs, targets, config, generator, penalty=self.penalty(global_params)
-        )
+        penalty = None
+        if type(self).penalty is not ClientAlgorithm.penalty:  # snapshot only when needed
+            penalty = self.penalty(
+                [p.detach().clone() for p in model.parameters() if p.requires_grad]
+            )
+        return train_local(model, inputs, targets, config, generator, penalty=penalty)
 
 
 class WeightedMean:

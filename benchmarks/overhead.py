@@ -31,9 +31,10 @@ from raysim.config import RunConfig, load_config
 from raysim.data import build_federated_dataset
 from raysim.delays import build_delay_model
 from raysim.models import build_model
-from raysim.models.params import get_flat, set_flat
+from raysim.models.params import get_flat, set_flat, trainable
 from raysim.runtime import GlobalEvaluator, data_spec, initial_weights, weights_digest
 from raysim.training.loop import train_local
+from raysim.training.tasks import ClassificationTask
 
 
 def run_raysim(cfg: RunConfig) -> tuple[list[float], str, float]:
@@ -69,6 +70,7 @@ def run_plain(cfg: RunConfig, threads: int) -> tuple[list[float], str]:
     delay = build_delay_model(cfg.delays, cfg.clients.num, cfg.seed)
     schedule = Schedule(cfg.clients.num, cfg.clients.per_round, delay, cfg.seed)
     queue = ArrivalQueue()  # for the ordering only: with no delays every job lands in round k
+    task = ClassificationTask()
     walls = []
     for k in range(cfg.rounds):
         t0 = time.perf_counter()
@@ -83,7 +85,8 @@ def run_plain(cfg: RunConfig, threads: int) -> tuple[list[float], str]:
             set_flat(model, weights)
             seed = client_seed(cfg.seed, job.client, k)
             torch.manual_seed(seed)
-            train_local(model, x, y, cfg.local, torch.Generator().manual_seed(seed))
+            gen = torch.Generator().manual_seed(seed)
+            train_local(model, trainable(model), task, (x, y), cfg.local, gen)
             deltas.append(get_flat(model) - weights)
             sizes.append(len(y))
         if deltas:

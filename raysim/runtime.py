@@ -8,8 +8,7 @@ import numpy as np
 import torch
 
 from raysim.data import FederatedDataset
-from raysim.models import DataSpec, ModelConfig, build_model
-from raysim.models.params import get_flat
+from raysim.models import DataSpec, ModelConfig, ModelHandle, build_handle
 
 INIT_STREAM = 0x1417
 
@@ -23,12 +22,23 @@ def data_spec(dataset: FederatedDataset) -> DataSpec:
     )
 
 
-def initial_weights(cfg: ModelConfig, dataset: FederatedDataset, seed: int) -> np.ndarray:
-    """Global model initialisation from the run seed's own stream."""
-    init_seed = int(np.random.SeedSequence([seed, INIT_STREAM]).generate_state(1)[0])
+def init_seed(seed: int) -> int:
+    """The seed under which every process builds the resident model (same init everywhere)."""
+    return int(np.random.SeedSequence([seed, INIT_STREAM]).generate_state(1)[0])
+
+
+def build_resident(
+    cfg: ModelConfig, spec: DataSpec, seed: int, adapters: tuple[str, ...] = ("global",)
+) -> ModelHandle:
+    """Build the model under the run's init stream, so every process holds the same weights."""
     with torch.random.fork_rng():
-        torch.manual_seed(init_seed)
-        return get_flat(build_model(cfg, data_spec(dataset)))
+        torch.manual_seed(init_seed(seed))
+        return build_handle(cfg, spec, adapters)
+
+
+def initial_weights(cfg: ModelConfig, dataset: FederatedDataset, seed: int) -> np.ndarray:
+    """Initial global vector (from the run seed's init stream)."""
+    return build_resident(cfg, data_spec(dataset), seed).get_global()
 
 
 def weights_digest(weights: np.ndarray) -> str:
@@ -40,14 +50,13 @@ class GlobalEvaluator:
     """Evaluates a global weight vector on the run's test split (one resident model)."""
 
     def __init__(self, model_cfg: ModelConfig, dataset: FederatedDataset) -> None:
-        from raysim.models.params import set_flat
         from raysim.training.loop import evaluate
 
-        self._set_flat, self._evaluate = set_flat, evaluate
-        self.model = build_model(model_cfg, data_spec(dataset))
+        self._evaluate = evaluate
+        self.handle = build_handle(model_cfg, data_spec(dataset))
         self.x = torch.tensor(np.asarray(dataset.x_test))
         self.y = torch.tensor(np.asarray(dataset.y_test), dtype=torch.long)
 
     def __call__(self, weights: np.ndarray) -> dict[str, float]:
-        self._set_flat(self.model, weights)
-        return self._evaluate(self.model, self.x, self.y)
+        self.handle.set_global(weights)
+        return self._evaluate(self.handle.module, self.x, self.y)

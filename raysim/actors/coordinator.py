@@ -96,6 +96,8 @@ class CoordinatorCore:
         self._versions: dict[int, _Version] = {}
         self._job_ids = 0
         self.stats: dict[int, ClientStats] = defaultdict(ClientStats)
+        #: Personal state per client (simulated client storage; the strategy never sees it).
+        self.client_states: dict[int, dict[str, np.ndarray]] = {}
         self.history: list[dict[str, float]] = []
         self.evaluations: list[dict[str, float]] = []
         self.totals = defaultdict(float)
@@ -167,7 +169,8 @@ class CoordinatorCore:
             self.queue.push(PendingJob(client, k, self.version, t_arr, r_arr, self._job_ids))
             if r_arr < self.cfg.rounds:
                 corrupt = self._corrupt.get((client, k))
-                jobs.append(ClientJob(self._job_ids, client, k, self.cfg.seed, corrupt))
+                state = self.client_states.get(client)
+                jobs.append(ClientJob(self._job_ids, client, k, self.cfg.seed, corrupt, state))
         log.bytes_down += len(d) * v.weights.nbytes
         if jobs:
             self.executor.submit(v.handle, jobs)
@@ -188,6 +191,8 @@ class CoordinatorCore:
                 )
             self._release(job.dispatch_version)
             return
+        if result.state:  # personal state stays client-side: stored here, never given to the server
+            self.client_states[job.client] = result.state
         base = self._versions[job.dispatch_version].weights
         update = Update(
             client_id=job.client,

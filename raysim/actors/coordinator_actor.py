@@ -27,7 +27,7 @@ class Coordinator:
             cfg, self.dataset_ref, data_spec(dataset), pool_size, dataset.client_sizes()
         )
         evaluator = GlobalEvaluator(cfg.model, dataset)
-        self._model = evaluator.model
+        self._shapes = evaluator.handle.global_shapes()
         self.tracker = None
         if cfg.tracking.enabled and tracking_uri:
             method = cfg.algorithm.name
@@ -81,7 +81,7 @@ class Coordinator:
             )
             self.tracker.log_final(
                 self.cfg.to_dict(),
-                unflatten(self._model, core.weights),
+                unflatten(self._shapes, core.weights),
                 summary["clients"],
                 core.history,
                 {"weights_digest": summary["weights_digest"], **summary["metrics"]},

@@ -24,6 +24,7 @@ class ClientJob:
     dispatch_round: int
     run_seed: int
     corrupt: str | None = None  # fault injection: "nan" or "inf" poisons the update
+    state: dict[str, np.ndarray] | None = None  # the client's personal state (None: first visit)
 
     @property
     def seed(self) -> int:
@@ -38,3 +39,4 @@ class ClientResult:
     delta: np.ndarray
     num_samples: int
     metrics: dict[str, float] = field(default_factory=dict)
+    state: dict[str, np.ndarray] = field(default_factory=dict)  # new personal state

@@ -10,12 +10,13 @@ import numpy as np
 import torch
 
 from raysim.actors.jobs import ClientJob, ClientResult
+from raysim.algorithms.base import ClientContext
 from raysim.algorithms.registry import get_method
 from raysim.data import FederatedDataset
-from raysim.models import DataSpec, build_model
-from raysim.models.params import get_flat, set_flat
+from raysim.models import DataSpec, build_handle
 from raysim.runtime import data_spec
 from raysim.training.loop import make_optimizer
+from raysim.training.tasks import task_for
 
 #: Clients whose data tensors a runner keeps (oldest dropped first).
 TENSOR_CACHE_CLIENTS = 1024
@@ -39,46 +40,67 @@ class ClientRunner:
         torch.set_num_threads(threads)
         self.cfg = config if isinstance(config, RunConfig) else RunConfig.model_validate(config)
         self.dataset = dataset
-        self.model = build_model(self.cfg.model, spec or data_spec(dataset))
-        method = get_method(self.cfg.algorithm.name)
-        self.client_algorithm = method.client(self.cfg.algorithm.params)
+        spec = spec or data_spec(dataset)
+        self.method = get_method(self.cfg.algorithm.name)
+        self.model = build_handle(self.cfg.model, spec, self.method.adapters)
+        self.task = task_for(spec)
+        self.client_algorithm = self.method.client(self.cfg.algorithm.params)
         self.jobs_run = 0
         self.busy_s = 0.0
-        self._tensors: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._data: dict[int, Any] = {}
         # torch.optim imports torch._dynamo lazily on first use (~1.5 s); pay it at start-up.
-        make_optimizer(list(self.model.parameters()), self.cfg.local)
+        make_optimizer(self.model.global_parameters(), self.cfg.local)
 
-    def _client_tensors(self, client: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def client_data(self, client: int) -> Any:
         """A client's data as tensors, cached (bounded) so repeat visits cost nothing."""
-        hit = self._tensors.get(client)
+        hit = self._data.get(client)
         if hit is None:
-            x, y = self.dataset.client_data(client)
-            hit = torch.tensor(np.asarray(x)), torch.tensor(np.asarray(y), dtype=torch.long)
-            if len(self._tensors) >= TENSOR_CACHE_CLIENTS:
-                self._tensors.pop(next(iter(self._tensors)))
-            self._tensors[client] = hit
+            hit = to_tensors(self.dataset.client_data(client))
+            if len(self._data) >= TENSOR_CACHE_CLIENTS:
+                self._data.pop(next(iter(self._data)))
+            self._data[client] = hit
         return hit
 
     def run(self, weights: np.ndarray, job: ClientJob) -> ClientResult:
-        set_flat(self.model, weights)
-        x, y = self._client_tensors(job.client)
+        """One client's local work on the global ``weights``, with its personal state swapped in."""
         seed = job.seed
+        self.model.set_global(weights)
+        self.model.set_state(job.state, seed)
+        data = self.client_data(job.client)
         torch.default_generator.manual_seed(seed)  # dropout etc.; cheaper than torch.manual_seed
         if torch.cuda.is_available():
             torch.cuda.manual_seed_all(seed)
-        generator = torch.Generator().manual_seed(seed)
-        metrics = self.client_algorithm.train(self.model, x, y, self.cfg.local, generator)
-        delta = get_flat(self.model) - weights
+        ctx = ClientContext(
+            self.model,
+            self.task,
+            data,
+            self.cfg.local,
+            torch.Generator().manual_seed(seed),
+            job.client,
+            job.dispatch_round,
+        )
+        metrics = self.client_algorithm.train(ctx)
+        delta = self.model.get_global() - weights
         if job.corrupt:
             delta[0] = np.float32("nan" if job.corrupt == "nan" else "inf")
         self.jobs_run += 1
-        return ClientResult(job.job_id, job.client, delta, len(y), metrics)
+        n = self.task.num_examples(data)
+        return ClientResult(job.job_id, job.client, delta, n, metrics, self.model.get_state())
 
     def run_batch(self, weights: np.ndarray, jobs: list[ClientJob]) -> list[ClientResult]:
         t0 = time.perf_counter()
         out = [self.run(weights, job) for job in jobs]
         self.busy_s += time.perf_counter() - t0
         return out
+
+
+def to_tensors(data: Any) -> Any:
+    """numpy arrays (alone, in a tuple/list or a dict) → torch tensors (copies, writable)."""
+    if isinstance(data, dict):
+        return {k: to_tensors(v) for k, v in data.items()}
+    if isinstance(data, (tuple, list)):
+        return type(data)(to_tensors(v) for v in data)
+    return torch.tensor(np.asarray(data))
 
 
 class Worker(ClientRunner):
@@ -114,5 +136,5 @@ class Worker(ClientRunner):
             "jobs_run": self.jobs_run,
             "busy_s": self.busy_s,
             "torch_threads": torch.get_num_threads(),
-            "base_params": sum(p.numel() for p in self.model.parameters()),
+            "base_params": sum(p.numel() for p in self.model.module.parameters()),
         }

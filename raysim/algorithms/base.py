@@ -16,8 +16,10 @@ import numpy as np
 import torch
 from pydantic import ConfigDict
 
+from raysim.models.handle import ModelHandle
 from raysim.schema import StrictModel
 from raysim.training.loop import LocalTrainingConfig, train_local
+from raysim.training.tasks import Task
 
 
 class MethodParams(StrictModel):
@@ -91,11 +93,27 @@ class Strategy:
 PenaltyFn = Callable[[Sequence[torch.Tensor]], torch.Tensor]
 
 
+@dataclass
+class ClientContext:
+    """Everything one virtual client's local work may use (built by the worker per job)."""
+
+    model: ModelHandle
+    task: Task
+    data: Any
+    config: LocalTrainingConfig
+    generator: torch.Generator
+    client_id: int
+    dispatch_round: int
+
+
 class ClientAlgorithm:
     """Client side of a method: the local objective and what is sent up.
 
-    The default trains the task loss with the configured optimiser; subclasses add a ``penalty``
-    (e.g. FedProx's proximal term) or override ``train`` entirely.
+    The default trains the global parameters on the task loss with the configured optimiser;
+    subclasses add a ``penalty`` (e.g. FedProx's proximal term) or override ``train`` entirely
+    (e.g. methods that also train personal state). ``train`` leaves the model holding the local
+    result: the worker reads the update from ``model.get_global()`` and the new personal state from
+    ``model.get_state()``.
     """
 
     def __init__(self, params: MethodParams) -> None:
@@ -105,21 +123,14 @@ class ClientAlgorithm:
         """A term added to the local loss, given the downloaded global parameters; None = none."""
         return None
 
-    def train(
-        self,
-        model: torch.nn.Module,
-        inputs: torch.Tensor,
-        targets: torch.Tensor,
-        config: LocalTrainingConfig,
-        generator: torch.Generator,
-    ) -> dict[str, float]:
-        """Train ``model`` (holding the global weights) in place on one client's data."""
+    def train(self, ctx: ClientContext) -> dict[str, float]:
+        params = ctx.model.global_parameters()
         penalty = None
         if type(self).penalty is not ClientAlgorithm.penalty:  # snapshot only when needed
-            penalty = self.penalty(
-                [p.detach().clone() for p in model.parameters() if p.requires_grad]
-            )
-        return train_local(model, inputs, targets, config, generator, penalty=penalty)
+            penalty = self.penalty([p.detach().clone() for p in params])
+        return train_local(
+            ctx.model.module, params, ctx.task, ctx.data, ctx.config, ctx.generator, penalty
+        )
 
 
 class WeightedMean:
@@ -146,6 +157,7 @@ class Method:
     params: type[MethodParams] = MethodParams
     client: type[ClientAlgorithm] = ClientAlgorithm
     reference: str = ""
+    adapters: tuple[str, ...] = ("global",)  # adapter sets on the resident model; [0] is global
     tags: tuple[str, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -1,6 +1,8 @@
-"""Flat float32 views of a model's trainable parameters: the unit that crosses the wire."""
+"""Flat float32 views of parameter lists: the unit that crosses the wire."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -10,15 +12,14 @@ def trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
-def get_flat(model: torch.nn.Module) -> np.ndarray:
-    """Concatenate trainable parameters (in ``model.parameters()`` order) into float32 numpy."""
+def flatten(params: Sequence[torch.Tensor]) -> np.ndarray:
+    """Concatenate tensors (in the given order) into one float32 numpy vector."""
     with torch.no_grad():
-        return torch.cat([p.detach().reshape(-1) for p in trainable(model)]).float().numpy().copy()
+        return torch.cat([p.detach().reshape(-1).float().cpu() for p in params]).numpy().copy()
 
 
-def set_flat(model: torch.nn.Module, flat: np.ndarray) -> None:
-    """Copy a flat vector back into the trainable parameters, in place."""
-    params = trainable(model)
+def assign(params: Sequence[torch.Tensor], flat: np.ndarray) -> None:
+    """Copy a flat vector into ``params`` in place (dtype and device of each tensor kept)."""
     expected = sum(p.numel() for p in params)
     if flat.shape != (expected,):
         raise ValueError(f"weight vector has shape {flat.shape}, the model expects ({expected},)")
@@ -31,14 +32,19 @@ def set_flat(model: torch.nn.Module, flat: np.ndarray) -> None:
             offset += n
 
 
-def named_shapes(model: torch.nn.Module) -> dict[str, tuple[int, ...]]:
-    return {n: tuple(p.shape) for n, p in model.named_parameters() if p.requires_grad}
+def get_flat(model: torch.nn.Module) -> np.ndarray:
+    """A module's trainable parameters (``model.parameters()`` order) as one float32 vector."""
+    return flatten(trainable(model))
 
 
-def unflatten(model: torch.nn.Module, flat: np.ndarray) -> dict[str, np.ndarray]:
+def set_flat(model: torch.nn.Module, flat: np.ndarray) -> None:
+    assign(trainable(model), flat)
+
+
+def unflatten(shapes: Sequence[tuple[str, tuple[int, ...]]], flat: np.ndarray) -> dict:
     """Name → array views of a flat vector (for safetensors export)."""
     out, offset = {}, 0
-    for name, shape in named_shapes(model).items():
+    for name, shape in shapes:
         n = int(np.prod(shape))
         out[name] = flat[offset : offset + n].reshape(shape)
         offset += n

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 from pydantic import Field
 
+from raysim.models.handle import ModelHandle
 from raysim.schema import StrictModel
 
 
@@ -50,11 +51,31 @@ def model_names() -> list[str]:
     return sorted(_BUILDERS)
 
 
-def build_model(cfg: ModelConfig, spec: DataSpec) -> torch.nn.Module:
+def build_handle(
+    cfg: ModelConfig, spec: DataSpec, adapters: tuple[str, ...] = ("global",)
+) -> ModelHandle:
+    """Build the resident model as a ``ModelHandle``. ``adapters`` names the adapter sets a
+    method needs (the first is the global one); models without adapters accept only one."""
+    built = build_model(cfg, spec, adapters)
+    if isinstance(built, ModelHandle):
+        return built
+    if len(adapters) != 1:
+        raise ValueError(
+            f"model {cfg.name!r} has no adapters, but the method needs {list(adapters)}"
+        )
+    return ModelHandle(built)
+
+
+def build_model(
+    cfg: ModelConfig, spec: DataSpec, adapters: tuple[str, ...] = ("global",)
+) -> torch.nn.Module | ModelHandle:
     """Build a freshly initialised model (initialisation follows torch's global RNG)."""
     names = model_names()
     if cfg.name not in _BUILDERS:
         close = difflib.get_close_matches(cfg.name, names, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ValueError(f"unknown model {cfg.name!r}{hint}; known: {', '.join(names)}")
-    return _BUILDERS[cfg.name](cfg, spec)
+    builder = _BUILDERS[cfg.name]
+    if getattr(builder, "takes_adapters", False):
+        return builder(cfg, spec, adapters)
+    return builder(cfg, spec)

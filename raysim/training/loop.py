@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
+
+from raysim.training.tasks import Task
 
 
 class LocalTrainingConfig(BaseModel):
@@ -28,30 +30,34 @@ def make_optimizer(params: Sequence[torch.nn.Parameter], cfg: LocalTrainingConfi
     return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
 
 
+def minibatches(n: int, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
+    """One epoch of shuffled minibatch indices, drawn from ``generator`` only."""
+    order = torch.randperm(n, generator=generator)
+    return [order[s : s + batch_size] for s in range(0, n, batch_size)]
+
+
 def train_local(
-    model: torch.nn.Module,
-    inputs: torch.Tensor,
-    targets: torch.Tensor,
+    module: torch.nn.Module,
+    params: Sequence[torch.nn.Parameter],
+    task: Task,
+    data: Any,
     cfg: LocalTrainingConfig,
     generator: torch.Generator,
     penalty: Callable[[Sequence[torch.Tensor]], torch.Tensor] | None = None,
 ) -> dict[str, float]:
-    """Mini-batch training for ``cfg.epochs`` epochs with cross-entropy; returns mean train loss.
+    """Mini-batch training of ``params`` for ``cfg.epochs`` epochs; returns the mean train loss.
 
-    Shuffling uses ``generator`` only, so the result depends on nothing but the inputs.
+    A fresh optimiser per call; shuffling uses ``generator`` only, so the result depends on nothing
+    but the inputs. ``penalty(params)`` is added to every step's loss.
     """
-    params = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(params, cfg)
-    loss_fn = torch.nn.CrossEntropyLoss()
-    model.train()
-    n = len(targets)
+    module.train()
+    n = task.num_examples(data)
     total, steps = 0.0, 0
     for _ in range(cfg.epochs):
-        order = torch.randperm(n, generator=generator)
-        for start in range(0, n, cfg.batch_size):
-            idx = order[start : start + cfg.batch_size]
+        for idx in minibatches(n, cfg.batch_size, generator):
             optimizer.zero_grad(set_to_none=True)
-            loss = loss_fn(model(inputs[idx]), targets[idx])
+            loss = task.loss(module, task.batch(data, idx))
             if penalty is not None:
                 loss = loss + penalty(params)
             loss.backward()

@@ -1,0 +1,53 @@
+"""Tasks: how to index a client's data into batches and compute the training loss."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+
+
+class Task(Protocol):
+    """What the local training loop needs to know about the data."""
+
+    def num_examples(self, data: Any) -> int: ...
+
+    def batch(self, data: Any, index: torch.Tensor) -> Any: ...
+
+    def loss(self, module: torch.nn.Module, batch: Any) -> torch.Tensor: ...
+
+
+class ClassificationTask:
+    """``data = (inputs, targets)``; cross-entropy on the module's logits."""
+
+    def __init__(self) -> None:
+        self._ce = torch.nn.CrossEntropyLoss()
+
+    def num_examples(self, data: tuple[torch.Tensor, torch.Tensor]) -> int:
+        return len(data[1])
+
+    def batch(self, data, index):
+        return data[0][index], data[1][index]
+
+    def loss(self, module, batch):
+        return self._ce(module(batch[0]), batch[1])
+
+
+class CausalLMTask:
+    """``data`` = dict of equal-length tensors ``input_ids``, ``attention_mask``, ``labels``
+    (-100 where no loss); the loss is the model's token-mean cross-entropy on labelled tokens."""
+
+    def num_examples(self, data: dict[str, torch.Tensor]) -> int:
+        return len(data["input_ids"])
+
+    def batch(self, data, index):
+        return {k: v[index] for k, v in data.items()}
+
+    def loss(self, module, batch):
+        return module(**batch).loss
+
+
+def task_for(spec: Any) -> Task:
+    """The task implied by a ``DataSpec``: causal LM for ``input_kind='causal_lm'``, else
+    classification."""
+    return CausalLMTask() if spec.input_kind == "causal_lm" else ClassificationTask()

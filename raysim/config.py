@@ -54,7 +54,8 @@ class AlgorithmConfig(StrictModel):
                 method = get_method(str(name))
             except KeyError as e:
                 raise ValueError(e.args[0]) from None
-            fields = list(method.params.model_fields)
+            fields = [f.alias or n for n, f in method.params.model_fields.items()]
+            fields += [n for n in method.params.model_fields if n not in fields]
             for key in data:
                 if key not in fields:
                     close = difflib.get_close_matches(str(key), fields, n=1, cutoff=0.5)
@@ -69,7 +70,7 @@ class AlgorithmConfig(StrictModel):
 
     @model_serializer
     def _flat(self) -> dict[str, Any]:
-        return {"name": self.name, **self.params.model_dump()}
+        return {"name": self.name, **self.params.model_dump(by_alias=True)}
 
 
 class WorkersConfig(StrictModel):

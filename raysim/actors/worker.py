@@ -13,8 +13,8 @@ from raysim.actors.jobs import ClientJob, ClientResult
 from raysim.algorithms.base import ClientContext
 from raysim.algorithms.registry import get_method
 from raysim.data import FederatedDataset
-from raysim.models import DataSpec, build_handle
-from raysim.runtime import data_spec
+from raysim.models import DataSpec
+from raysim.runtime import build_resident, data_spec
 from raysim.training.loop import make_optimizer
 from raysim.training.tasks import task_for
 
@@ -42,7 +42,7 @@ class ClientRunner:
         self.dataset = dataset
         spec = spec or data_spec(dataset)
         self.method = get_method(self.cfg.algorithm.name)
-        self.model = build_handle(self.cfg.model, spec, self.method.adapters)
+        self.model = build_resident(self.cfg.model, spec, self.cfg.seed, self.method.adapters)
         self.task = task_for(spec)
         self.client_algorithm = self.method.client(self.cfg.algorithm.params)
         self.jobs_run = 0
@@ -78,6 +78,8 @@ class ClientRunner:
             torch.Generator().manual_seed(seed),
             job.client,
             job.dispatch_round,
+            first_visit=job.state is None,
+            seed=seed,
         )
         metrics = self.client_algorithm.train(ctx)
         delta = self.model.get_global() - weights

@@ -8,6 +8,7 @@ float32 numpy vector of the model's trainable parameters, in ``model.parameters(
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -104,6 +105,22 @@ class ClientContext:
     generator: torch.Generator
     client_id: int
     dispatch_round: int
+    first_visit: bool = False  # no personal state yet (the model's fresh init was loaded)
+    seed: int = 0  # the job seed; ``generator`` and torch's global RNG start from it
+
+    def phase(self, name: str | None) -> torch.Generator:
+        """Restart the RNGs for one phase of local work and return its shuffling generator.
+
+        ``None`` restores exactly the job's own streams (what a single-phase method such as FedIT
+        sees); a name gives an independent stream, so phases do not perturb each other.
+        """
+        seed = self.seed
+        if name is not None:
+            seed = int(
+                np.random.SeedSequence([self.seed, zlib.crc32(name.encode())]).generate_state(1)[0]
+            )
+        torch.default_generator.manual_seed(seed)
+        return torch.Generator().manual_seed(seed)
 
 
 class ClientAlgorithm:

@@ -17,6 +17,8 @@ BUILTIN_MODULES = (
     "raysim.algorithms.fedyogi",
     "raysim.algorithms.fedasync",
     "raysim.algorithms.fedbuff",
+    "raysim.algorithms.fedit",
+    "raysim.algorithms.fedoa",
 )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from pydantic import Field
@@ -23,6 +24,28 @@ class DataSpec:
     vocab_size: int | None = None
 
 
+class LlamaShape(StrictModel):
+    """A LLaMA architecture built from a config (random init); ``vocab_size`` None = tokenizer's."""
+
+    vocab_size: int | None = None
+    hidden_size: int = Field(64, ge=8)
+    intermediate_size: int = Field(128, ge=8)
+    num_hidden_layers: int = Field(2, ge=1)
+    num_attention_heads: int = Field(4, ge=1)
+    num_key_value_heads: int = Field(4, ge=1)
+    max_position_embeddings: int = Field(512, ge=8)
+    rms_norm_eps: float = 1e-6
+
+
+class LoraSettings(StrictModel):
+    """PEFT LoRA on the frozen base (fedoa.md §4.3 defaults: r 8, α 16, dropout 0.05, q/v)."""
+
+    r: int = Field(8, ge=1)
+    alpha: float = Field(16.0, gt=0)
+    dropout: float = Field(0.05, ge=0, lt=1)
+    targets: list[str] = Field(default_factory=lambda: ["q_proj", "v_proj"])
+
+
 class ModelConfig(StrictModel):
     """Which model to build; unused fields are ignored by builders that do not need them."""
 
@@ -31,6 +54,12 @@ class ModelConfig(StrictModel):
     channels: list[int] = Field(default_factory=lambda: [16, 32])
     embed_dim: int = Field(64, ge=1)
     dropout: float = Field(0.0, ge=0, lt=1)
+    # causal LMs (llama, hf_causal_lm, smollm2)
+    path: str | None = Field(None, description="HF model id or local directory (hf_causal_lm)")
+    llama: LlamaShape = Field(default_factory=LlamaShape)
+    lora: LoraSettings = Field(default_factory=LoraSettings)
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: str = Field("auto", description="auto (cuda if visible, else cpu), cpu, cuda")
 
 
 Builder = Callable[[ModelConfig, DataSpec], torch.nn.Module]
@@ -46,7 +75,8 @@ def register_model(name: str) -> Callable[[Builder], Builder]:
 
 
 def model_names() -> list[str]:
-    import raysim.models.small  # noqa: F401  (registers the built-in models)
+    import raysim.models.causal_lm  # noqa: F401  (registers the built-in models)
+    import raysim.models.small  # noqa: F401
 
     return sorted(_BUILDERS)
 

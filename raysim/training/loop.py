@@ -44,11 +44,13 @@ def train_local(
     cfg: LocalTrainingConfig,
     generator: torch.Generator,
     penalty: Callable[[Sequence[torch.Tensor]], torch.Tensor] | None = None,
+    objective: Callable[[Any], torch.Tensor] | None = None,
 ) -> dict[str, float]:
     """Mini-batch training of ``params`` for ``cfg.epochs`` epochs; returns the mean train loss.
 
     A fresh optimiser per call; shuffling uses ``generator`` only, so the result depends on nothing
-    but the inputs. ``penalty(params)`` is added to every step's loss.
+    but the inputs. The step loss is ``objective(batch)`` (default: the task loss) plus
+    ``penalty(params)``.
     """
     optimizer = make_optimizer(params, cfg)
     module.train()
@@ -57,7 +59,8 @@ def train_local(
     for _ in range(cfg.epochs):
         for idx in minibatches(n, cfg.batch_size, generator):
             optimizer.zero_grad(set_to_none=True)
-            loss = task.loss(module, task.batch(data, idx))
+            batch = task.batch(data, idx)
+            loss = objective(batch) if objective is not None else task.loss(module, batch)
             if penalty is not None:
                 loss = loss + penalty(params)
             loss.backward()

@@ -37,11 +37,17 @@ class CausalLMTask:
     """``data`` = dict of equal-length tensors ``input_ids``, ``attention_mask``, ``labels``
     (-100 where no loss); the loss is the model's token-mean cross-entropy on labelled tokens."""
 
+    def __init__(self, device: torch.device | str | None = None) -> None:
+        self.device = device
+
     def num_examples(self, data: dict[str, torch.Tensor]) -> int:
         return len(data["input_ids"])
 
     def batch(self, data, index):
-        return {k: v[index] for k, v in data.items()}
+        """Rows ``index``, trimmed to the longest real row (right padding) and moved to device."""
+        rows = {k: v[index] for k, v in data.items()}
+        length = int(rows["attention_mask"].sum(1).max())
+        return {k: v[:, :length].to(self.device or v.device) for k, v in rows.items()}
 
     def loss(self, module, batch):
         return module(**batch).loss

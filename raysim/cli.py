@@ -25,7 +25,7 @@ def _progress() -> Progress:
         MofNCompleteColumn(),
         BarColumn(),
         TextColumn("virtual t={task.fields[vt]:>6}"),
-        TextColumn("acc={task.fields[acc]}"),
+        TextColumn("{task.fields[acc]}"),
         TextColumn("arrived={task.fields[arrived]}"),
         TimeElapsedColumn(),
         console=console,
@@ -38,13 +38,17 @@ def _summary_table(result: Any) -> Table:
     table = Table(title=f"raysim · {result.config.name} · {result.config.algorithm.name}")
     table.add_column("metric")
     table.add_column("value", justify="right")
-    rows = [
-        ("final accuracy", f"{m['accuracy']:.4f}" if "accuracy" in m else "—"),
-        ("final loss", f"{m['loss']:.4f}" if "loss" in m else "—"),
-        (
-            f"max accuracy, last {result.config.eval.final_window} evals",
-            f"{m['accuracy_max_last']:.4f}" if "accuracy_max_last" in m else "—",
-        ),
+    shown = [
+        ("final accuracy", "accuracy"),
+        ("final loss", "loss"),
+        (f"max accuracy, last {result.config.eval.final_window} evals", "accuracy_max_last"),
+        ("OOD ROUGE-1 (clients' own adapters)", "ood_rouge1"),
+        ("OOD ROUGE-1 (global adapter)", "ood_rouge1_global"),
+        ("ID ROUGE-1", "id_rouge1"),
+        ("OOD loss", "ood_loss"),
+    ]
+    rows = [(label, f"{m[key]:.4f}") for label, key in shown if key in m]
+    rows += [
         ("rounds (virtual time)", f"{m['rounds']:.0f}"),
         ("updates applied / rejected", f"{m['total_updates']:.0f} / {m['rejected_updates']:.0f}"),
         ("bytes up / down", f"{m['total_bytes_up']:.3g} / {m['total_bytes_down']:.3g}"),
@@ -67,10 +71,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         console.print(f"[red]{e}[/red]")
         return 2
     with _progress() as progress:
-        task = progress.add_task("run", total=cfg.rounds, vt="0", acc="—", arrived=0)
+        task = progress.add_task("run", total=cfg.rounds, vt="0", acc="", arrived=0)
 
         def on_round(m: dict[str, float]) -> None:
-            acc = f"{m['accuracy']:.4f}" if "accuracy" in m else progress.tasks[0].fields["acc"]
+            key = next((k for k in ("accuracy", "ood_rouge1", "ood_loss") if k in m), None)
+            acc = f"{key}={m[key]:.4f}" if key else progress.tasks[0].fields["acc"]
             progress.update(
                 task,
                 advance=1,

@@ -63,7 +63,8 @@ class AlgorithmConfig(StrictModel):
                     known = ", ".join(fields) if fields else "none"
                     raise ValueError(
                         f"algorithm {name!r} has no parameter {key!r}{hint}; "
-                        f"its parameters: {known}"
+                        f"its parameters: {known}. To switch methods and drop the other's "
+                        f"parameters, replace the whole section: algorithm='{{name: {name}}}'"
                     )
             return {"name": name, "params": method.params(**data)}
         return data
@@ -99,6 +100,13 @@ class CoordinatorConfig(StrictModel):
 class EvalConfig(StrictModel):
     every: int = Field(1, ge=1, description="evaluate the global model every N rounds")
     final_window: int = Field(5, ge=1, description="report max accuracy over the last N evals")
+    # language-model tasks: evaluation runs on the workers
+    rouge: Literal["every", "final", "never"] = Field(
+        "every", description="when to decode and score ROUGE-1 (loss is computed at every eval)"
+    )
+    max_new_tokens: int = Field(16, ge=1)
+    batch_size: int = Field(16, ge=1)
+    id: bool = Field(True, description="also evaluate each client on its own test split")
 
 
 class TrackingConfig(StrictModel):

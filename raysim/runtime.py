@@ -57,6 +57,8 @@ class GlobalEvaluator:
         self.x = torch.tensor(np.asarray(dataset.x_test))
         self.y = torch.tensor(np.asarray(dataset.y_test), dtype=torch.long)
 
-    def __call__(self, weights: np.ndarray) -> dict[str, float]:
+    def __call__(
+        self, weights: np.ndarray, states: dict | None = None, final: bool = False
+    ) -> dict[str, float]:
         self.handle.set_global(weights)
         return self._evaluate(self.handle.module, self.x, self.y)

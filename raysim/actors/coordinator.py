@@ -24,7 +24,8 @@ from raysim.config import RunConfig
 from raysim.delays import build_delay_model
 from raysim.runtime import weights_digest
 
-Evaluator = Callable[[np.ndarray], dict[str, float]]
+#: ``evaluator(global weights, client personal states, is_final_eval) -> metrics``
+Evaluator = Callable[[np.ndarray, dict, bool], dict[str, float]]
 
 
 @dataclass
@@ -246,7 +247,7 @@ class CoordinatorCore:
             m["train_loss"] = float(np.mean(log.train_loss))
         m.update(self.strategy.metrics())
         if self.evaluator is not None and ((k + 1) % self.cfg.eval.every == 0 or self.done):
-            ev = self.evaluator(self.strategy.weights)
+            ev = self.evaluator(self.strategy.weights, self.client_states, self.done)
             self.evaluations.append({"round": float(k), **ev})
             m.update(ev)
         return m
@@ -262,7 +263,8 @@ class CoordinatorCore:
             last = self.evaluations[-1]
             out.update({k: v for k, v in last.items() if k != "round"})
             window = self.evaluations[-self.cfg.eval.final_window :]
-            out["accuracy_max_last"] = max(e.get("accuracy", float("nan")) for e in window)
+            if "accuracy" in last:
+                out["accuracy_max_last"] = max(e["accuracy"] for e in window)
         out["wall_time_s"] = time.perf_counter() - self._started
         out["rounds"] = float(self.round)
         out["virtual_time"] = float(self.round)

@@ -7,7 +7,9 @@ from typing import Any
 import ray
 
 from raysim.actors.coordinator import CoordinatorCore
+from raysim.actors.evaluation import WorkerEvaluator
 from raysim.actors.pool import RayWorkerPool
+from raysim.algorithms.registry import get_method
 from raysim.config import RunConfig, flatten
 from raysim.data import build_federated_dataset
 from raysim.models.params import unflatten
@@ -26,21 +28,33 @@ class Coordinator:
         self.pool = RayWorkerPool(
             cfg, self.dataset_ref, data_spec(dataset), pool_size, dataset.client_sizes()
         )
-        evaluator = GlobalEvaluator(cfg.model, dataset)
-        self._shapes = evaluator.handle.global_shapes()
+        method = get_method(cfg.algorithm.name)
+        if dataset.input_kind == "causal_lm":
+            # the model lives on the workers only; evaluation runs there too
+            initial, self._shapes = self.pool.initial_global()
+            evaluator = WorkerEvaluator(
+                self.pool,
+                {name: es.client for name, es in dataset.eval_sets.items()},
+                method.eval_adapter,
+                cfg.eval,
+            )
+        else:
+            evaluator = GlobalEvaluator(cfg.model, dataset)
+            self._shapes = evaluator.handle.global_shapes()
+            initial = initial_weights(cfg.model, dataset, cfg.seed)
+        self.evaluator = evaluator
         self.tracker = None
         if cfg.tracking.enabled and tracking_uri:
-            method = cfg.algorithm.name
             self.tracker = Tracker(
                 tracking_uri,
                 cfg.tracking.experiment,
                 cfg.tracking.run_name or cfg.name,
                 flatten(cfg.to_dict()),
-                {"algorithm": method, "reference": _reference(method), "seed": str(cfg.seed)},
+                {"algorithm": method.name, "reference": method.reference, "seed": str(cfg.seed)},
             )
         self.core = CoordinatorCore(
             cfg,
-            initial_weights(cfg.model, dataset, cfg.seed),
+            initial,
             dataset.client_sizes(),
             self.pool,
             evaluator,
@@ -73,7 +87,7 @@ class Coordinator:
             "history": core.history,
             "weights_digest": core.digest(),
             "run_id": self.tracker.run_id if self.tracker else None,
-            "clients": core.client_table(),
+            "clients": self._client_rows(),
         }
         if self.tracker is not None:
             self.tracker.log_round(
@@ -88,15 +102,17 @@ class Coordinator:
             )
         return summary
 
+    def _client_rows(self) -> list[dict[str, Any]]:
+        """Per-client training counters joined with the last per-client evaluation."""
+        rows = self.core.client_table()
+        last = {r["client"]: r for r in getattr(self.evaluator, "last_clients", [])}
+        for row in rows:
+            row.update({k: v for k, v in last.get(row["client"], {}).items() if k != "client"})
+        return rows
+
     def fail(self) -> None:
         if self.tracker is not None:
             self.tracker.fail()
 
     def close(self) -> None:
         self.pool.close()
-
-
-def _reference(method: str) -> str:
-    from raysim.algorithms.registry import get_method
-
-    return get_method(method).reference

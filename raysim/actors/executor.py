@@ -6,7 +6,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from raysim.actors.jobs import ClientJob, ClientResult
+from raysim.actors.jobs import ClientJob, ClientResult, EvalJob
 
 
 class Executor(Protocol):
@@ -20,6 +20,9 @@ class Executor(Protocol):
 
     def result(self, job_id: int) -> ClientResult:
         """Block until the job's result is there."""
+
+    def evaluate(self, handle: Any, jobs: list[EvalJob]) -> list[dict[str, float]]:
+        """Run evaluation jobs on the version behind ``handle``; results in job order."""
 
     def kill_worker(self, index: int) -> None:
         """Fault injection: kill one worker (it is replaced, its jobs re-run)."""
@@ -47,6 +50,9 @@ class InProcessExecutor:
     def result(self, job_id: int) -> ClientResult:
         weights, job = self._pending.pop(job_id)
         return self.runner.run(weights, job)
+
+    def evaluate(self, handle: np.ndarray, jobs: list[EvalJob]) -> list[dict[str, float]]:
+        return self.runner.evaluate_batch(handle, jobs)
 
     def kill_worker(self, index: int) -> None:  # nothing to kill in-process
         pass

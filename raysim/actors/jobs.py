@@ -40,3 +40,20 @@ class ClientResult:
     num_samples: int
     metrics: dict[str, float] = field(default_factory=dict)
     state: dict[str, np.ndarray] = field(default_factory=dict)  # new personal state
+
+
+@dataclass(frozen=True)
+class EvalJob:
+    """Evaluate one adapter of the resident model on one of the dataset's evaluation sets.
+
+    ``adapter`` "global" uses the global vector alone; "personal" also loads ``state`` (a client's
+    personal state) and evaluates the personal adapter. ``generate`` adds ROUGE-1 by greedy
+    decoding to the teacher-forced loss.
+    """
+
+    job_id: int
+    eval_set: str
+    adapter: str = "global"
+    client: int | None = None
+    state: dict[str, np.ndarray] | None = None
+    generate: bool = True

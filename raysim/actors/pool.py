@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import ray
 
-from raysim.actors.jobs import ClientJob, ClientResult
+from raysim.actors.jobs import ClientJob, ClientResult, EvalJob
 from raysim.actors.worker import Worker
 from raysim.config import RunConfig
 from raysim.models import DataSpec
@@ -128,6 +128,21 @@ class RayWorkerPool:
         if self._remaining[ref] == 0:
             del self._remaining[ref], self._fetched[ref]
         return out
+
+    def evaluate(self, handle: Any, jobs: list[EvalJob]) -> list[dict[str, float]]:
+        """Evaluation jobs spread evenly over the workers (contiguous chunks, one call each)."""
+        n = min(len(self.workers), len(jobs))
+        bounds = np.linspace(0, len(jobs), n + 1).round().astype(int)
+        refs = [
+            self.workers[w].evaluate_batch.remote(
+                handle, jobs[bounds[w] : bounds[w + 1]], self.data
+            )
+            for w in range(n)
+        ]
+        return [r for chunk in ray.get(refs) for r in chunk]
+
+    def initial_global(self) -> tuple[np.ndarray, list[tuple[str, tuple[int, ...]]]]:
+        return ray.get(self.workers[0].initial_global.remote())
 
     def kill_worker(self, index: int) -> None:
         ray.kill(self.workers[index % len(self.workers)], no_restart=False)

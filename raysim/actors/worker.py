@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from typing import Any
 
 import numpy as np
 import torch
 
-from raysim.actors.jobs import ClientJob, ClientResult
+from raysim.actors.jobs import ClientJob, ClientResult, EvalJob
 from raysim.algorithms.base import ClientContext
 from raysim.algorithms.registry import get_method
 from raysim.data import FederatedDataset
@@ -38,16 +39,18 @@ class ClientRunner:
         from raysim.config import RunConfig
 
         torch.set_num_threads(threads)
+        warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
         self.cfg = config if isinstance(config, RunConfig) else RunConfig.model_validate(config)
         self.dataset = dataset
         spec = spec or data_spec(dataset)
         self.method = get_method(self.cfg.algorithm.name)
         self.model = build_resident(self.cfg.model, spec, self.cfg.seed, self.method.adapters)
-        self.task = task_for(spec)
+        self.task = task_for(spec, next(self.model.module.parameters()).device)
         self.client_algorithm = self.method.client(self.cfg.algorithm.params)
         self.jobs_run = 0
         self.busy_s = 0.0
         self._data: dict[int, Any] = {}
+        self._initial = self.model.get_global()
         # torch.optim imports torch._dynamo lazily on first use (~1.5 s); pay it at start-up.
         make_optimizer(self.model.global_parameters(), self.cfg.local)
 
@@ -89,6 +92,45 @@ class ClientRunner:
         n = self.task.num_examples(data)
         return ClientResult(job.job_id, job.client, delta, n, metrics, self.model.get_state())
 
+    def evaluate(self, weights: np.ndarray, job: EvalJob) -> dict[str, float]:
+        """Loss (and ROUGE-1 by greedy decoding) of one adapter on one evaluation set."""
+        from raysim.metrics import rouge1
+        from raysim.training.lm_eval import generate, lm_loss
+
+        eval_set = self.dataset.eval_sets[job.eval_set]
+        self.model.set_global(weights)
+        if job.adapter != "global":
+            self.model.set_state(job.state, 0)
+        self.model.use(job.adapter)
+        ev = self.cfg.eval
+        out = lm_loss(self.model.module, eval_set.encoded, ev.batch_size)
+        if job.generate:
+            ds = self.dataset
+            tokens = generate(
+                self.model.module,
+                eval_set.prompts,
+                ev.max_new_tokens,
+                ds.pad_id,
+                ds.eos_id,
+                ev.batch_size,
+            )
+            tok = self._tokenizer()
+            answers = [tok.decode(t, skip_special_tokens=True).strip() for t in tokens]
+            out["rouge1"] = rouge1(answers, eval_set.references)
+        self.model.use(self.model.global_adapter)
+        return out
+
+    def _tokenizer(self):
+        if getattr(self, "_tok", None) is None:
+            self._tok = self.dataset.tokenizer()
+        return self._tok
+
+    def evaluate_batch(self, weights: np.ndarray, jobs: list[EvalJob]) -> list[dict[str, float]]:
+        t0 = time.perf_counter()
+        out = [self.evaluate(weights, job) for job in jobs]
+        self.busy_s += time.perf_counter() - t0
+        return out
+
     def run_batch(self, weights: np.ndarray, jobs: list[ClientJob]) -> list[ClientResult]:
         t0 = time.perf_counter()
         out = [self.run(weights, job) for job in jobs]
@@ -117,14 +159,27 @@ class Worker(ClientRunner):
     def __init__(self, config: Any, spec: DataSpec, threads: int = 1) -> None:
         super().__init__(config, None, threads, spec=spec)
 
-    def run_batch(
-        self, weights: np.ndarray, jobs: list[ClientJob], data: list[Any] | None = None
-    ) -> list[ClientResult]:
+    def _attach(self, data: list[Any] | None) -> None:
         if self.dataset is None:
             import ray
 
             self.dataset = ray.get(data[0])
+
+    def run_batch(
+        self, weights: np.ndarray, jobs: list[ClientJob], data: list[Any] | None = None
+    ) -> list[ClientResult]:
+        self._attach(data)
         return super().run_batch(weights, jobs)
+
+    def evaluate_batch(
+        self, weights: np.ndarray, jobs: list[EvalJob], data: list[Any] | None = None
+    ) -> list[dict[str, float]]:
+        self._attach(data)
+        return super().evaluate_batch(weights, jobs)
+
+    def initial_global(self) -> tuple[np.ndarray, list[tuple[str, tuple[int, ...]]]]:
+        """The global vector as built (before any job) and its parameter names/shapes."""
+        return self._initial, self.model.global_shapes()
 
     def info(self) -> dict[str, Any]:
         import ray

@@ -175,6 +175,9 @@ class Method:
     client: type[ClientAlgorithm] = ClientAlgorithm
     reference: str = ""
     adapters: tuple[str, ...] = ("global",)  # adapter sets on the resident model; [0] is global
+    #: Which adapter answers for a known client (intra-client OOD and ID; fedoa.md §2.9). The
+    #: global adapter always answers for a new client (inter-client OOD).
+    eval_adapter: str = "global"
     tags: tuple[str, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -174,6 +174,7 @@ METHOD = register(
         params=FedOAParams,
         client=FedOAClient,
         adapters=(GLOBAL, PERSONAL),
+        eval_adapter=PERSONAL,
         reference="FedOA (seeds 000/001); fedoa.md §2",
     )
 )
@@ -190,6 +191,7 @@ METHOD_LOCAL = register(
         params=LocalOnlyParams,
         client=FedOAClient,
         adapters=(GLOBAL, PERSONAL),
+        eval_adapter=PERSONAL,
         reference="Local-only personal adapters = FedOA with λ = 0; fedoa.md §3.7",
     )
 )

@@ -12,6 +12,12 @@ from raysim.data.builtin import BUILTIN_LOADERS, RawData
 from raysim.data.hf import HFConfig, load_hf
 from raysim.data.partition import PartitionConfig, pack, partition
 from raysim.data.text import build_vocab, encode
+from raysim.data.text_tasks import (
+    TEXT_TASK_DATASETS,
+    TextTaskConfig,
+    TextTaskDataset,
+    build_text_task_dataset,
+)
 from raysim.schema import StrictModel
 
 SPLIT_TAG = 1  # rng = default_rng([seed, SPLIT_TAG]) for the train/test split
@@ -19,17 +25,30 @@ PARTITION_TAG = 2  # rng = default_rng([seed, PARTITION_TAG]) for the client par
 
 
 class DataConfig(StrictModel):
-    """Which dataset to load and how to split it; ``hf`` options apply to ``name='hf'``."""
+    """Which dataset to load and how to split it; ``hf`` options apply to ``name='hf'``,
+    ``text`` options to the instruction-tuning sets ``flan_mini``/``flan`` (fedoa spec §4)."""
 
-    name: Literal["digits", "mnist1d", "bbc_news", "hf"] = "digits"
+    name: Literal["digits", "mnist1d", "bbc_news", "hf", "flan_mini", "flan"] = "digits"
     test_fraction: float = Field(0.2, gt=0, lt=1)
     partition: PartitionConfig = Field(default_factory=PartitionConfig)
     vocab_size: int = Field(5000, ge=3)  # text: embedding rows incl. pad (0) and unk (1)
     max_tokens: int = Field(256, ge=1)  # text: tokens per sample after truncate/pad
     hf: HFConfig = Field(default_factory=HFConfig)
+    text: TextTaskConfig = Field(default_factory=TextTaskConfig)
 
     @model_validator(mode="after")
     def _check(self) -> DataConfig:
+        if self.name in TEXT_TASK_DATASETS:
+            self.text.check(self.name)
+            if self.partition != PartitionConfig():
+                raise ValueError(
+                    f"partition options do not apply to name={self.name!r}: clients follow "
+                    "leave-one-task-out (use data.text.shards_per_task)"
+                )
+        elif self.text != TextTaskConfig():
+            raise ValueError(
+                f"text options only apply to name in {TEXT_TASK_DATASETS}, not name={self.name!r}"
+            )
         if self.name == "hf":
             self.hf.check()
         elif self.hf != HFConfig():
@@ -164,8 +183,16 @@ def _check_labels(y: np.ndarray, num_classes: int, what: str) -> np.ndarray:
     return y
 
 
-def build_federated_dataset(cfg: DataConfig, num_clients: int, seed: int) -> FederatedDataset:
-    """Load, split train/test from ``seed``, tokenize text, partition train among clients."""
+def build_federated_dataset(
+    cfg: DataConfig, num_clients: int, seed: int
+) -> FederatedDataset | TextTaskDataset:
+    """Load, split train/test from ``seed``, tokenize text, partition train among clients.
+
+    ``flan_mini``/``flan`` return a ``TextTaskDataset`` (leave-one-task-out; ``num_clients``
+    must equal the number of clients the protocol yields).
+    """
+    if cfg.name in TEXT_TASK_DATASETS:
+        return build_text_task_dataset(cfg.text, cfg.name, num_clients, seed, cfg.vocab_size)
     raw = load_raw(cfg)
     train, test = _train_test(raw, cfg, seed)
     vocab_size = None

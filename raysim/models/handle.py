@@ -18,6 +18,8 @@ from raysim.models.params import assign, flatten
 class ModelHandle:
     """A plain module: the global vector is every trainable parameter; no personal state."""
 
+    global_adapter = "global"
+
     def __init__(self, module: torch.nn.Module) -> None:
         self.module = module
         self._global = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
@@ -42,3 +44,8 @@ class ModelHandle:
         """Load a client's personal state; ``None`` = first visit, initialise from ``seed``."""
         if state:
             raise ValueError("this model keeps no personal state")
+
+    def use(self, adapter: str) -> None:
+        """Select the adapter applied in forward passes; a plain module has only the global one."""
+        if adapter != self.global_adapter:
+            raise ValueError(f"this model has no adapter {adapter!r}")

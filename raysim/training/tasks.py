@@ -53,7 +53,7 @@ class CausalLMTask:
         return module(**batch).loss
 
 
-def task_for(spec: Any) -> Task:
+def task_for(spec: Any, device: torch.device | None = None) -> Task:
     """The task implied by a ``DataSpec``: causal LM for ``input_kind='causal_lm'``, else
     classification."""
-    return CausalLMTask() if spec.input_kind == "causal_lm" else ClassificationTask()
+    return CausalLMTask(device) if spec.input_kind == "causal_lm" else ClassificationTask()

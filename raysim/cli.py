@@ -89,6 +89,45 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_loto(args: argparse.Namespace) -> int:
+    """Leave-one-task-out: every held-out family × method, one MLflow parent run."""
+    from raysim.protocols import TASK_FAMILIES, leave_one_out
+
+    settings = args.held_out.split(",") if args.held_out else list(TASK_FAMILIES)
+    methods = args.methods.split(",")
+    total = len(settings) * len(methods)
+    done = 0
+
+    def on_run(setting: str, method: str, res: Any) -> None:
+        nonlocal done
+        done += 1
+        value = res.metrics.get(args.metric, float("nan"))
+        console.print(f"[{done}/{total}] held out {setting} · {method}: {args.metric}={value:.3f}")
+
+    try:
+        out = leave_one_out(
+            args.config,
+            args.overrides,
+            settings=settings,
+            methods=methods,
+            metric=args.metric,
+            address=args.address,
+            on_run=on_run,
+        )
+    except ConfigError as e:
+        console.print(f"[red]{e}[/red]")
+        return 2
+    table = Table(title=f"leave-one-task-out · {args.metric} (parent run {out.parent_run_id})")
+    table.add_column("method")
+    for col in [*out.settings, "Average"]:
+        table.add_column(col, justify="right")
+    for m in out.methods:
+        cells = [f"{out.table[m][s]:.2f}" for s in out.settings]
+        table.add_row(m, *cells, f"{out.average(m):.2f}")
+    console.print(table)
+    return 0
+
+
 def cmd_ui(args: argparse.Namespace) -> int:
     from raysim.tracking import default_tracking_uri
 
@@ -155,6 +194,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rounds=50 delays.sigma=20")
     p.add_argument("--address", default=None, help="existing Ray cluster: auto or ray://host:port")
     p.set_defaults(func=cmd_run)
+    p = sub.add_parser("loto", help="leave-one-task-out: every held-out family x method")
+    p.add_argument("config", help="path to a YAML config (a text-task run)")
+    p.add_argument("overrides", nargs="*", help="dotted overrides applied to every run")
+    p.add_argument("--methods", default="centralized,fedit,pfedme,fedlora,perada,fedsdr,fedoa")
+    p.add_argument("--held-out", default=None, help="comma-separated families (default: all 4)")
+    p.add_argument("--metric", default="ood_rouge1")
+    p.add_argument("--address", default=None)
+    p.set_defaults(func=cmd_loto)
     p = sub.add_parser("ui", help="serve the MLflow UI for the run store on 127.0.0.1")
     p.add_argument(
         "--uri", default=None, help="tracking URI (default: $MLFLOW_TRACKING_URI or ./mlflow.db)"

@@ -116,6 +116,8 @@ class TrackingConfig(StrictModel):
     )
     experiment: str = "raysim"
     run_name: str | None = None
+    parent_run_id: str | None = Field(None, description="nest this run under an MLflow run")
+    tags: dict[str, str] = Field(default_factory=dict)
 
 
 class CorruptUpdate(StrictModel):

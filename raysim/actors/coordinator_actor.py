@@ -50,7 +50,13 @@ class Coordinator:
                 cfg.tracking.experiment,
                 cfg.tracking.run_name or cfg.name,
                 flatten(cfg.to_dict()),
-                {"algorithm": method.name, "reference": method.reference, "seed": str(cfg.seed)},
+                {
+                    "algorithm": method.name,
+                    "reference": method.reference,
+                    "seed": str(cfg.seed),
+                    **cfg.tracking.tags,
+                },
+                parent_run_id=cfg.tracking.parent_run_id,
             )
         self.core = CoordinatorCore(
             cfg,

@@ -1,0 +1,46 @@
+"""Leave-one-task-out driver: one parent run, a child per (held-out family, method), a table."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from raysim.protocols import leave_one_out
+from tests.conftest import EXAMPLES
+
+pytestmark = pytest.mark.slow
+
+TINY = ["data.text.n_train=16", "data.text.n_test=4", "model.llama.hidden_size=32",
+        "model.llama.intermediate_size=64", "model.llama.num_hidden_layers=1", "rounds=1",
+        "eval.max_new_tokens=3", "eval.id=false"]
+
+
+def test_leave_one_task_out_table_and_runs(ray_cluster, mlflow_uri):
+    out = leave_one_out(EXAMPLES / "fedoa" / "smoke.yaml", TINY,
+                        settings=["sentiment", "reading_comprehension"],
+                        methods=["fedit", "fedoa"])
+    assert set(out.table) == {"fedit", "fedoa"}
+    assert all(math.isfinite(out.table[m][s]) for m in out.table for s in out.settings)
+    assert out.markdown().count("\n") == 4 and "Average" in out.markdown()
+    client = MlflowClient(mlflow_uri)
+    parent = client.get_run(out.parent_run_id)
+    assert parent.info.status == "FINISHED"
+    children = client.search_runs(
+        [parent.info.experiment_id], f"tags.mlflow.parentRunId = '{out.parent_run_id}'")
+    assert len(children) == 4
+    assert {(c.data.tags["held_out"], c.data.tags["method"]) for c in children} == {
+        (s, m) for s in out.settings for m in ("fedit", "fedoa")}
+    names = {a.path for a in client.list_artifacts(out.parent_run_id)}
+    assert {"table.csv", "table.md", "table.png"} <= names
+    # the held-out family really changes the data: different OOD sets, different losses
+    losses = {s: out.results[(s, "fedit")].metrics["ood_loss"] for s in out.settings}
+    assert losses["sentiment"] != losses["reading_comprehension"]
+
+
+def test_bad_method_fails_before_any_run(ray_cluster):
+    from raysim.config import ConfigError
+
+    with pytest.raises(ConfigError, match="unknown algorithm 'fedoaa'"):
+        leave_one_out(EXAMPLES / "fedoa" / "smoke.yaml", TINY, methods=["fedoaa"])

@@ -30,6 +30,7 @@ class Result:
     tracking_uri: str | None = None
     clients: list[dict[str, Any]] = field(default_factory=list)
     weights: np.ndarray | None = None
+    client_states: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
 
 
 def ensure_ray(address: str | None = None, **init_kwargs: Any) -> bool:
@@ -102,6 +103,7 @@ class RunSession:
 
         summary = ray.get(self.actor.finish.remote())
         weights = ray.get(self.actor.weights.remote())
+        states = ray.get(self.actor.client_states.remote())
         return Result(
             metrics=summary["metrics"],
             history=summary["history"],
@@ -111,6 +113,7 @@ class RunSession:
             tracking_uri=self.tracking_uri,
             clients=summary["clients"],
             weights=np.array(weights),
+            client_states=states,
         )
 
     def close(self) -> None:

@@ -85,6 +85,7 @@ class Tracker:
         client_rows: Sequence[Mapping[str, Any]],
         history: Sequence[Mapping[str, float]],
         summary: Mapping[str, Any],
+        client_states: Mapping[int, Mapping[str, np.ndarray]] | None = None,
     ) -> None:
         """Resolved config, weights (safetensors), per-client table, accuracy plot, summary."""
         from safetensors.numpy import save_file
@@ -96,6 +97,13 @@ class Tracker:
                 {k: np.ascontiguousarray(v) for k, v in weights.items()}, d / "weights.safetensors"
             )
             (d / "clients.csv").write_text(_csv(client_rows))
+            if client_states:  # personal state (e.g. personal adapters), client-side only
+                flat = {
+                    f"client{j}/{name}": np.ascontiguousarray(v)
+                    for j, state in sorted(client_states.items())
+                    for name, v in state.items()
+                }
+                save_file(flat, d / "client_states.safetensors")
             (d / "summary.yaml").write_text(yaml.safe_dump(dict(summary), sort_keys=False))
             if self.warnings:
                 (d / "warnings.txt").write_text("\n".join(self.warnings) + "\n")

@@ -132,7 +132,13 @@ def test_smoke_end_to_end_with_mlflow(ray_cluster, mlflow_uri):
     assert run.info.status == "FINISHED" and run.data.tags["algorithm"] == "fedoa"
     assert run.data.params["algorithm.lambda"] == "0.5"
     names = {a.path for a in client.list_artifacts(res.run_id)}
-    assert {"weights.safetensors", "clients.csv"} <= names
+    assert {"weights.safetensors", "clients.csv", "client_states.safetensors"} <= names
+    from safetensors.numpy import load_file
+
+    saved = load_file(client.download_artifacts(res.run_id, "client_states.safetensors"))
+    assert len(saved) == 6 * len(res.client_states[0])
+    for k, v in res.client_states[3].items():
+        np.testing.assert_array_equal(saved[f"client3/{k}"], v)
 
 
 @pytest.mark.slow
@@ -151,3 +157,17 @@ def test_method_declares_adapters_and_eval_route():
     assert (
         get_method("fedit").adapters == ("global",) and get_method("fedit").eval_adapter == "global"
     )
+
+
+@pytest.mark.slow
+def test_personal_state_survives_a_killed_worker(ray_cluster):
+    """A worker killed mid-run is replaced; personal adapters and weights end up identical."""
+    ov = [*SMALL, "tracking.enabled=false", "rounds=3", "eval.rouge=never", "workers.count=2"]
+    clean = raysim.run(SMOKE, ov)
+    faulty = raysim.run(SMOKE, [*ov, "faults.kill_worker.round=1", "faults.kill_worker.worker=1"])
+    assert faulty.weights_digest == clean.weights_digest
+    assert sorted(faulty.client_states) == sorted(clean.client_states) == list(range(6))
+    for j, state in clean.client_states.items():
+        for k, v in state.items():
+            np.testing.assert_array_equal(faulty.client_states[j][k], v)
+    assert faulty.metrics["ood_loss"] == clean.metrics["ood_loss"]

@@ -83,6 +83,9 @@ class Coordinator:
         """Fault injection from the driver (tests, chaos experiments)."""
         self.pool.kill_worker(index)
 
+    def client_states(self) -> dict[int, dict]:
+        return self.core.client_states
+
     def weights(self):
         return self.core.weights
 
@@ -105,6 +108,7 @@ class Coordinator:
                 summary["clients"],
                 core.history,
                 {"weights_digest": summary["weights_digest"], **summary["metrics"]},
+                core.client_states,
             )
         return summary
 

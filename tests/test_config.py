@@ -42,7 +42,7 @@ def test_override_creates_sections():
         ("rounds=abc", "rounds: Input should be a valid integer"),
         ("workers.count=0", "workers.count must be"),
         ("clients.per_round=1000", "exceeds clients.num"),
-        ("local.optimizer=adamw", "local.optimizer"),
+        ("local.optimizer=lion", "local.optimizer"),
     ],
 )
 def test_bad_input_names_the_key(override, needle):

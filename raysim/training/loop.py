@@ -1,4 +1,4 @@
-"""Plain-PyTorch local training: the default loop every client algorithm starts from."""
+"""Local training: the one loop every client algorithm trains through, on a pluggable backend."""
 
 from __future__ import annotations
 
@@ -6,9 +6,30 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from raysim.schema import StrictModel
+from raysim.training.backends import get_backend, micro_batches, total_optimizer_steps
+from raysim.training.backends import make_optimizer as make_optimizer  # re-exported
 from raysim.training.tasks import Task
+
+
+class DeepSpeedSettings(StrictModel):
+    """DeepSpeed options for ``backend: deepspeed`` (one engine per local call)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    zero_stage: Literal[0, 1, 2, 3] = 2
+    offload_optimizer: bool = False  # optimizer state and step on the CPU (ZeRO 1-3)
+    offload_params: bool = False  # parameters on the CPU between uses (ZeRO 3 only)
+
+    @model_validator(mode="after")
+    def _offload_needs_zero(self) -> DeepSpeedSettings:
+        if self.offload_params and self.zero_stage != 3:
+            raise ValueError("deepspeed.offload_params needs zero_stage 3")
+        if self.offload_optimizer and self.zero_stage == 0:
+            raise ValueError("deepspeed.offload_optimizer needs zero_stage 1, 2 or 3")
+        return self
 
 
 class LocalTrainingConfig(BaseModel):
@@ -17,17 +38,30 @@ class LocalTrainingConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     epochs: int = Field(1, ge=0)
-    batch_size: int = Field(16, ge=1)
+    batch_size: int = Field(16, ge=1)  # the effective batch of one optimizer step
     lr: float = Field(0.05, gt=0)
-    optimizer: Literal["sgd", "adam"] = "sgd"
+    optimizer: Literal["sgd", "adam", "adamw"] = "sgd"
     momentum: float = Field(0.0, ge=0, lt=1)
     weight_decay: float = Field(0.0, ge=0)
+    backend: Literal["torch", "accelerate", "deepspeed"] = "torch"
+    grad_accumulation: int = Field(1, ge=1)  # micro-batch = batch_size // grad_accumulation
+    mixed_precision: Literal["no", "bf16", "fp16"] = "no"
+    max_grad_norm: float | None = Field(None, gt=0)
+    lr_schedule: Literal["constant", "linear"] = "constant"  # linear: to 0 within each call
+    deepspeed: DeepSpeedSettings = Field(default_factory=DeepSpeedSettings)
 
+    @model_validator(mode="after")
+    def _micro_batch_divides(self) -> LocalTrainingConfig:
+        if self.batch_size % self.grad_accumulation:
+            raise ValueError(
+                f"batch_size {self.batch_size} is not divisible by grad_accumulation "
+                f"{self.grad_accumulation} (micro-batch = batch_size // grad_accumulation)"
+            )
+        return self
 
-def make_optimizer(params: Sequence[torch.nn.Parameter], cfg: LocalTrainingConfig):
-    if cfg.optimizer == "adam":
-        return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    @property
+    def micro_batch_size(self) -> int:
+        return self.batch_size // self.grad_accumulation
 
 
 def minibatches(n: int, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
@@ -48,25 +82,42 @@ def train_local(
 ) -> dict[str, float]:
     """Mini-batch training of ``params`` for ``cfg.epochs`` epochs; returns the mean train loss.
 
-    A fresh optimiser per call; shuffling uses ``generator`` only, so the result depends on nothing
-    but the inputs. The step loss is ``objective(batch)`` (default: the task loss) plus
-    ``penalty(params)``.
+    A fresh optimiser (and schedule) per call on ``cfg.backend``; shuffling uses ``generator``
+    only, so the result depends on nothing but the inputs. Each step's batch is split into
+    ``cfg.grad_accumulation`` micro-batches; a micro-batch's loss is ``objective(batch)`` (default:
+    the task loss) plus ``penalty(params)``, and the step's gradient is the mean over its
+    micro-batches (an epoch's short last batch has fewer). The reported loss is the mean over steps
+    of that micro-batch mean.
     """
-    optimizer = make_optimizer(params, cfg)
     module.train()
     n = task.num_examples(data)
+    total_steps = total_optimizer_steps(n, cfg)
+    if total_steps == 0:
+        return {"train_loss": float("nan"), "local_steps": 0.0}
+    stepper = get_backend(cfg.backend).prepare(module, params, cfg, total_steps)
     total, steps = 0.0, 0
-    for _ in range(cfg.epochs):
-        for idx in minibatches(n, cfg.batch_size, generator):
-            optimizer.zero_grad(set_to_none=True)
-            batch = task.batch(data, idx)
-            loss = objective(batch) if objective is not None else task.loss(module, batch)
-            if penalty is not None:
-                loss = loss + penalty(params)
-            loss.backward()
-            optimizer.step()
-            total += float(loss.detach())
-            steps += 1
+    try:
+        for _ in range(cfg.epochs):
+            for idx in minibatches(n, cfg.batch_size, generator):
+                parts = list(micro_batches(idx, cfg))
+                step_loss = 0.0
+                for i, part in enumerate(parts):
+                    batch = stepper.cast(task.batch(data, part))
+                    with stepper.forward_context():
+                        loss = (
+                            objective(batch) if objective is not None else task.loss(module, batch)
+                        )
+                        if penalty is not None:
+                            loss = loss + stepper.penalty(penalty, params)
+                    step_loss += float(loss.detach())
+                    stepper.backward(
+                        loss / len(parts) if len(parts) > 1 else loss, i == len(parts) - 1
+                    )
+                stepper.step()
+                total += step_loss / len(parts)
+                steps += 1
+    finally:
+        stepper.finish()
     return {"train_loss": total / steps if steps else float("nan"), "local_steps": float(steps)}
 
 

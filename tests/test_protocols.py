@@ -12,15 +12,25 @@ from tests.conftest import EXAMPLES
 
 pytestmark = pytest.mark.slow
 
-TINY = ["data.text.n_train=16", "data.text.n_test=4", "model.llama.hidden_size=32",
-        "model.llama.intermediate_size=64", "model.llama.num_hidden_layers=1", "rounds=1",
-        "eval.max_new_tokens=3", "eval.id=false"]
+TINY = [
+    "data.text.n_train=16",
+    "data.text.n_test=4",
+    "model.llama.hidden_size=32",
+    "model.llama.intermediate_size=64",
+    "model.llama.num_hidden_layers=1",
+    "rounds=1",
+    "eval.max_new_tokens=3",
+    "eval.id=false",
+]
 
 
 def test_leave_one_task_out_table_and_runs(ray_cluster, mlflow_uri):
-    out = leave_one_out(EXAMPLES / "fedoa" / "smoke.yaml", TINY,
-                        settings=["sentiment", "reading_comprehension"],
-                        methods=["fedit", "fedoa"])
+    out = leave_one_out(
+        EXAMPLES / "fedoa" / "smoke.yaml",
+        TINY,
+        settings=["sentiment", "reading_comprehension"],
+        methods=["fedit", "fedoa"],
+    )
     assert set(out.table) == {"fedit", "fedoa"}
     assert all(math.isfinite(out.table[m][s]) for m in out.table for s in out.settings)
     assert out.markdown().count("\n") == 4 and "Average" in out.markdown()
@@ -28,10 +38,12 @@ def test_leave_one_task_out_table_and_runs(ray_cluster, mlflow_uri):
     parent = client.get_run(out.parent_run_id)
     assert parent.info.status == "FINISHED"
     children = client.search_runs(
-        [parent.info.experiment_id], f"tags.mlflow.parentRunId = '{out.parent_run_id}'")
+        [parent.info.experiment_id], f"tags.mlflow.parentRunId = '{out.parent_run_id}'"
+    )
     assert len(children) == 4
     assert {(c.data.tags["held_out"], c.data.tags["method"]) for c in children} == {
-        (s, m) for s in out.settings for m in ("fedit", "fedoa")}
+        (s, m) for s in out.settings for m in ("fedit", "fedoa")
+    }
     names = {a.path for a in client.list_artifacts(out.parent_run_id)}
     assert {"table.csv", "table.md", "table.png"} <= names
     # the held-out family really changes the data: different OOD sets, different losses

@@ -134,6 +134,13 @@ def attach_lora(base: torch.nn.Module, cfg: ModelConfig, adapters: Sequence[str]
     return LoraHandle(model, adapters)
 
 
+def _quiet() -> None:
+    """No per-load progress bars from transformers in every worker's log."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def _finish(base: torch.nn.Module, cfg: ModelConfig, adapters: Sequence[str]) -> LoraHandle:
     base.config.use_cache = False
     return attach_lora(base, cfg, adapters)
@@ -176,6 +183,7 @@ def build_hf_causal_lm(cfg: ModelConfig, spec: DataSpec, adapters: Sequence[str]
     """Pretrained weights from ``model.path`` (hub id or local directory)."""
     from transformers import AutoModelForCausalLM
 
+    _quiet()
     if not cfg.path:
         raise ValueError("model 'hf_causal_lm' needs model.path (a hub id or a local directory)")
     base = AutoModelForCausalLM.from_pretrained(
@@ -216,6 +224,7 @@ def smollm2_dir(cache: str | Path | None = None) -> Path:
 def build_smollm2(cfg: ModelConfig, spec: DataSpec, adapters: Sequence[str]) -> LoraHandle:
     from transformers import AutoModelForCausalLM
 
+    _quiet()
     base = AutoModelForCausalLM.from_pretrained(
         smollm2_dir(cfg.path), dtype=DTYPES[cfg.dtype], device_map=str(resolve_device(cfg.device))
     )

@@ -8,8 +8,10 @@ with LoRA r=8 on q/v trains on fixed-length synthetic token batches. Measured in
   per job (global vector in, personal state swapped, local training, delta out);
 * ``swap_ms``: loading one client's global + personal adapters into the resident model.
 
-Last line: ``fm_throughput_ratio`` = raysim tokens/s / plain tokens/s. On a GPU it also reports
-peak memory. Ray's own per-batch overhead is measured by ``benchmarks/overhead.py``.
+Last line: ``fm_throughput_ratio`` = raysim tokens/s / plain tokens/s (FedIT on both sides);
+with ``--method fedoa`` instead ``fedoa_cost_vs_fedit_plain`` (FedOA trains a second adapter with a
+teacher forward; fedoa.md §2.10 expects 2.3–2.5×). On a GPU it also reports peak memory.
+Ray's own per-batch overhead is measured by ``benchmarks/overhead.py``.
 """
 
 from __future__ import annotations
@@ -163,7 +165,10 @@ def main() -> None:
     report(plain_tokens_per_s=p_tps, raysim_tokens_per_s=r_tps, swap_ms=swap_ms)
     if cuda:
         report(peak_gib=torch.cuda.max_memory_allocated() / 2**30)
-    report(fm_throughput_ratio=r_tps / p_tps)
+    if args.method == "fedit":
+        report(fm_throughput_ratio=r_tps / p_tps)
+    else:  # FedOA trains two adapters (+ a teacher forward): its cost relative to one FedIT pass
+        report(**{f"{args.method}_cost_vs_fedit_plain": p_tps / r_tps})
 
 
 if __name__ == "__main__":

@@ -71,6 +71,10 @@ class FedOAClient(ClientAlgorithm):
         h.use(PERSONAL)
         return g.detach()
 
+    def regularizer(self, e: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        """The feature term R(E, G) weighted by λ: FedOA's distance D (subclasses swap it)."""
+        return feature_distance(e, g, self.params.distance)
+
     def personal_objective(self, ctx: ClientContext):
         p, module = self.params, ctx.model.module
 
@@ -79,7 +83,7 @@ class FedOAClient(ClientAlgorithm):
                 return module(**batch).loss
             g = self.teacher_features(ctx, batch)
             out, e = features(module, batch, p.feature_layer, p.feature_pool)
-            return out.loss + p.lam * feature_distance(e, g, p.distance)
+            return out.loss + p.lam * self.regularizer(e, g)
 
         return objective
 

@@ -25,9 +25,9 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from raysim.algorithms.base import ClientContext, Method
+from raysim.algorithms.base import Method
 from raysim.algorithms.fedavg import FedAvg
-from raysim.algorithms.fedoa import GLOBAL, PERSONAL, FedOAClient, FedOAParams, features
+from raysim.algorithms.fedoa import GLOBAL, PERSONAL, FedOAClient, FedOAParams
 from raysim.algorithms.registry import register
 
 
@@ -45,17 +45,8 @@ def sdr_regularizer(e: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
 class FedSDRClient(FedOAClient):
     params: FedSDRParams
 
-    def personal_objective(self, ctx: ClientContext):
-        p, module = self.params, ctx.model.module
-
-        def objective(batch: dict) -> torch.Tensor:
-            if p.lam == 0:
-                return module(**batch).loss
-            g = self.teacher_features(ctx, batch)
-            out, e = features(module, batch, p.feature_layer, p.feature_pool)
-            return out.loss + p.lam * sdr_regularizer(e, g)
-
-        return objective
+    def regularizer(self, e: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        return sdr_regularizer(e, g)
 
 
 METHOD = register(

@@ -89,11 +89,28 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_loto(args: argparse.Namespace) -> int:
-    """Leave-one-task-out: every held-out family × method, one MLflow parent run."""
+def cmd_leave_one_out(args: argparse.Namespace) -> int:
+    """Leave-one-task-out (``loto``) or leave-one-domain-out (``lodo``): every held-out setting ×
+    method, one MLflow parent run."""
     from raysim.protocols import TASK_FAMILIES, leave_one_out
 
-    settings = args.held_out.split(",") if args.held_out else list(TASK_FAMILIES)
+    overrides = list(args.overrides)
+    if args.command == "lodo":
+        key, default, name = "data.text.held_out_domain", ["d1", "d2"], "leave-one-domain-out"
+        try:  # one client per remaining sub-dataset (4 families) × shards
+            shards = load_config(args.config, overrides).data.text.shards_per_task
+        except ConfigError as e:
+            console.print(f"[red]{e}[/red]")
+            return 2
+        overrides = [
+            "data.text.protocol=domain",
+            f"clients.num={4 * shards}",
+            f"clients.per_round={4 * shards}",
+            *overrides,
+        ]
+    else:
+        key, default, name = "data.text.held_out", list(TASK_FAMILIES), "leave-one-task-out"
+    settings = args.held_out.split(",") if args.held_out else default
     methods = args.methods.split(",")
     total = len(settings) * len(methods)
     done = 0
@@ -107,17 +124,19 @@ def cmd_loto(args: argparse.Namespace) -> int:
     try:
         out = leave_one_out(
             args.config,
-            args.overrides,
+            overrides,
+            key=key,
             settings=settings,
             methods=methods,
             metric=args.metric,
+            name=name,
             address=args.address,
             on_run=on_run,
         )
     except ConfigError as e:
         console.print(f"[red]{e}[/red]")
         return 2
-    table = Table(title=f"leave-one-task-out · {args.metric} (parent run {out.parent_run_id})")
+    table = Table(title=f"{name} · {args.metric} (parent run {out.parent_run_id})")
     table.add_column("method")
     for col in [*out.settings, "Average"]:
         table.add_column(col, justify="right")
@@ -194,14 +213,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rounds=50 delays.sigma=20")
     p.add_argument("--address", default=None, help="existing Ray cluster: auto or ray://host:port")
     p.set_defaults(func=cmd_run)
-    p = sub.add_parser("loto", help="leave-one-task-out: every held-out family x method")
-    p.add_argument("config", help="path to a YAML config (a text-task run)")
-    p.add_argument("overrides", nargs="*", help="dotted overrides applied to every run")
-    p.add_argument("--methods", default="centralized,fedit,pfedme,fedlora,perada,fedsdr,fedoa")
-    p.add_argument("--held-out", default=None, help="comma-separated families (default: all 4)")
-    p.add_argument("--metric", default="ood_rouge1")
-    p.add_argument("--address", default=None)
-    p.set_defaults(func=cmd_loto)
+    for command, what in (("loto", "task family"), ("lodo", "domain (d1, d2)")):
+        p = sub.add_parser(command, help=f"leave one {what} out: every held-out setting x method")
+        p.add_argument("config", help="path to a YAML config (a text-task run)")
+        p.add_argument("overrides", nargs="*", help="dotted overrides applied to every run")
+        p.add_argument("--methods", default="centralized,fedit,pfedme,fedlora,perada,fedsdr,fedoa")
+        p.add_argument("--held-out", default=None, help="comma-separated settings (default: all)")
+        p.add_argument("--metric", default="ood_rouge1")
+        p.add_argument("--address", default=None)
+        p.set_defaults(func=cmd_leave_one_out)
     p = sub.add_parser("ui", help="serve the MLflow UI for the run store on 127.0.0.1")
     p.add_argument(
         "--uri", default=None, help="tracking URI (default: $MLFLOW_TRACKING_URI or ./mlflow.db)"

@@ -56,3 +56,12 @@ def test_bad_method_fails_before_any_run(ray_cluster):
 
     with pytest.raises(ConfigError, match="unknown algorithm 'fedoaa'"):
         leave_one_out(EXAMPLES / "fedoa" / "smoke.yaml", TINY, methods=["fedoaa"])
+
+
+def test_lodo_cli_runs_both_domains(ray_cluster, capsys):
+    from raysim.cli import main
+
+    code = main(["lodo", str(EXAMPLES / "fedoa" / "smoke.yaml"), *TINY, "--methods", "fedit"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "leave-one-domain-out" in out and "d1" in out and "d2" in out

@@ -444,3 +444,18 @@ def test_flan_loader_errors(tmp_path) -> None:
     (tmp_path / "other" / "entailment").mkdir(parents=True)
     with pytest.raises(FileNotFoundError, match="lacks family folder"):
         load_flan(tmp_path / "other", seed=0)
+
+
+def test_leave_one_domain_out_split():
+    """The held-out domain's sub-datasets never train; one client per family of the other."""
+    from raysim.data.text_tasks import leave_one_domain_out, task_domains
+
+    tasks = generate_flan_mini(0, 8, 3)
+    domains = task_domains(tasks)
+    assert sorted(set(domains.values())) == ["d1", "d2"]
+    split = leave_one_domain_out(tasks, "d2")
+    assert len(split.clients) == 4 and all(domains[t] == "d1" for t in split.client_tasks)
+    assert len(split.ood_test) == 4 * 3
+    assert {e.task for e in split.ood_test} == {t for t, d in domains.items() if d == "d2"}
+    with pytest.raises(ValueError, match="held_out_domain must be one of"):
+        leave_one_domain_out(tasks, "d3")

@@ -358,11 +358,51 @@ def leave_one_task_out(
     disjoint random near-equal shards (spec §4.2 item 3, shards drawn from ``seed``)."""
     if held_out not in FAMILIES:
         raise ValueError(f"held_out must be one of {list(FAMILIES)}, got {held_out!r}")
+    held = {t for t, splits in tasks.items() if _task_family(t, splits) == held_out}
+    if not held:
+        raise ValueError(f"no sub-dataset of the held-out family {held_out!r} was given")
+    return _hold_out(tasks, held, held_out, shards_per_task, seed)
+
+
+def task_domains(tasks: dict[str, dict[str, list[TextExample]]]) -> dict[str, str]:
+    """Sub-dataset → domain label ``d1``, ``d2``, … : its rank among its family's sub-datasets
+    (sorted ids; Flan-mini's ``*_d1``/``*_d2``, Flan's e.g. snli/anli)."""
+    by_family: dict[str, list[str]] = {}
+    for t, splits in tasks.items():
+        by_family.setdefault(_task_family(t, splits), []).append(t)
+    return {t: f"d{i + 1}" for ts in by_family.values() for i, t in enumerate(sorted(ts))}
+
+
+def leave_one_domain_out(
+    tasks: dict[str, dict[str, list[TextExample]]],
+    held_out_domain: str,
+    shards_per_task: int = 1,
+    seed: int = 0,
+) -> LOTOSplit:
+    """Hold out one domain of every family (a text analogue of fedoa.md §4.2 item 4): the other
+    domain's sub-datasets are the clients, the held-out domain's test splits the OOD set."""
+    domains = task_domains(tasks)
+    held = {t for t, d in domains.items() if d == held_out_domain}
+    if not held:
+        raise ValueError(
+            f"held_out_domain must be one of {sorted(set(domains.values()))}, "
+            f"got {held_out_domain!r}"
+        )
+    return _hold_out(tasks, held, held_out_domain, shards_per_task, seed)
+
+
+def _hold_out(
+    tasks: dict[str, dict[str, list[TextExample]]],
+    held: set[str],
+    label: str,
+    shards_per_task: int,
+    seed: int,
+) -> LOTOSplit:
     if shards_per_task < 1:
         raise ValueError(f"shards_per_task must be >= 1, got {shards_per_task}")
     clients, client_tasks, ood, id_test = [], [], [], []
     for task, splits in tasks.items():
-        if _task_family(task, splits) == held_out:
+        if task in held:
             ood.extend(splits["test"])
             continue
         train = splits["train"]
@@ -374,11 +414,9 @@ def leave_one_task_out(
             clients.append([train[i] for i in np.sort(shard)])
             client_tasks.append(task)
             id_test.append(list(splits["test"]))
-    if not ood:
-        raise ValueError(f"no sub-dataset of the held-out family {held_out!r} was given")
     if not clients:
-        raise ValueError("every sub-dataset belongs to the held-out family; no clients remain")
-    return LOTOSplit(held_out, clients, client_tasks, ood, id_test)
+        raise ValueError("every sub-dataset is held out; no clients remain")
+    return LOTOSplit(label, clients, client_tasks, ood, id_test)
 
 
 def pool_split(split: LOTOSplit) -> LOTOSplit:
@@ -586,6 +624,10 @@ class TextTaskConfig(StrictModel):
     """
 
     held_out: Family = "reading_comprehension"
+    #: ``task``: leave one task family out (spec §4.2 item 1); ``domain``: leave one domain of
+    #: every family out (``held_out_domain``), a text analogue of the vision LODO (item 4).
+    protocol: Literal["task", "domain"] = "task"
+    held_out_domain: str = "d2"
     n_train: int = Field(60, ge=1)
     n_test: int = Field(20, ge=1)
     shards_per_task: int = Field(1, ge=1)
@@ -641,7 +683,10 @@ def build_text_task_dataset(
         tasks = load_flan(cfg.data_dir or "", seed, cfg.n_train, cfg.n_test, cfg.cache_dir)
     else:
         raise ValueError(f"not a text-task dataset: {name!r}; expected one of {TEXT_TASK_DATASETS}")
-    split = leave_one_task_out(tasks, cfg.held_out, cfg.shards_per_task, seed=seed)
+    if cfg.protocol == "domain":
+        split = leave_one_domain_out(tasks, cfg.held_out_domain, cfg.shards_per_task, seed=seed)
+    else:
+        split = leave_one_task_out(tasks, cfg.held_out, cfg.shards_per_task, seed=seed)
     if cfg.pool_clients:
         if num_clients != 1:
             raise ValueError(f"data.text.pool_clients=true needs num_clients=1, got {num_clients}")
@@ -649,7 +694,8 @@ def build_text_task_dataset(
     if num_clients != len(split.clients):
         n_tasks = len(split.clients) // cfg.shards_per_task
         raise ValueError(
-            f"leave-one-task-out with held_out={cfg.held_out!r} yields {len(split.clients)} "
+            f"leave-one-{cfg.protocol}-out holding out {split.held_out!r} yields "
+            f"{len(split.clients)} "
             f"clients ({n_tasks} training sub-datasets x {cfg.shards_per_task} shards), "
             f"but num_clients={num_clients}"
         )

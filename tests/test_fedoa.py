@@ -284,3 +284,30 @@ def test_personal_state_round_trip_and_fresh_init():
     for k, v in h.get_state().items():
         np.testing.assert_array_equal(v, a[k])
     assert all("personal" in k for k in a)
+
+
+def test_fedit_aggregation_is_tensorwise_fedavg():
+    """I5: Σ α̃_e φ_e over the flat adapter vector (A and B separately); equal n ⇒ plain mean;
+    identical inputs return themselves; client order changes nothing beyond 1e-7."""
+    from raysim.algorithms.base import Update
+
+    rng = np.random.default_rng(0)
+    base = np.zeros(12, dtype=np.float32)
+    locals_ = [rng.standard_normal(12).astype(np.float32) for _ in range(4)]
+
+    def aggregate(vectors, sizes):
+        s = get_method("fedit").build_strategy({}, base, 4)
+        for j, (v, n) in enumerate(zip(vectors, sizes, strict=True)):
+            s.on_arrival(Update(j, v - base, n, 0, 0, 0.0, 0, 0, base))
+        s.on_round_end(0)
+        return s.weights
+
+    np.testing.assert_allclose(aggregate(locals_, [5] * 4), np.mean(locals_, axis=0), atol=1e-7)
+    np.testing.assert_allclose(aggregate([locals_[0]] * 4, [1, 2, 3, 4]), locals_[0], atol=1e-7)
+    w = aggregate(locals_, [1, 2, 3, 4])
+    np.testing.assert_allclose(w, np.average(locals_, axis=0, weights=[1, 2, 3, 4]), atol=1e-6)
+    np.testing.assert_allclose(aggregate(locals_[::-1], [4, 3, 2, 1]), w, atol=1e-7)
+    a = [v[:6].reshape(2, 3) for v in locals_]  # as LoRA A (r×d) and B (d×r) factors
+    b = [v[6:].reshape(3, 2) for v in locals_]
+    mean_ab = np.mean([bb @ aa for aa, bb in zip(a, b, strict=True)], axis=0)
+    assert not np.allclose(np.mean(b, axis=0) @ np.mean(a, axis=0), mean_ab)

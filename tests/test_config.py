@@ -43,6 +43,8 @@ def test_override_creates_sections():
         ("workers.count=0", "workers.count must be"),
         ("clients.per_round=1000", "exceeds clients.num"),
         ("local.optimizer=lion", "local.optimizer"),
+        ("local.lrr=0.1", "local: unknown key 'lrr' (did you mean 'lr'?)"),
+        ("model.lora.rank=4", "model.lora: unknown key 'rank'"),
     ],
 )
 def test_bad_input_names_the_key(override, needle):

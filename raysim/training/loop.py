@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from raysim.schema import StrictModel
 from raysim.training.backends import get_backend, micro_batches, total_optimizer_steps
@@ -32,10 +32,10 @@ class DeepSpeedSettings(StrictModel):
         return self
 
 
-class LocalTrainingConfig(BaseModel):
+class LocalTrainingConfig(StrictModel):
     """How a client trains locally (identical for every method of a run)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
     epochs: int = Field(1, ge=0)
     batch_size: int = Field(16, ge=1)  # the effective batch of one optimizer step

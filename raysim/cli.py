@@ -199,7 +199,8 @@ def cmd_methods(args: argparse.Namespace) -> int:
         table.add_column(col)
     for name in method_names():
         m = get_method(name)
-        params = ", ".join(f"{k}={f.default}" for k, f in m.params.model_fields.items())
+        fields = m.params.model_fields.items()
+        params = ", ".join(f"{f.alias or k}={f.default}" for k, f in fields)
         table.add_row(name, params or "—", m.reference)
     console.print(table)
     return 0

@@ -14,9 +14,16 @@ from raysim.algorithms.perada import lora_pairs
 from raysim.data import build_federated_dataset
 from raysim.data.federated import DataConfig
 from raysim.data.text_tasks import TextTaskConfig
-from raysim.training.loop import LocalTrainingConfig, train_local
-from raysim.training.tasks import CausalLMTask
-from tests.test_fedoa import LOCAL, client, context, handle, lm_data, nonzero_global
+from raysim.training.loop import LocalTrainingConfig
+from tests.test_fedoa import (
+    LOCAL,
+    client,
+    context,
+    handle,
+    lm_data,
+    nonzero_global,
+    train_personal_reference,
+)
 
 SGD = LocalTrainingConfig(epochs=1, batch_size=8, lr=0.01, optimizer="sgd")
 
@@ -263,16 +270,7 @@ def test_fedlora_personal_starts_at_downloaded_global():
     h2, _, _ = one_round("fedlora", seed_state=77, finetune_epochs=1)  # another prior state
     ref = handle()
     ref.set_adapter("personal", downloaded)
-    ref.use("personal")
-    ctx = context(ref)
-    train_local(
-        ref.module,
-        ref.adapter_parameters("personal"),
-        CausalLMTask(),
-        ctx.data,
-        LOCAL,
-        ctx.phase("personal"),
-    )
+    train_personal_reference(ref, context(ref))
     np.testing.assert_array_equal(h1.get_adapter("personal"), ref.get_adapter("personal"))
     np.testing.assert_array_equal(h2.get_adapter("personal"), h1.get_adapter("personal"))
     assert not np.array_equal(h1.get_adapter("personal"), downloaded)

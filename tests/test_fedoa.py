@@ -65,6 +65,19 @@ def client(name="fedoa", **params):
     return get_method(name).build_client(params)
 
 
+def train_personal_reference(ref, ctx: ClientContext) -> None:
+    """CE-only training of ``ref``'s personal adapter on the personal phase's stream of ``ctx``."""
+    ref.use("personal")
+    train_local(
+        ref.module,
+        ref.adapter_parameters("personal"),
+        CausalLMTask(),
+        ctx.data,
+        LOCAL,
+        ctx.phase("personal"),
+    )
+
+
 def nonzero_global(h, scale=0.05):
     """Move the global adapter off its B = 0 init so that personal and global features differ."""
     g = h.get_global()
@@ -87,15 +100,7 @@ def test_lambda_zero_is_plain_local_training():
     client("fedoa", **{"lambda": 0.0}).train(ctx := context(h))
     ref = handle()
     ref.set_state(start, seed=0)
-    ref.use("personal")
-    train_local(
-        ref.module,
-        ref.adapter_parameters("personal"),
-        CausalLMTask(),
-        ctx.data,
-        LOCAL,
-        ctx.phase("personal"),
-    )
+    train_personal_reference(ref, ctx)
     for k, v in h.get_state().items():
         np.testing.assert_array_equal(v, ref.get_state()[k])
 

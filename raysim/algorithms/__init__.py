@@ -3,8 +3,8 @@
 This package never imports Ray or MLflow.
 """
 
-from raysim.algorithms.base import ClientAlgorithm, Method, MethodParams, Strategy, Update
-from raysim.algorithms.registry import get_method, method_names, register
+from .base import ClientAlgorithm, Method, MethodParams, Strategy, Update
+from .registry import get_method, method_names, register
 
 __all__ = [
     "ClientAlgorithm",

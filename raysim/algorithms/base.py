@@ -17,10 +17,10 @@ import numpy as np
 import torch
 from pydantic import ConfigDict
 
-from raysim.models.handle import ModelHandle
-from raysim.schema import StrictModel
-from raysim.training.loop import LocalTrainingConfig, train_local
-from raysim.training.tasks import Task
+from ..models.handle import ModelHandle
+from ..schema import StrictModel
+from ..training.loop import LocalTrainingConfig, train_local
+from ..training.tasks import Task
 
 
 class MethodParams(StrictModel):

@@ -14,9 +14,9 @@ Nothing here validates that protocol. Evaluated with its single global adapter. 
 
 from __future__ import annotations
 
-from raysim.algorithms.base import Method
-from raysim.algorithms.fedavg import FedAvg
-from raysim.algorithms.registry import register
+from .base import Method
+from .fedavg import FedAvg
+from .registry import register
 
 PROTOCOL = (
     "clients.num=1",

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from raysim.algorithms.base import Method
-from raysim.algorithms.fedopt import FedOpt, FedOptParams
-from raysim.algorithms.registry import register
+from .base import Method
+from .fedopt import FedOpt, FedOptParams
+from .registry import register
 
 
 class FedAdam(FedOpt):

@@ -13,8 +13,8 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from raysim.algorithms.base import Method, MethodParams, Strategy, Update
-from raysim.algorithms.registry import register
+from .base import Method, MethodParams, Strategy, Update
+from .registry import register
 
 
 class FedAsyncParams(MethodParams):

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from raysim.algorithms.base import Method, Strategy, Update, WeightedMean
-from raysim.algorithms.registry import register
+from .base import Method, Strategy, Update, WeightedMean
+from .registry import register
 
 
 class RoundBuffer(Strategy):

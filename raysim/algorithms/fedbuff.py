@@ -14,8 +14,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from raysim.algorithms.base import Method, MethodParams, Strategy, Update, WeightedMean
-from raysim.algorithms.registry import register
+from .base import Method, MethodParams, Strategy, Update, WeightedMean
+from .registry import register
 
 
 class FedBuffParams(MethodParams):

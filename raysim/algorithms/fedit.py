@@ -7,9 +7,9 @@ averaged separately because they are separate coordinates of the flat vector).
 
 from __future__ import annotations
 
-from raysim.algorithms.base import Method
-from raysim.algorithms.fedavg import FedAvg
-from raysim.algorithms.registry import register
+from .base import Method
+from .fedavg import FedAvg
+from .registry import register
 
 METHOD = register(
     Method(name="fedit", strategy=FedAvg, reference="Zhang et al. 2023; fedoa.md §3.2")

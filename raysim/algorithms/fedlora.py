@@ -24,11 +24,11 @@ from typing import Literal
 
 from pydantic import Field
 
-from raysim.algorithms.base import ClientAlgorithm, ClientContext, Method, MethodParams
-from raysim.algorithms.fedavg import FedAvg
-from raysim.algorithms.fedoa import GLOBAL, PERSONAL
-from raysim.algorithms.registry import register
-from raysim.training.loop import train_local
+from ..training.loop import train_local
+from .base import ClientAlgorithm, ClientContext, Method, MethodParams
+from .fedavg import FedAvg
+from .fedoa import GLOBAL, PERSONAL
+from .registry import register
 
 
 class FedLoRAParams(MethodParams):

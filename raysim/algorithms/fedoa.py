@@ -21,11 +21,11 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from raysim.algorithms.base import ClientAlgorithm, ClientContext, Method, MethodParams
-from raysim.algorithms.feature_distance import Distance, Pool, feature_distance, pool_features
-from raysim.algorithms.fedavg import FedAvg
-from raysim.algorithms.registry import register
-from raysim.training.loop import minibatches, train_local
+from ..training.loop import minibatches, train_local
+from .base import ClientAlgorithm, ClientContext, Method, MethodParams
+from .feature_distance import Distance, Pool, feature_distance, pool_features
+from .fedavg import FedAvg
+from .registry import register
 
 GLOBAL, PERSONAL = "global", "personal"
 

@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from raysim.algorithms.base import MethodParams
-from raysim.algorithms.fedavg import RoundBuffer
+from .base import MethodParams
+from .fedavg import RoundBuffer
 
 
 class FedOptParams(MethodParams):

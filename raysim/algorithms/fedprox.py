@@ -7,9 +7,9 @@ from collections.abc import Sequence
 import torch
 from pydantic import Field
 
-from raysim.algorithms.base import ClientAlgorithm, Method, MethodParams, PenaltyFn
-from raysim.algorithms.fedavg import FedAvg
-from raysim.algorithms.registry import register
+from .base import ClientAlgorithm, Method, MethodParams, PenaltyFn
+from .fedavg import FedAvg
+from .registry import register
 
 
 class FedProxParams(MethodParams):

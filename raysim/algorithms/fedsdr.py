@@ -25,10 +25,10 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from raysim.algorithms.base import Method
-from raysim.algorithms.fedavg import FedAvg
-from raysim.algorithms.fedoa import GLOBAL, PERSONAL, FedOAClient, FedOAParams
-from raysim.algorithms.registry import register
+from .base import Method
+from .fedavg import FedAvg
+from .fedoa import GLOBAL, PERSONAL, FedOAClient, FedOAParams
+from .registry import register
 
 
 class FedSDRParams(FedOAParams):

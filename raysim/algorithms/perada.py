@@ -31,11 +31,11 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from raysim.algorithms.base import ClientContext, Method
-from raysim.algorithms.ditto import ParamProxClient, squared_distance
-from raysim.algorithms.fedavg import FedAvg
-from raysim.algorithms.fedoa import GLOBAL, PERSONAL, FedOAParams
-from raysim.algorithms.registry import register
+from .base import ClientContext, Method
+from .ditto import ParamProxClient, squared_distance
+from .fedavg import FedAvg
+from .fedoa import GLOBAL, PERSONAL, FedOAParams
+from .registry import register
 
 #: The authors' code divides the summed per-tensor norms by 32 (LLaMA-7B's layer count).
 CODE_NORM_DIVISOR = 32.0

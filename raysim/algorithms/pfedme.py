@@ -36,13 +36,13 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from raysim.algorithms.base import ClientAlgorithm, ClientContext, Method, MethodParams
-from raysim.algorithms.ditto import param_distance, squared_distance
-from raysim.algorithms.fedavg import RoundBuffer
-from raysim.algorithms.fedoa import GLOBAL, PERSONAL
-from raysim.algorithms.perada import detached_code_penalty
-from raysim.algorithms.registry import register
-from raysim.training.loop import minibatches, train_local
+from ..training.loop import minibatches, train_local
+from .base import ClientAlgorithm, ClientContext, Method, MethodParams
+from .ditto import param_distance, squared_distance
+from .fedavg import RoundBuffer
+from .fedoa import GLOBAL, PERSONAL
+from .perada import detached_code_penalty
+from .registry import register
 
 STANDARD_LAMBDA, CODE_LAMBDA = 15.0, 0.5
 

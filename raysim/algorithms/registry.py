@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 import importlib
 
-from raysim.algorithms.base import Method
+from .base import Method
 
 _METHODS: dict[str, Method] = {}
 

@@ -60,6 +60,7 @@ class RoundLog:
     tau_rounds: list[int] = field(default_factory=list)
     tau_versions: list[int] = field(default_factory=list)
     train_loss: list[float] = field(default_factory=list)
+    client_metrics: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     wait_s: float = 0.0
 
 
@@ -211,6 +212,9 @@ class CoordinatorCore:
         log.arrived += 1
         log.tau_rounds.append(update.tau_rounds)
         log.tau_versions.append(update.tau_versions)
+        for key, value in result.metrics.items():
+            if key != "train_loss":
+                log.client_metrics[key].append(float(value))
         loss = result.metrics.get("train_loss")
         if loss is not None:
             log.train_loss.append(loss)
@@ -245,6 +249,8 @@ class CoordinatorCore:
             m["staleness_versions_max"] = float(np.max(log.tau_versions))
         if log.train_loss:
             m["train_loss"] = float(np.mean(log.train_loss))
+        for key, values in sorted(log.client_metrics.items()):
+            m[f"client_{key}"] = float(np.mean(values))  # mean over this round's arrivals
         m.update(self.strategy.metrics())
         if self.evaluator is not None and ((k + 1) % self.cfg.eval.every == 0 or self.done):
             ev = self.evaluator(self.strategy.weights, self.client_states, self.done)

@@ -7,10 +7,12 @@ plain Python, so it pickles into one object-store copy; the tokenizer travels as
 
 from __future__ import annotations
 
+import json
 import re
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import numpy as np
@@ -630,6 +632,9 @@ class TextTaskConfig(StrictModel):
     held_out_domain: str = "d2"
     n_train: int = Field(60, ge=1)
     n_test: int = Field(20, ge=1)
+    #: Seed of the data (Flan-mini words and examples, Flan sampling, shards); None = the run seed.
+    #: Fix it to vary only the training randomness across seeds (the papers' data are fixed).
+    data_seed: int | None = None
     shards_per_task: int = Field(1, ge=1)
     template: TemplateName = "alpaca_short"
     cutoff_len: int = Field(128, ge=2)
@@ -664,6 +669,22 @@ def _eval_set(
     )
 
 
+def _check_foundation_tokenizer(tokenizer: str, data_seed: int) -> None:
+    """A tiny-foundation tokenizer only knows the Flan-mini words of its own data seed."""
+    from raysim.data.foundation_corpus import METADATA_FILE
+
+    meta = Path(tokenizer) / METADATA_FILE
+    if not meta.is_file():
+        return
+    trained = json.loads(meta.read_text())["config"]["data_seed"]
+    if trained != data_seed:
+        raise ValueError(
+            f"the foundation model at {tokenizer!r} was pre-trained on the Flan-mini words of "
+            f"data seed {trained}, but this run generates data with seed {data_seed}; set "
+            f"data.text.data_seed={trained} (or pre-train with --data-seed {data_seed})"
+        )
+
+
 def build_text_task_dataset(
     cfg: TextTaskConfig,
     name: str,
@@ -675,7 +696,9 @@ def build_text_task_dataset(
     from raysim.data.tokenizer import build_word_tokenizer, load_tokenizer, special_tokens_of
 
     cfg.check(name)
+    seed = seed if cfg.data_seed is None else cfg.data_seed
     if name == "flan_mini":
+        _check_foundation_tokenizer(cfg.tokenizer, seed)
         tasks = generate_flan_mini(seed, cfg.n_train, cfg.n_test)
     elif name == "flan":
         from raysim.data.flan import load_flan

@@ -1,0 +1,109 @@
+"""A generic instruction corpus for the tiny "foundation" model (fedoa.md §7.1).
+
+Auxiliary families, disjoint from the evaluation tasks (no entailment, sentiment, paraphrase or
+reading-comprehension question): copy a word, first word, last word, longest option, and which
+option appears in the text. They use the same template and the same ``OPTIONS:\\n- …`` convention
+as Flan-mini, and the content words of both Flan-mini domains, so a model pre-trained on them is
+format-aware (answers with one listed option) and knows every word, as a real foundation model
+would, without having seen any evaluation task.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from raysim.data.text_tasks import TextExample, WordPool, word_pools
+
+FOUNDATION_TAG = 13  # rng = default_rng([seed, FOUNDATION_TAG, split]) for the corpus
+METADATA_FILE = "raysim_foundation.json"  # written next to a pre-trained foundation model
+
+_WORDINGS: dict[str, tuple[str, ...]] = {
+    "copy": ("Repeat the word {w}.", "Copy this word: {w}"),
+    "first_word": (
+        "Text: {t}\nWhat is the first word of the text?",
+        "{t}\nWhich word comes first?",
+    ),
+    "last_word": (
+        "Text: {t}\nWhat is the last word of the text?",
+        "{t}\nWhich word comes last?",
+    ),
+    "longest_option": ("Which option is the longest?", "Pick the longest of the options."),
+    "option_in_text": (
+        "Text: {t}\nWhich of the options appears in the text?",
+        "{t}\nOne option is mentioned above. Which one?",
+    ),
+}
+FOUNDATION_FAMILIES: tuple[str, ...] = tuple(_WORDINGS)
+
+
+def _options(options: list[str]) -> str:
+    return "OPTIONS:\n" + "\n".join(f"- {o}" for o in options)
+
+
+def _words(pools: dict[str, WordPool]) -> list[str]:
+    return sorted(set().union(*(p.words() for p in pools.values())))
+
+
+def _pick(rng: np.random.Generator, words: list[str], k: int) -> list[str]:
+    return [words[i] for i in rng.choice(len(words), size=k, replace=False)]
+
+
+def _copy(rng: np.random.Generator, words: list[str]) -> tuple[dict, list[str], str]:
+    picked = _pick(rng, words, 4)
+    return {"w": picked[0]}, [picked[i] for i in rng.permutation(4)], picked[0]
+
+
+def _position(first: bool) -> Callable:
+    def gen(rng: np.random.Generator, words: list[str]) -> tuple[dict, list[str], str]:
+        n = int(rng.integers(4, 8))
+        text = _pick(rng, words, n)
+        answer = text[0] if first else text[-1]
+        others = [w for w in text if w != answer]
+        options = [answer, *_pick(rng, others, 3)]
+        return {"t": " ".join(text) + "."}, [options[i] for i in rng.permutation(4)], answer
+
+    return gen
+
+
+def _longest(rng: np.random.Generator, words: list[str]) -> tuple[dict, list[str], str]:
+    lengths = _pick(rng, [1, 2, 3, 4, 5], 3)
+    options = [" ".join(_pick(rng, words, k)) for k in lengths]
+    return {}, options, options[int(np.argmax(lengths))]
+
+
+def _option_in_text(rng: np.random.Generator, words: list[str]) -> tuple[dict, list[str], str]:
+    n = int(rng.integers(3, 7))
+    chosen = _pick(rng, words, n + 3)
+    text, absent = chosen[:n], chosen[n:]
+    answer = text[int(rng.integers(n))]
+    options = [answer, *absent]
+    return {"t": " ".join(text) + "."}, [options[i] for i in rng.permutation(4)], answer
+
+
+_GENERATORS: dict[str, Callable] = {
+    "copy": _copy,
+    "first_word": _position(first=True),
+    "last_word": _position(first=False),
+    "longest_option": _longest,
+    "option_in_text": _option_in_text,
+}
+
+
+def generate_foundation_corpus(seed: int, n: int, split: int = 0) -> list[TextExample]:
+    """``n`` examples cycling through the families, deterministic in ``(seed, split)``.
+
+    ``seed`` picks the Flan-mini word pools (it must equal the data seed of the runs that use the
+    model); ``split`` 0 is for training, 1 for the held-out check.
+    """
+    words = _words(word_pools(seed))
+    rng = np.random.default_rng([seed, FOUNDATION_TAG, split])
+    out = []
+    for i in range(n):
+        family = FOUNDATION_FAMILIES[i % len(FOUNDATION_FAMILIES)]
+        fields, options, answer = _GENERATORS[family](rng, words)
+        wordings = _WORDINGS[family]
+        body = wordings[int(rng.integers(len(wordings)))].format(**fields)
+        out.append(TextExample(body + "\n" + _options(options), answer, family, family))
+    return out

@@ -9,6 +9,7 @@ import pytest
 
 from raysim.data.foundation_corpus import FOUNDATION_FAMILIES, generate_foundation_corpus
 from raysim.data.text_tasks import (
+    _OPTIONS,
     FAMILIES,
     TextTaskConfig,
     build_text_task_dataset,
@@ -29,10 +30,15 @@ def test_corpus_is_deterministic_format_aware_and_disjoint_from_the_tasks():
     assert {e.family for e in a} == set(FOUNDATION_FAMILIES)
     assert not {e.family for e in a} & set(FAMILIES)
     words = set().union(*(p.words() for p in word_pools(0).values()))
+    labels = {o for opts in _OPTIONS.values() for o in opts}
+    label_words = {w for o in labels for w in re.findall(r"\w+", o)}
+    answers_from_labels = 0
     for e in a:
         options = [o.removeprefix("- ") for o in _first_option_line(e.instruction)]
         assert e.output in options  # every answer is one listed option (§7.1)
-        assert set(re.findall(r"[a-z]+", e.output)) <= words
+        assert set(re.findall(r"\w+", e.output)) <= words | label_words
+        answers_from_labels += e.output in labels
+    assert 10 <= answers_from_labels <= 100  # label words are answers too, not only pool words
     # no Flan-mini instruction wording appears in the corpus
     flan = generate_flan_mini(0, 20, 5)
     first_lines = {e.instruction.split("\n")[0] for s in flan.values() for e in s["train"]}

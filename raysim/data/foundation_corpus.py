@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from raysim.data.text_tasks import TextExample, WordPool, word_pools
+from raysim.data.text_tasks import _OPTIONS, TextExample, WordPool, word_pools
 
 FOUNDATION_TAG = 13  # rng = default_rng([seed, FOUNDATION_TAG, split]) for the corpus
 METADATA_FILE = "raysim_foundation.json"  # written next to a pre-trained foundation model
@@ -42,44 +42,65 @@ def _options(options: list[str]) -> str:
     return "OPTIONS:\n" + "\n".join(f"- {o}" for o in options)
 
 
-def _words(pools: dict[str, WordPool]) -> list[str]:
-    return sorted(set().union(*(p.words() for p in pools.values())))
+#: share of answer-word slots filled with a Flan-mini label word or phrase instead of a pool word
+LABEL_SHARE = 0.3
 
 
-def _pick(rng: np.random.Generator, words: list[str], k: int) -> list[str]:
-    return [words[i] for i in rng.choice(len(words), size=k, replace=False)]
+class _Units:
+    """What options and texts are made of: pool words and, with probability ``LABEL_SHARE``, the
+    label words and phrases of Flan-mini (yes, positive, "it is not possible to tell", 0-5, ...),
+    so the model learns to answer with *any* listed option, not only with content words."""
+
+    def __init__(self, pools: dict[str, WordPool]) -> None:
+        self.words = sorted(set().union(*(p.words() for p in pools.values())))
+        labels = sorted({o for opts in _OPTIONS.values() for o in opts})
+        self.labels = labels
+        self.label_words = [o for o in labels if " " not in o]
+
+    def pick(self, rng: np.random.Generator, k: int, phrases: bool = True) -> list[str]:
+        """``k`` distinct units; single words only unless ``phrases``."""
+        labels = self.labels if phrases else self.label_words
+        out: list[str] = []
+        while len(out) < k:
+            source = labels if rng.random() < LABEL_SHARE else self.words
+            unit = source[int(rng.integers(len(source)))]
+            if unit not in out:
+                out.append(unit)
+        return out
 
 
-def _copy(rng: np.random.Generator, words: list[str]) -> tuple[dict, list[str], str]:
-    picked = _pick(rng, words, 4)
-    return {"w": picked[0]}, [picked[i] for i in rng.permutation(4)], picked[0]
+def _shuffle(rng: np.random.Generator, items: list[str]) -> list[str]:
+    return [items[i] for i in rng.permutation(len(items))]
+
+
+def _copy(rng: np.random.Generator, units: _Units) -> tuple[dict, list[str], str]:
+    picked = units.pick(rng, 4)
+    return {"w": picked[0]}, _shuffle(rng, picked), picked[0]
 
 
 def _position(first: bool) -> Callable:
-    def gen(rng: np.random.Generator, words: list[str]) -> tuple[dict, list[str], str]:
-        n = int(rng.integers(4, 8))
-        text = _pick(rng, words, n)
+    def gen(rng: np.random.Generator, units: _Units) -> tuple[dict, list[str], str]:
+        text = units.pick(rng, int(rng.integers(4, 8)), phrases=False)
         answer = text[0] if first else text[-1]
         others = [w for w in text if w != answer]
-        options = [answer, *_pick(rng, others, 3)]
-        return {"t": " ".join(text) + "."}, [options[i] for i in rng.permutation(4)], answer
+        options = [answer, *(others[i] for i in rng.choice(len(others), 3, replace=False))]
+        return {"t": " ".join(text) + "."}, _shuffle(rng, options), answer
 
     return gen
 
 
-def _longest(rng: np.random.Generator, words: list[str]) -> tuple[dict, list[str], str]:
-    lengths = _pick(rng, [1, 2, 3, 4, 5], 3)
-    options = [" ".join(_pick(rng, words, k)) for k in lengths]
+def _longest(rng: np.random.Generator, units: _Units) -> tuple[dict, list[str], str]:
+    lengths = [int(x) for x in rng.choice([1, 2, 3, 4, 5], 3, replace=False)]
+    options = [" ".join(units.pick(rng, k, phrases=False)) for k in lengths]
     return {}, options, options[int(np.argmax(lengths))]
 
 
-def _option_in_text(rng: np.random.Generator, words: list[str]) -> tuple[dict, list[str], str]:
+def _option_in_text(rng: np.random.Generator, units: _Units) -> tuple[dict, list[str], str]:
     n = int(rng.integers(3, 7))
-    chosen = _pick(rng, words, n + 3)
+    chosen = units.pick(rng, n + 3)
     text, absent = chosen[:n], chosen[n:]
     answer = text[int(rng.integers(n))]
-    options = [answer, *absent]
-    return {"t": " ".join(text) + "."}, [options[i] for i in rng.permutation(4)], answer
+    return {"t": " ".join(text) + "."}, _shuffle(rng, [answer, *absent]), answer
 
 
 _GENERATORS: dict[str, Callable] = {
@@ -97,12 +118,12 @@ def generate_foundation_corpus(seed: int, n: int, split: int = 0) -> list[TextEx
     ``seed`` picks the Flan-mini word pools (it must equal the data seed of the runs that use the
     model); ``split`` 0 is for training, 1 for the held-out check.
     """
-    words = _words(word_pools(seed))
+    units = _Units(word_pools(seed))
     rng = np.random.default_rng([seed, FOUNDATION_TAG, split])
     out = []
     for i in range(n):
         family = FOUNDATION_FAMILIES[i % len(FOUNDATION_FAMILIES)]
-        fields, options, answer = _GENERATORS[family](rng, words)
+        fields, options, answer = _GENERATORS[family](rng, units)
         wordings = _WORDINGS[family]
         body = wordings[int(rng.integers(len(wordings)))].format(**fields)
         out.append(TextExample(body + "\n" + _options(options), answer, family, family))

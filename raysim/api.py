@@ -1,11 +1,13 @@
 """Python entry points: ``run(config, overrides) -> Result`` and the ``RunSession`` driver loop.
 
 The driver owns nothing but the loop: ``while not done: metrics = coordinator.step()``. The CLI,
-the API and (later) the Ray Tune trainable all go through ``RunSession``.
+the API and (later) the Ray Tune trainable all go through ``RunSession``. ``resume=`` continues a
+checkpointed run (an MLflow run id, or a checkpoint directory) from its last checkpoint.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -14,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from raysim.config import RunConfig, load_config
+from raysim.checkpoint import ResumeSource, prepare_resume
+from raysim.config import ConfigError, RunConfig, load_config
 from raysim.tracking import default_tracking_uri
 
 
@@ -47,18 +50,40 @@ def ensure_ray(address: str | None = None, **init_kwargs: Any) -> bool:
 
 
 class RunSession:
-    """Starts the coordinator actor for one validated config and steps it round by round."""
+    """Starts the coordinator actor for one validated config and steps it round by round.
 
-    def __init__(self, cfg: RunConfig, address: str | None = None) -> None:
+    ``resume`` (an MLflow run id, a checkpoint directory, or a ``ResumeSource`` from
+    ``raysim.checkpoint.prepare_resume``) restores the run's last checkpoint instead of starting
+    afresh; ``cfg`` may then be None (the checkpoint's config is used) or must match it.
+    ``force`` resumes a run whose status is still RUNNING (its driver died unannounced).
+    """
+
+    def __init__(
+        self,
+        cfg: RunConfig | None = None,
+        address: str | None = None,
+        *,
+        resume: str | os.PathLike | ResumeSource | None = None,
+        force: bool = False,
+    ) -> None:
         import ray
 
         from raysim.actors.coordinator_actor import Coordinator
         from raysim.actors.pool import plan_pool_size
 
+        if resume is not None and not isinstance(resume, ResumeSource):
+            resume = prepare_resume(resume, cfg, force=force)
+        if resume is not None:
+            cfg = resume.config
+        if cfg is None:
+            raise ConfigError("RunSession needs a config or a run to resume")
         self.cfg = cfg
-        self.tracking_uri = (
-            (cfg.tracking.uri or default_tracking_uri()) if cfg.tracking.enabled else None
-        )
+        self.resumed_from: ResumeSource | None = resume
+        self.tracking_uri = None
+        if cfg.tracking.enabled:
+            self.tracking_uri = (resume.tracking_uri if resume else None) or (
+                cfg.tracking.uri or default_tracking_uri()
+            )
         if self.tracking_uri:
             os.environ["MLFLOW_TRACKING_URI"] = (
                 self.tracking_uri
@@ -69,14 +94,17 @@ class RunSession:
             actor = ray.remote(Coordinator).options(
                 num_cpus=cfg.coordinator.num_cpus, num_gpus=cfg.coordinator.num_gpus
             )
-            self.actor = actor.remote(cfg.to_dict(), size, self.tracking_uri)
+            source = resume.for_actor() if resume else None
+            self.actor = actor.remote(cfg.to_dict(), size, self.tracking_uri, source)
             info = ray.get(self.actor.ready.remote())
         except BaseException:
             self.close()
             raise
         self.run_id: str | None = info["run_id"]
         self.pool_size = size
-        self.round = 0
+        self.round = int(info["round"])
+        # a script that exits without close(): mark the run KILLED before Ray's own exit hook
+        atexit.register(self.close)
 
     def step(self) -> dict[str, float]:
         import ray
@@ -98,6 +126,22 @@ class RunSession:
 
         return ray.get(self.actor.workers.remote())
 
+    def checkpoint(self) -> None:
+        """Write a checkpoint now (besides the ``checkpoint.every`` ones)."""
+        import ray
+
+        ray.get(self.actor.save_checkpoint.remote())
+
+    def fail(self, status: str = "FAILED") -> None:
+        """Mark the run FAILED (or KILLED) in MLflow; best effort, for error paths."""
+        import ray
+
+        if getattr(self, "actor", None) is not None:
+            try:
+                ray.get(self.actor.fail.remote(status), timeout=30)
+            except Exception:  # noqa: BLE001
+                pass
+
     def finish(self) -> Result:
         import ray
 
@@ -117,8 +161,10 @@ class RunSession:
         )
 
     def close(self) -> None:
+        """Stop the run's actors; a run not finished is marked KILLED in MLflow (resumable)."""
         import ray
 
+        atexit.unregister(self.close)
         actor = getattr(self, "actor", None)
         if actor is not None:
             try:
@@ -136,32 +182,39 @@ RoundCallback = Callable[[dict[str, float]], None]
 
 
 def run(
-    config: str | Path | Mapping[str, Any] | RunConfig,
+    config: str | Path | Mapping[str, Any] | RunConfig | None = None,
     overrides: Iterable[str] = (),
     *,
+    resume: str | os.PathLike | ResumeSource | None = None,
+    force: bool = False,
     address: str | None = None,
     on_round: RoundCallback | None = None,
 ) -> Result:
     """Run one simulation to the end. ``config`` is a YAML path, a dict or a ``RunConfig``.
 
     The config is validated (overrides included) before Ray starts. ``on_round`` sees each round's
-    metrics (the CLI draws its progress bar with it).
+    metrics (the CLI draws its progress bar with it). ``resume`` continues a run from its last
+    checkpoint: an MLflow run id (reopened; its metrics continue at the next round) or a
+    checkpoint directory; ``config`` is then optional (default: the checkpoint's, with
+    ``overrides`` applied) and must match the checkpoint's. An interrupted run is marked KILLED,
+    a failed one FAILED; both can be resumed.
     """
-    cfg = config if isinstance(config, RunConfig) else load_config(config, overrides)
-    session = RunSession(cfg, address=address)
+    if resume is not None and not isinstance(resume, ResumeSource):
+        resume = prepare_resume(resume, config, overrides, force=force)
+    if resume is not None:
+        cfg = resume.config
+    elif config is None:
+        raise ConfigError("run() needs a config (or resume=RUN_ID)")
+    else:
+        cfg = config if isinstance(config, RunConfig) else load_config(config, overrides)
+    session = RunSession(cfg, address=address, resume=resume)
     try:
         for metrics in session.rounds():
             if on_round is not None:
                 on_round(metrics)
         return session.finish()
-    except BaseException:
-        import ray
-
-        if session.actor is not None:
-            try:
-                ray.get(session.actor.fail.remote(), timeout=30)
-            except Exception:  # noqa: BLE001
-                pass
+    except BaseException as e:
+        session.fail("KILLED" if isinstance(e, (KeyboardInterrupt, SystemExit)) else "FAILED")
         raise
     finally:
         session.close()

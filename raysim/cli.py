@@ -6,6 +6,7 @@ import argparse
 import os
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from typing import Any
@@ -62,16 +63,62 @@ def _summary_table(result: Any) -> Table:
     return table
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    from raysim.api import run
+def _run_args(args: argparse.Namespace) -> tuple[str | None, list[str]]:
+    """With ``--resume`` the config path is optional: a first positional ``key=value`` that is no
+    file is an override."""
+    config, overrides = args.config, list(args.overrides)
+    if args.resume and config and "=" in config and not os.path.isfile(config):
+        config, overrides = None, [config, *overrides]
+    return config, overrides
 
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import signal
+
+    from raysim.checkpoint import prepare_resume
+
+    config, overrides = _run_args(args)
+    resume = None
     try:
-        cfg = load_config(args.config, args.overrides)
+        if args.resume:
+            resume = prepare_resume(args.resume, config, overrides, force=args.force)
+            cfg = resume.config
+        elif config is None:
+            console.print("[red]raysim run needs a config path (or --resume RUN_ID)[/red]")
+            return 2
+        else:
+            cfg = load_config(config, overrides)
     except ConfigError as e:
         console.print(f"[red]{e}[/red]")
         return 2
+
+    def _terminate(signum: int, frame: Any) -> None:  # `kill PID`: end the MLflow run as KILLED
+        raise KeyboardInterrupt
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    if main_thread:
+        previous = signal.getsignal(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, _terminate)
+    try:
+        result = _run_with_progress(cfg, resume, args.address)
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+    console.print(_summary_table(result))
+    return 0
+
+
+def _run_with_progress(cfg: Any, resume: Any, address: str | None) -> Any:
+    from raysim.api import run
+
+    start = resume.round if resume else 0
+    if resume:
+        where = resume.run_id or resume.dir
+        console.print(f"resuming {where} at round {start} of {cfg.rounds}")
     with _progress() as progress:
-        task = progress.add_task("run", total=cfg.rounds, vt="0", acc="", arrived=0)
+        task = progress.add_task(
+            "run", total=cfg.rounds, completed=start, vt=str(start), acc="", arrived=0
+        )
 
         def on_round(m: dict[str, float]) -> None:
             key = next((k for k in ("accuracy", "ood_rouge1", "ood_loss") if k in m), None)
@@ -84,9 +131,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 arrived=int(m["clients_arrived"]),
             )
 
-        result = run(cfg, address=args.address, on_round=on_round)
-    console.print(_summary_table(result))
-    return 0
+        return run(cfg, resume=resume, address=address, on_round=on_round)
 
 
 def cmd_leave_one_out(args: argparse.Namespace) -> int:
@@ -210,9 +255,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="raysim", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("run", help="run one simulation from a YAML config")
-    p.add_argument("config", help="path to a YAML config")
+    p.add_argument("config", nargs="?", help="path to a YAML config (optional with --resume)")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rounds=50 delays.sigma=20")
     p.add_argument("--address", default=None, help="existing Ray cluster: auto or ray://host:port")
+    p.add_argument(
+        "--resume",
+        default=None,
+        metavar="RUN_ID|DIR",
+        help="continue a checkpointed run (an MLflow run id or a checkpoint.dir) from its last "
+        "checkpoint; its config.yaml is used unless CONFIG is given (then it must match)",
+    )
+    p.add_argument("--force", action="store_true", help="resume even a run still marked RUNNING")
     p.set_defaults(func=cmd_run)
     for command, what in (("loto", "task family"), ("lodo", "domain (d1, d2)")):
         p = sub.add_parser(command, help=f"leave one {what} out: every held-out setting x method")

@@ -9,7 +9,8 @@ sleeps and nothing depends on the aggregation method or on real completion order
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
@@ -58,6 +59,24 @@ class Schedule:
         self.busy_until[chosen] = arrival_rounds + 1
         return Dispatches(k, chosen, delays, k + delays, arrival_rounds)
 
+    def state_dict(self) -> dict[str, Any]:
+        """RNG position, busy clients, next round and the delay model's state (for checkpoints)."""
+        return {
+            "rng": self.rng.bit_generator.state,
+            "busy_until": self.busy_until.copy(),
+            "next_round": self.next_round,
+            "delay_model": self.delay_model.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        busy = np.asarray(state["busy_until"], dtype=np.int64)
+        if busy.shape != (self.num_clients,):
+            raise ValueError(f"schedule state is for {len(busy)} clients, not {self.num_clients}")
+        self.rng.bit_generator.state = state["rng"]
+        self.busy_until = busy.copy()
+        self.next_round = int(state["next_round"])
+        self.delay_model.load_state_dict(state["delay_model"])
+
     def in_flight(self, k: int) -> int:
         """Clients dispatched and not yet delivered before the end of round ``k``'s dispatch."""
         return int(np.count_nonzero(self.busy_until > k))
@@ -97,6 +116,19 @@ class ArrivalQueue:
         late = [j for r in list(self._by_round) if r > last_round for j in self._by_round.pop(r)]
         self._count -= len(late)
         return late
+
+    def jobs(self) -> list[PendingJob]:
+        """Every job still waiting, in arrival-round order (then push order)."""
+        return [j for r in sorted(self._by_round) for j in self._by_round[r]]
+
+    def state_dict(self) -> list[dict[str, Any]]:
+        return [asdict(j) for j in self.jobs()]
+
+    def load_state_dict(self, state: list[dict[str, Any]]) -> None:
+        self._by_round.clear()
+        self._count = 0
+        for job in state:
+            self.push(PendingJob(**job))
 
     def __len__(self) -> int:
         return self._count

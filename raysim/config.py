@@ -120,6 +120,17 @@ class TrackingConfig(StrictModel):
     tags: dict[str, str] = Field(default_factory=dict)
 
 
+class CheckpointConfig(StrictModel):
+    """Whole-run checkpoints for ``raysim run --resume`` (see ``raysim/checkpoint.py``)."""
+
+    every: int = Field(0, ge=0, description="checkpoint after every N rounds; 0 = never")
+    dir: str | None = Field(
+        None,
+        description="also write the latest checkpoint to this directory (needed when tracking "
+        "is disabled; on a cluster it must be visible to the coordinator's node)",
+    )
+
+
 class CorruptUpdate(StrictModel):
     client: int = Field(ge=0)
     round: int = Field(ge=0)
@@ -155,6 +166,7 @@ class RunConfig(StrictModel):
     coordinator: CoordinatorConfig = Field(default_factory=CoordinatorConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     faults: FaultsConfig = Field(default_factory=FaultsConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
 
     @field_validator("delays", mode="before")
     @classmethod
@@ -173,6 +185,11 @@ class RunConfig(StrictModel):
                 raise ValueError(
                     f"faults.corrupt_updates names client {f.client}, beyond clients.num"
                 )
+        if self.checkpoint.every and not self.tracking.enabled and not self.checkpoint.dir:
+            raise ValueError(
+                f"checkpoint.every={self.checkpoint.every} needs somewhere to write: MLflow "
+                "(tracking.enabled=true) or a directory (checkpoint.dir=PATH)"
+            )
         return self
 
     def to_dict(self) -> dict[str, Any]:

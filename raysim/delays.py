@@ -46,6 +46,14 @@ class DelayModel:
             return self._fixed[clients]
         return self.draw(rng, clients)
 
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint needs to continue the same draws (a subclass adds its own state)."""
+        return {"fixed": None if self._fixed is None else self._fixed.copy()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        fixed = state.get("fixed")
+        self._fixed = None if fixed is None else np.array(fixed, copy=True)
+
     def delivery_round(self, dispatch_round: int, delay: np.ndarray) -> np.ndarray:
         """Integer round in which each update is delivered (feddle.md §2.2 A2)."""
         t = dispatch_round + delay

@@ -26,7 +26,13 @@ def default_tracking_uri(cwd: str | Path | None = None) -> str:
 
 
 class Tracker:
-    """One MLflow run; metrics are batched per round (one request per round)."""
+    """One MLflow run; metrics are batched per round (one request per round).
+
+    ``resume_run_id`` reopens an existing run instead (``raysim run --resume``): its status goes
+    back to RUNNING, params are left as they are, and rounds it already logged before it stopped
+    are not logged again (a resumed run re-runs them bit-identically from its checkpoint), so every
+    round keeps exactly one value per metric.
+    """
 
     def __init__(
         self,
@@ -36,6 +42,7 @@ class Tracker:
         params: Mapping[str, Any],
         tags: Mapping[str, str],
         parent_run_id: str | None = None,
+        resume_run_id: str | None = None,
     ) -> None:
         import mlflow
         from mlflow.tracking import MlflowClient
@@ -45,6 +52,17 @@ class Tracker:
 
         self.client = MlflowClient(tracking_uri=uri)
         mlflow.set_tracking_uri(uri)
+        self.uri = uri
+        self.warnings: list[str] = []
+        self.ended = False
+        #: Rounds up to this step were logged by an earlier attempt of a resumed run.
+        self.logged_through = -1
+        if resume_run_id is not None:
+            self.run_id = resume_run_id
+            history = self.client.get_metric_history(resume_run_id, "round")
+            self.logged_through = max((m.step for m in history), default=-1)
+            self.client.update_run(resume_run_id, status="RUNNING")
+            return
         exp = self.client.get_experiment_by_name(experiment)
         exp_id = exp.experiment_id if exp else self.client.create_experiment(experiment)
         run_tags = dict(tags)
@@ -52,9 +70,7 @@ class Tracker:
             run_tags["mlflow.parentRunId"] = parent_run_id
         run = self.client.create_run(exp_id, run_name=run_name, tags=run_tags)
         self.run_id = run.info.run_id
-        self.uri = uri
         self._log_params(params)
-        self.warnings: list[str] = []
 
     def _log_params(self, params: Mapping[str, Any]) -> None:
         from mlflow.entities import Param
@@ -66,6 +82,9 @@ class Tracker:
     def log_round(self, step: int, metrics: Mapping[str, float]) -> None:
         from mlflow.entities import Metric
 
+        if step <= self.logged_through:
+            return
+
         ts = int(__import__("time").time() * 1000)
         batch = [
             Metric(k, float(v), ts, step)
@@ -73,6 +92,21 @@ class Tracker:
             if v is not None and np.isfinite(v)
         ]
         self.client.log_batch(self.run_id, metrics=batch)
+
+    def log_config(self, config: Mapping[str, Any]) -> None:
+        """The resolved config as ``config.yaml`` now (a run that dies early still has it)."""
+        self.client.log_text(
+            self.run_id, yaml.safe_dump(dict(config), sort_keys=False), "config.yaml"
+        )
+
+    def log_checkpoint(self, files: Mapping[str, bytes], next_round: int) -> None:
+        """Replace the run's ``checkpoint/`` artifacts; ``meta.json`` goes last."""
+        with tempfile.TemporaryDirectory() as tmp:
+            for name in sorted(files, key=lambda n: n == "meta.json"):
+                path = Path(tmp) / name
+                path.write_bytes(files[name])
+                self.client.log_artifact(self.run_id, str(path), "checkpoint")
+        self.client.set_tag(self.run_id, "raysim.checkpoint_round", str(next_round))
 
     def warn(self, message: str) -> None:
         log.warning(message)
@@ -110,9 +144,12 @@ class Tracker:
             plot_curves(history, d / "accuracy.png")
             self.client.log_artifacts(self.run_id, str(d))
         self.client.set_terminated(self.run_id, "FINISHED")
+        self.ended = True
 
-    def fail(self) -> None:
-        self.client.set_terminated(self.run_id, "FAILED")
+    def fail(self, status: str = "FAILED") -> None:
+        """End the run unfinished: FAILED (an error) or KILLED (interrupted, closed early)."""
+        self.client.set_terminated(self.run_id, status)
+        self.ended = True
 
 
 def _csv(rows: Sequence[Mapping[str, Any]]) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -257,6 +257,91 @@ class CoordinatorCore:
             self.evaluations.append({"round": float(k), **ev})
             m.update(ev)
         return m
+
+    # ----------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed run needs to continue bit-identically (``raysim/checkpoint.py``).
+
+        Values are snapshots or references to objects that the next ``step`` replaces rather
+        than mutates, except ``strategy`` (the live object): serialise before stepping again.
+        Arrays sit in plain nested dicts (``versions``, ``client_states``) so that a checkpoint
+        can store them as safetensors.
+        """
+        state: dict[str, Any] = {
+            "round": self.round,
+            "version": self.version,
+            "job_ids": self._job_ids,
+            "schedule": self.schedule.state_dict(),
+            "queue": self.queue.state_dict(),
+            # weights of every version that in-flight jobs were dispatched on (and the current)
+            "versions": {
+                v: {"weights": ver.weights, "refs": ver.refs} for v, ver in self._versions.items()
+            },
+            "strategy": self.strategy,  # pickled whole: moments, buffers, anything a method keeps
+            "stats": {j: asdict(s) for j, s in self.stats.items()},
+            "client_states": {j: dict(st) for j, st in self.client_states.items()},
+            "history": [dict(h) for h in self.history],
+            "evaluations": [dict(e) for e in self.evaluations],
+            "totals": dict(self.totals),
+            "wall_elapsed": time.perf_counter() - self._started,
+        }
+        if hasattr(self.evaluator, "state_dict"):
+            state["evaluator"] = self.evaluator.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore ``state_dict()`` into a freshly built core and restart its in-flight jobs.
+
+        In-flight jobs that the original run computed (arrival before the last round) are
+        submitted again, on the weights of their dispatch version and with the client's stored
+        personal state: a client is not dispatched again while in flight and only its own
+        arrival replaces its state, so the stored state is the one it was dispatched with.
+        Their results are the same as the lost ones (client RNG depends only on seed, client
+        and dispatch round).
+        """
+        if self.round or self._job_ids:
+            raise RuntimeError("load_state_dict needs a core that has not stepped yet")
+        strategy = state["strategy"]
+        if type(strategy) is not type(self.strategy):
+            raise ValueError(
+                f"checkpoint holds a {type(strategy).__name__} strategy, this run builds "
+                f"{type(self.strategy).__name__}"
+            )
+        self.strategy = strategy
+        self.round = int(state["round"])
+        self.version = int(state["version"])
+        self._job_ids = int(state["job_ids"])
+        self.schedule.load_state_dict(state["schedule"])
+        self.queue.load_state_dict(state["queue"])
+        self.stats = defaultdict(
+            ClientStats, {int(j): ClientStats(**s) for j, s in state["stats"].items()}
+        )
+        self.client_states = {int(j): dict(st) for j, st in state["client_states"].items()}
+        self.history = [dict(h) for h in state["history"]]
+        self.evaluations = [dict(e) for e in state["evaluations"]]
+        self.totals = defaultdict(float, state["totals"])
+        self._started = time.perf_counter() - float(state.get("wall_elapsed", 0.0))
+        if "evaluator" in state and hasattr(self.evaluator, "load_state_dict"):
+            self.evaluator.load_state_dict(state["evaluator"])
+        self._versions = {}
+        for v, saved in state["versions"].items():
+            w = np.array(saved["weights"], dtype=np.float32, copy=True)
+            w.flags.writeable = False
+            self._versions[int(v)] = _Version(w, self.executor.put(w), int(saved["refs"]))
+        by_version: dict[int, list[ClientJob]] = defaultdict(list)
+        for job in sorted(self.queue.jobs(), key=lambda j: j.job_id):
+            if job.dispatch_version not in self._versions:
+                raise ValueError(f"checkpoint lacks model version {job.dispatch_version}")
+            if job.arrival_round < self.cfg.rounds:
+                corrupt = self._corrupt.get((job.client, job.dispatch_round))
+                state_j = self.client_states.get(job.client)
+                by_version[job.dispatch_version].append(
+                    ClientJob(
+                        job.job_id, job.client, job.dispatch_round, self.cfg.seed, corrupt, state_j
+                    )
+                )
+        for v, jobs in by_version.items():
+            self.executor.submit(self._versions[v].handle, jobs)
 
     # ----------------------------------------------------------------- results
     @property

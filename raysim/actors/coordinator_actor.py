@@ -1,4 +1,8 @@
-"""The coordinator as a Ray actor: builds data, worker pool, evaluator and tracker, then steps."""
+"""The coordinator as a Ray actor: builds data, worker pool, evaluator and tracker, then steps.
+
+With ``checkpoint.every`` it writes a checkpoint every N rounds; given a resume source it restores
+the last one into a freshly built run before the first step (``raysim/checkpoint.py``).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ from typing import Any
 
 import ray
 
+from raysim import checkpoint
 from raysim.actors.coordinator import CoordinatorCore
 from raysim.actors.evaluation import WorkerEvaluator
 from raysim.actors.pool import RayWorkerPool
@@ -20,9 +25,16 @@ from raysim.tracking import Tracker
 class Coordinator:
     """Owns the run; the single MLflow writer. Wrapped with ``ray.remote`` by the driver."""
 
-    def __init__(self, config: dict[str, Any], pool_size: int, tracking_uri: str | None) -> None:
+    def __init__(
+        self,
+        config: dict[str, Any],
+        pool_size: int,
+        tracking_uri: str | None,
+        resume: dict[str, Any] | None = None,
+    ) -> None:
         cfg = RunConfig.model_validate(config)
         self.cfg = cfg
+        saved = checkpoint.load(resume, cfg) if resume else None  # fail before taking anything
         dataset = build_federated_dataset(cfg.data, cfg.clients.num, cfg.seed)
         self.dataset_ref = ray.put(dataset)  # held for the whole run: restarted workers re-read it
         self.pool = RayWorkerPool(
@@ -43,6 +55,10 @@ class Coordinator:
             self._shapes = evaluator.handle.global_shapes()
             initial = initial_weights(cfg.model, dataset, cfg.seed)
         self.evaluator = evaluator
+        # the core first: a checkpoint that does not load leaves the MLflow run untouched
+        self.core = CoordinatorCore(cfg, initial, dataset.client_sizes(), self.pool, evaluator)
+        if saved is not None:
+            self.core.load_state_dict(saved["core"])
         self.tracker = None
         if cfg.tracking.enabled and tracking_uri:
             self.tracker = Tracker(
@@ -57,21 +73,41 @@ class Coordinator:
                     **cfg.tracking.tags,
                 },
                 parent_run_id=cfg.tracking.parent_run_id,
+                resume_run_id=resume.get("run_id") if resume else None,
             )
-        self.core = CoordinatorCore(
-            cfg,
-            initial,
-            dataset.client_sizes(),
-            self.pool,
-            evaluator,
-            self.tracker,
+            if saved is None:
+                self.tracker.log_config(cfg.to_dict())
+            else:
+                self.tracker.warnings = list(saved.get("warnings", []))
+                self.tracker.client.set_tag(
+                    self.tracker.run_id, "raysim.resumed_at_round", str(self.core.round)
+                )
+            self.core.tracker = self.tracker
+        self.checkpointer = (
+            checkpoint.Checkpointer(cfg, self.tracker) if cfg.checkpoint.every else None
         )
 
     def ready(self) -> dict[str, Any]:
-        return {"run_id": self.tracker.run_id if self.tracker else None, "rounds": self.cfg.rounds}
+        return {
+            "run_id": self.tracker.run_id if self.tracker else None,
+            "rounds": self.cfg.rounds,
+            "round": self.core.round,
+        }
 
     def step(self) -> dict[str, float]:
-        return self.core.step()
+        metrics = self.core.step()
+        if self.checkpointer is not None and self.checkpointer.due(self.core.round):
+            self.save_checkpoint()
+        return metrics
+
+    def save_checkpoint(self) -> None:
+        """Write the run's state now (MLflow ``checkpoint/`` and/or ``checkpoint.dir``)."""
+        state = {
+            "core": self.core.state_dict(),
+            "warnings": list(self.tracker.warnings) if self.tracker else [],
+        }
+        writer = self.checkpointer or checkpoint.Checkpointer(self.cfg, self.tracker)
+        writer.save(state, self.core.round)
 
     def done(self) -> bool:
         return self.core.done
@@ -120,9 +156,13 @@ class Coordinator:
             row.update({k: v for k, v in last.get(row["client"], {}).items() if k != "client"})
         return rows
 
-    def fail(self) -> None:
-        if self.tracker is not None:
-            self.tracker.fail()
+    def fail(self, status: str = "FAILED") -> None:
+        if self.tracker is not None and not self.tracker.ended:
+            self.tracker.fail(status)
 
     def close(self) -> None:
-        self.pool.close()
+        """Stop the workers; a run closed before ``finish`` is marked KILLED (resumable)."""
+        try:
+            self.fail("KILLED")
+        finally:
+            self.pool.close()

@@ -32,6 +32,13 @@ class WorkerEvaluator:
         self.cfg = eval_cfg
         self.last_clients: list[dict[str, Any]] = []
 
+    def state_dict(self) -> dict[str, Any]:
+        """The last per-client evaluation rows (joined into ``clients.csv`` at the end)."""
+        return {"last_clients": [dict(r) for r in self.last_clients]}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.last_clients = [dict(r) for r in state.get("last_clients", [])]
+
     def jobs(self, states: Mapping[int, dict], final: bool) -> list[EvalJob]:
         gen = self.cfg.rouge == "every" or (self.cfg.rouge == "final" and final)
         jobs = [EvalJob(i, name, "global", None, None, gen) for i, name in enumerate(self.shared)]

@@ -251,6 +251,35 @@ def cmd_methods(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_foundation(args: argparse.Namespace) -> int:
+    from raysim.models.foundation import FoundationConfig, pretrain_foundation
+
+    overrides = {"data_seed": args.data_seed}
+    if args.steps is not None:
+        overrides["steps"] = args.steps
+    cfg = FoundationConfig(**overrides)
+    with Progress(
+        TextColumn("[bold]pre-training"),
+        MofNCompleteColumn(),
+        BarColumn(),
+        TextColumn("loss {task.fields[loss]:.3f}"),
+        TimeElapsedColumn(),
+        console=console,
+    ) as bar:
+        task = bar.add_task("steps", total=cfg.steps, loss=float("nan"))
+        meta = pretrain_foundation(
+            cfg, args.out, lambda step, loss: bar.update(task, completed=step, loss=loss)
+        )
+    console.print(
+        f"saved to [bold]{args.out}[/bold]: {meta['parameters']:,} parameters, vocabulary "
+        f"{meta['vocab_size']}, held-out exact match {meta['heldout_exact_match']:.3f} "
+        f"({meta['pretrain_seconds']:.0f} s). Use it with\n"
+        f"  model: {{name: hf_causal_lm, path: {args.out}}}\n"
+        f"  data.text: {{tokenizer: {args.out}, data_seed: {cfg.data_seed}}}"
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="raysim", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -285,6 +314,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_ui)
     p = sub.add_parser("methods", help="list registered methods and their parameters")
     p.set_defaults(func=cmd_methods)
+    p = sub.add_parser(
+        "foundation", help="pre-train the tiny foundation LLaMA for Flan-mini (fedoa.md §7.1)"
+    )
+    p.add_argument("--out", default="foundation/tiny-s0", help="output directory")
+    p.add_argument("--data-seed", type=int, default=0, help="Flan-mini word pools to learn")
+    p.add_argument("--steps", type=int, default=None, help="optimiser steps (default 8000)")
+    p.set_defaults(func=cmd_foundation)
     return parser
 
 

@@ -97,3 +97,30 @@ def test_cli_foundation_writes_the_directory(tmp_path):
     out = tmp_path / "f"
     assert main(["foundation", "--out", str(out), "--steps", "3"]) == 0
     assert foundation_metadata(out)["config"]["steps"] == 3
+
+
+def _driver():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "examples" / "fedoa" / "qualitative.py"
+    spec = importlib.util.spec_from_file_location("qualitative", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_t2_driver_judges_the_claims_from_the_numbers():
+    q = _driver()
+    base = {"ood_rouge1": 40.0, "id_rouge1": 60.0, "fd_last": 1.0, "fd_ratio": 1.0}
+    t = {m: dict(base) for m in q.METHODS}
+    t["zero_shot"]["ood_rouge1"] = 20.0  # gate: 40 >= 20 + 5
+    t["local_only"].update(ood_rouge1=30.0, fd_ratio=3.0)  # 1a: 40 - 30 >= 5; 3: 1 < 3
+    for m, fd in zip(q.LAMBDAS, (4.0, 3.0, 2.0, 1.0), strict=True):
+        t[m]["fd_last"] = fd  # 2b: decreasing in λ
+    verdicts = [held for _, held, _ in q.claims(t)]
+    assert verdicts == [True, True, True, None, True, True, True, True, True, None]
+    t["fedoa_l2"]["ood_rouge1"] = 37.0  # an inversion of 3 points breaks 2a
+    t["fedlora"]["id_rouge1"] = 50.0  # 4a: FedLoRA more than 1 below FedIT
+    held = {text[:2]: ok for text, ok, _ in q.claims(t)}
+    assert held["2a"] is False and held["4a"] is False and held["1b"] is True

@@ -257,6 +257,8 @@ def cmd_foundation(args: argparse.Namespace) -> int:
     overrides = {"data_seed": args.data_seed}
     if args.steps is not None:
         overrides["steps"] = args.steps
+    if args.families:
+        overrides["families"] = args.families.split(",")
     cfg = FoundationConfig(**overrides)
     with Progress(
         TextColumn("[bold]pre-training"),
@@ -320,6 +322,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="foundation/tiny-s0", help="output directory")
     p.add_argument("--data-seed", type=int, default=0, help="Flan-mini word pools to learn")
     p.add_argument("--steps", type=int, default=None, help="optimiser steps (default 8000)")
+    p.add_argument(
+        "--families", default=None, help="comma-separated corpus families (default: all five)"
+    )
     p.set_defaults(func=cmd_foundation)
     return parser
 

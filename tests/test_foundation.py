@@ -124,3 +124,10 @@ def test_the_t2_driver_judges_the_claims_from_the_numbers():
     t["fedlora"]["id_rouge1"] = 50.0  # 4a: FedLoRA more than 1 below FedIT
     held = {text[:2]: ok for text, ok, _ in q.claims(t)}
     assert held["2a"] is False and held["4a"] is False and held["1b"] is True
+
+
+def test_the_corpus_families_are_a_checked_switch():
+    some = generate_foundation_corpus(0, 30, families=["copy", "last_word"])
+    assert {e.family for e in some} == {"copy", "last_word"}
+    with pytest.raises(ValueError, match="unknown families.*option_in_txt"):
+        FoundationConfig(families=["copy", "option_in_txt"])

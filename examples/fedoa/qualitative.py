@@ -202,12 +202,26 @@ def report(t: dict, checks: list, seeds: list[str], parent: str | None, wall: fl
     return "\n".join(lines) + "\n"
 
 
+def _metric_table(res, metric: str) -> str:
+    head = "| method | " + " | ".join(res.settings) + " |"
+    lines = [head, "|---" * (len(res.settings) + 1) + "|"]
+    for m in res.methods:
+        vals = [res.results[(s, m)].metrics.get(metric, float("nan")) for s in res.settings]
+        lines.append(f"| {m} | " + " | ".join(f"{v:.2f}" for v in vals) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--seeds", default="0")
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--out", default="runs/qualitative")
     p.add_argument("--quick", action="store_true")
+    p.add_argument(
+        "--held-out",
+        default=None,
+        help="comma-separated task families: a leave-one-task-out table (first seed only)",
+    )
     p.add_argument("overrides", nargs="*")
     args = p.parse_args()
     seeds = args.seeds.split(",")
@@ -224,6 +238,22 @@ def main() -> None:
             flush=True,
         )
 
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.held_out:
+        res = leave_one_out(
+            CONFIG,
+            [*overrides, f"seed={seeds[0]}"],
+            settings=args.held_out.split(","),
+            methods=methods,
+            name="fedoa-qualitative-loto",
+            on_run=lambda s, label, r: progress(f"{seeds[0]} held-out {s}", label, r),
+        )
+        text = f"MLflow parent run `{res.parent_run_id}`\n\nOOD ROUGE-1 (routed)\n\n"
+        text += res.markdown() + "\nID ROUGE-1\n\n" + _metric_table(res, "id_rouge1")
+        (out / "loto.md").write_text(text)
+        print(text)
+        return
     res = leave_one_out(
         CONFIG,
         overrides,
@@ -241,8 +271,6 @@ def main() -> None:
         res.parent_run_id,
         time.perf_counter() - started,
     )
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     (out / "qualitative.md").write_text(text)
     (out / "qualitative.json").write_text(json.dumps(table, indent=2))
     print(text)

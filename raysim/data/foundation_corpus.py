@@ -10,7 +10,7 @@ would, without having seen any evaluation task.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -112,17 +112,23 @@ _GENERATORS: dict[str, Callable] = {
 }
 
 
-def generate_foundation_corpus(seed: int, n: int, split: int = 0) -> list[TextExample]:
+def generate_foundation_corpus(
+    seed: int, n: int, split: int = 0, families: Sequence[str] = FOUNDATION_FAMILIES
+) -> list[TextExample]:
     """``n`` examples cycling through the families, deterministic in ``(seed, split)``.
 
     ``seed`` picks the Flan-mini word pools (it must equal the data seed of the runs that use the
-    model); ``split`` 0 is for training, 1 for the held-out check.
+    model); ``split`` 0 is for training, 1 for the held-out check; ``families`` a subset of
+    ``FOUNDATION_FAMILIES``.
     """
+    unknown = sorted(set(families) - set(FOUNDATION_FAMILIES))
+    if unknown or not families:
+        raise ValueError(f"unknown foundation families {unknown}; known: {FOUNDATION_FAMILIES}")
     units = _Units(word_pools(seed))
     rng = np.random.default_rng([seed, FOUNDATION_TAG, split])
     out = []
     for i in range(n):
-        family = FOUNDATION_FAMILIES[i % len(FOUNDATION_FAMILIES)]
+        family = families[i % len(families)]
         fields, options, answer = _GENERATORS[family](rng, units)
         wordings = _WORDINGS[family]
         body = wordings[int(rng.integers(len(wordings)))].format(**fields)

@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from raysim.data.foundation_corpus import METADATA_FILE
+from raysim.data.foundation_corpus import FOUNDATION_FAMILIES, METADATA_FILE
 from raysim.models.registry import LlamaShape
 from raysim.schema import StrictModel
 
@@ -41,6 +41,18 @@ class FoundationConfig(StrictModel):
     cutoff_len: int = Field(96, ge=8)
     template: str = "alpaca_short"
     eval_examples: int = Field(500, ge=1)
+    #: Corpus families (default: all five of §7.1's examples). Dropping ``option_in_text`` keeps
+    #: the reading-comprehension analogue's membership skill out of the base.
+    families: list[str] = Field(default_factory=lambda: list(FOUNDATION_FAMILIES))
+
+    @field_validator("families")
+    @classmethod
+    def _known_families(cls, value: list[str]) -> list[str]:
+        unknown = sorted(set(value) - set(FOUNDATION_FAMILIES))
+        if unknown or not value:
+            raise ValueError(f"unknown families {unknown}; known: {', '.join(FOUNDATION_FAMILIES)}")
+        return value
+
     shape: LlamaShape = Field(
         default_factory=lambda: LlamaShape(
             hidden_size=64,
@@ -104,8 +116,8 @@ def pretrain_foundation(
     from raysim.data.text_tasks import encode_for_training, format_prompt
 
     started = time.perf_counter()
-    train = generate_foundation_corpus(cfg.data_seed, cfg.corpus_size, split=0)
-    held = generate_foundation_corpus(cfg.data_seed, cfg.eval_examples, split=1)
+    train = generate_foundation_corpus(cfg.data_seed, cfg.corpus_size, 0, cfg.families)
+    held = generate_foundation_corpus(cfg.data_seed, cfg.eval_examples, 1, cfg.families)
     tok = foundation_tokenizer(cfg, [format_prompt(e, cfg.template) + e.output for e in train])
     enc = encode_for_training(tok, train, cfg.template, cfg.cutoff_len)
     data = {k: torch.from_numpy(v) for k, v in enc.items()}

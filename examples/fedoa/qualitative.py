@@ -211,6 +211,25 @@ def _metric_table(res, metric: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def combine(dirs: list[str], out: Path) -> None:
+    """Average the per-method tables of several runs (``--seeds`` done separately) and report."""
+    tables = [json.loads((Path(d) / "qualitative.json").read_text()) for d in dirs]
+    seeds = [s for d in dirs for s in json.loads((Path(d) / "meta.json").read_text())["seeds"]]
+    parents = [json.loads((Path(d) / "meta.json").read_text())["parent_run_id"] for d in dirs]
+    wall = sum(json.loads((Path(d) / "meta.json").read_text())["wall_s"] for d in dirs)
+    methods = list(tables[0])
+    table = {}
+    for m in methods:
+        keys = set.intersection(*(set(t[m]) for t in tables))
+        table[m] = {k: float(np.mean([t[m][k] for t in tables])) for k in sorted(keys)}
+    checks = claims(table) if set(METHODS) <= set(methods) else []
+    text = report(table, checks, seeds, ", ".join(map(str, parents)), wall)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "qualitative.md").write_text(text)
+    (out / "qualitative.json").write_text(json.dumps(table, indent=2))
+    print(text)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--seeds", default="0")
@@ -223,7 +242,16 @@ def main() -> None:
         help="comma-separated task families: a leave-one-task-out table (first seed only)",
     )
     p.add_argument("overrides", nargs="*")
+    p.add_argument(
+        "--combine",
+        default=None,
+        help="comma-separated output dirs of earlier runs (e.g. one per seed): average their "
+        "qualitative.json files and report, running nothing",
+    )
     args = p.parse_args()
+    if args.combine:
+        combine(args.combine.split(","), Path(args.out))
+        return
     seeds = args.seeds.split(",")
     methods = {m: METHODS[m] for m in args.methods.split(",")}
     overrides = [*(QUICK if args.quick else []), *args.overrides]
@@ -264,15 +292,14 @@ def main() -> None:
         on_run=progress,
     )
     table = summarize(res.results, seeds, list(methods))
+    wall = time.perf_counter() - started
     text = report(
-        table,
-        claims(table) if len(methods) == len(METHODS) else [],
-        seeds,
-        res.parent_run_id,
-        time.perf_counter() - started,
+        table, claims(table) if len(methods) == len(METHODS) else [], seeds, res.parent_run_id, wall
     )
     (out / "qualitative.md").write_text(text)
     (out / "qualitative.json").write_text(json.dumps(table, indent=2))
+    meta = {"seeds": seeds, "parent_run_id": res.parent_run_id, "wall_s": wall}
+    (out / "meta.json").write_text(json.dumps(meta))
     print(text)
 
 

@@ -211,6 +211,54 @@ def _metric_table(res, metric: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+CURVES = {
+    "client_feature_distance": "mean feature distance, personal vs global (Fig. 2)",
+    "ood_rouge1": "OOD ROUGE-1, routed adapters (Fig. 1)",
+}
+CURVE_METHODS = ["fedit", "local_only", "perada", "ditto", "fedoa_l0.1", "fedoa_l0.5", "fedoa_l2"]
+
+
+def plot_curves(parents: list[str], path: Path) -> None:
+    """Per-round curves from the MLflow children of ``parents``, averaged over them (seeds)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from mlflow.tracking import MlflowClient
+
+    from raysim.tracking import default_tracking_uri
+
+    client = MlflowClient(default_tracking_uri())
+    curves: dict[str, dict[str, dict[int, list[float]]]] = {k: {} for k in CURVES}
+    for parent in parents:
+        exp = client.get_run(parent).info.experiment_id
+        children = client.search_runs([exp], f"tags.mlflow.parentRunId = '{parent}'")
+        for child in children:
+            method = child.data.tags.get("method")
+            if method not in CURVE_METHODS:
+                continue
+            for key in CURVES:
+                by_step = curves[key].setdefault(method, {})
+                for m in client.get_metric_history(child.info.run_id, key):
+                    by_step.setdefault(m.step, []).append(m.value)
+    fig, axes = plt.subplots(1, len(CURVES), figsize=(11, 3.8), dpi=100)
+    for ax, (key, title) in zip(axes, CURVES.items(), strict=True):
+        for i, method in enumerate(CURVE_METHODS):
+            by_step = curves[key].get(method)
+            if by_step:
+                steps = sorted(by_step)
+                y = [np.mean(by_step[s]) for s in steps]
+                ax.plot(steps, y, marker="o", color=f"C{i}", label=method)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("round")
+        ax.set_yscale("log" if key == "client_feature_distance" else "linear")
+        ax.grid(alpha=0.3)
+    axes[-1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
 def combine(dirs: list[str], out: Path) -> None:
     """Average the per-method tables of several runs (``--seeds`` done separately) and report."""
     tables = [json.loads((Path(d) / "qualitative.json").read_text()) for d in dirs]
@@ -227,6 +275,7 @@ def combine(dirs: list[str], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "qualitative.md").write_text(text)
     (out / "qualitative.json").write_text(json.dumps(table, indent=2))
+    plot_curves(parents, out / "curves.png")
     print(text)
 
 
@@ -300,6 +349,8 @@ def main() -> None:
     (out / "qualitative.json").write_text(json.dumps(table, indent=2))
     meta = {"seeds": seeds, "parent_run_id": res.parent_run_id, "wall_s": wall}
     (out / "meta.json").write_text(json.dumps(meta))
+    if res.parent_run_id:
+        plot_curves([res.parent_run_id], out / "curves.png")
     print(text)
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from raysim.api import ensure_ray
-from raysim.protocols import leave_one_out
+from raysim.protocols import TABLE2_METHODS, leave_one_out
 
 HERE = Path(__file__).parent
 CONFIG = HERE / "qualitative.yaml"
@@ -29,15 +29,7 @@ CONFIG = HERE / "qualitative.yaml"
 #: label -> overrides of qualitative.yaml (which is FedOA, λ = 0.5, L2)
 METHODS: dict[str, list[str]] = {
     "zero_shot": ["algorithm={name: fedit}", "rounds=1", "local.epochs=0", "eval.every=1"],
-    "centralized": [
-        "algorithm={name: centralized}",
-        "clients.num=1",
-        "clients.per_round=1",
-        "rounds=1",
-        "local.epochs=10",
-        "data.text.pool_clients=true",
-        "eval.every=1",
-    ],
+    "centralized": [*TABLE2_METHODS["centralized"], "eval.every=1"],
     "fedit": ["algorithm={name: fedit}"],
     "local_only": ["algorithm={name: local_only}"],
     "fedlora": ["algorithm={name: fedlora}"],

@@ -13,13 +13,14 @@ import importlib.util
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from raysim.models.handle import ModelHandle
 from raysim.models.params import assign, flatten
-from raysim.models.registry import DataSpec, ModelConfig, register_model
+from raysim.models.registry import DataSpec, LlamaShape, ModelConfig, register_model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -146,17 +147,12 @@ def _finish(base: torch.nn.Module, cfg: ModelConfig, adapters: Sequence[str]) ->
     return attach_lora(base, cfg, adapters)
 
 
-@register_model("llama")
-def build_llama(cfg: ModelConfig, spec: DataSpec, adapters: Sequence[str]) -> LoraHandle:
-    """A LLaMA from ``cfg.llama`` (random init under the caller's torch seed)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+def llama_config(shape: LlamaShape, vocab_size: int) -> Any:
+    """A ``transformers.LlamaConfig`` of ``shape`` (untied head; pad 0, BOS 1, EOS 2 as §7.1)."""
+    from transformers import LlamaConfig
 
-    shape = cfg.llama
-    vocab = shape.vocab_size or spec.vocab_size
-    if not vocab:
-        raise ValueError("model 'llama' needs model.llama.vocab_size or a tokenised dataset")
-    config = LlamaConfig(
-        vocab_size=vocab,
+    return LlamaConfig(
+        vocab_size=vocab_size,
         hidden_size=shape.hidden_size,
         intermediate_size=shape.intermediate_size,
         num_hidden_layers=shape.num_hidden_layers,
@@ -169,9 +165,19 @@ def build_llama(cfg: ModelConfig, spec: DataSpec, adapters: Sequence[str]) -> Lo
         bos_token_id=1,
         eos_token_id=2,
     )
+
+
+@register_model("llama")
+def build_llama(cfg: ModelConfig, spec: DataSpec, adapters: Sequence[str]) -> LoraHandle:
+    """A LLaMA from ``cfg.llama`` (random init under the caller's torch seed)."""
+    from transformers import LlamaForCausalLM
+
+    vocab = cfg.llama.vocab_size or spec.vocab_size
+    if not vocab:
+        raise ValueError("model 'llama' needs model.llama.vocab_size or a tokenised dataset")
     device, dtype = resolve_device(cfg.device), DTYPES[cfg.dtype]
     with torch.device(device):
-        base = LlamaForCausalLM(config).to(dtype)
+        base = LlamaForCausalLM(llama_config(cfg.llama, vocab)).to(dtype)
     return _finish(base, cfg, adapters)
 
 

@@ -110,10 +110,11 @@ def pretrain_foundation(
 
     ``progress(step, loss)`` is called after every optimiser step.
     """
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     from raysim.data.foundation_corpus import generate_foundation_corpus
     from raysim.data.text_tasks import encode_for_training, format_prompt
+    from raysim.models.causal_lm import llama_config
 
     started = time.perf_counter()
     train = generate_foundation_corpus(cfg.data_seed, cfg.corpus_size, 0, cfg.families)
@@ -121,21 +122,7 @@ def pretrain_foundation(
     tok = foundation_tokenizer(cfg, [format_prompt(e, cfg.template) + e.output for e in train])
     enc = encode_for_training(tok, train, cfg.template, cfg.cutoff_len)
     data = {k: torch.from_numpy(v) for k, v in enc.items()}
-    s = cfg.shape
-    config = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=s.hidden_size,
-        intermediate_size=s.intermediate_size,
-        num_hidden_layers=s.num_hidden_layers,
-        num_attention_heads=s.num_attention_heads,
-        num_key_value_heads=s.num_key_value_heads,
-        max_position_embeddings=s.max_position_embeddings,
-        rms_norm_eps=s.rms_norm_eps,
-        tie_word_embeddings=False,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
+    config = llama_config(cfg.shape, len(tok))
     torch.manual_seed(cfg.init_seed)
     model = LlamaForCausalLM(config)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)

@@ -254,9 +254,10 @@ def plot_curves(parents: list[str], path: Path) -> None:
 def combine(dirs: list[str], out: Path) -> None:
     """Average the per-method tables of several runs (``--seeds`` done separately) and report."""
     tables = [json.loads((Path(d) / "qualitative.json").read_text()) for d in dirs]
-    seeds = [s for d in dirs for s in json.loads((Path(d) / "meta.json").read_text())["seeds"]]
-    parents = [json.loads((Path(d) / "meta.json").read_text())["parent_run_id"] for d in dirs]
-    wall = sum(json.loads((Path(d) / "meta.json").read_text())["wall_s"] for d in dirs)
+    metas = [json.loads((Path(d) / "meta.json").read_text()) for d in dirs]
+    seeds = [s for m in metas for s in m["seeds"]]
+    parents = [m["parent_run_id"] for m in metas]
+    wall = sum(m["wall_s"] for m in metas)
     methods = list(tables[0])
     table = {}
     for m in methods:

@@ -110,10 +110,20 @@ class CoordinatorCore:
     def _current_handle(self) -> _Version:
         v = self._versions.get(self.version)
         if v is None:
-            w = np.array(self.strategy.weights, dtype=np.float32, copy=True)
-            w.flags.writeable = False  # a version is immutable once published
-            v = self._versions[self.version] = _Version(w, self.executor.put(w))
+            v = self._versions[self.version] = self._publish(self.strategy.weights)
         return v
+
+    def _publish(self, weights: np.ndarray, refs: int = 0) -> _Version:
+        """An immutable float32 copy of ``weights``, put once where the workers read it."""
+        w = np.array(weights, dtype=np.float32, copy=True)
+        w.flags.writeable = False  # a version is immutable once published
+        return _Version(w, self.executor.put(w), refs)
+
+    def _client_job(self, job_id: int, client: int, dispatch_round: int) -> ClientJob:
+        """The job a dispatched client runs: its fault injection and its stored personal state."""
+        corrupt = self._corrupt.get((client, dispatch_round))
+        state = self.client_states.get(client)
+        return ClientJob(job_id, client, dispatch_round, self.cfg.seed, corrupt, state)
 
     def _release(self, version: int) -> None:
         v = self._versions[version]
@@ -170,9 +180,7 @@ class CoordinatorCore:
             v.refs += 1
             self.queue.push(PendingJob(client, k, self.version, t_arr, r_arr, self._job_ids))
             if r_arr < self.cfg.rounds:
-                corrupt = self._corrupt.get((client, k))
-                state = self.client_states.get(client)
-                jobs.append(ClientJob(self._job_ids, client, k, self.cfg.seed, corrupt, state))
+                jobs.append(self._client_job(self._job_ids, client, k))
         log.bytes_down += len(d) * v.weights.nbytes
         if jobs:
             self.executor.submit(v.handle, jobs)
@@ -325,20 +333,14 @@ class CoordinatorCore:
             self.evaluator.load_state_dict(state["evaluator"])
         self._versions = {}
         for v, saved in state["versions"].items():
-            w = np.array(saved["weights"], dtype=np.float32, copy=True)
-            w.flags.writeable = False
-            self._versions[int(v)] = _Version(w, self.executor.put(w), int(saved["refs"]))
+            self._versions[int(v)] = self._publish(saved["weights"], int(saved["refs"]))
         by_version: dict[int, list[ClientJob]] = defaultdict(list)
         for job in sorted(self.queue.jobs(), key=lambda j: j.job_id):
             if job.dispatch_version not in self._versions:
                 raise ValueError(f"checkpoint lacks model version {job.dispatch_version}")
             if job.arrival_round < self.cfg.rounds:
-                corrupt = self._corrupt.get((job.client, job.dispatch_round))
-                state_j = self.client_states.get(job.client)
                 by_version[job.dispatch_version].append(
-                    ClientJob(
-                        job.job_id, job.client, job.dispatch_round, self.cfg.seed, corrupt, state_j
-                    )
+                    self._client_job(job.job_id, job.client, job.dispatch_round)
                 )
         for v, jobs in by_version.items():
             self.executor.submit(self._versions[v].handle, jobs)

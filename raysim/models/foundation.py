@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -165,8 +166,6 @@ def pretrain_foundation(
     tok.save_pretrained(tmp)
     (tmp / METADATA_FILE).write_text(json.dumps(meta, indent=2))
     if out.exists():
-        import shutil
-
         shutil.rmtree(out)
     tmp.rename(out)
     return meta

@@ -60,7 +60,7 @@ def run_plain(cfg: RunConfig, threads: int) -> tuple[list[float], str]:
     """The same FedAvg run as a plain single-process PyTorch loop with ``threads`` threads."""
     torch.set_num_threads(threads)
     dataset = build_federated_dataset(cfg.data, cfg.clients.num, cfg.seed)
-    weights = initial_weights(cfg.model, dataset, cfg.seed)
+    weights = initial_weights(cfg, dataset)
     model = build_model(cfg.model, data_spec(dataset))
     evaluator = GlobalEvaluator(cfg.model, dataset)
     tensors = []

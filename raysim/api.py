@@ -69,7 +69,7 @@ class RunSession:
         import ray
 
         from raysim.actors.coordinator_actor import Coordinator
-        from raysim.actors.pool import plan_pool_size
+        from raysim.resources import plan_resources
 
         if resume is not None and not isinstance(resume, ResumeSource):
             resume = prepare_resume(resume, cfg, force=force)
@@ -90,7 +90,8 @@ class RunSession:
             )  # before ray.init (ENVIRONMENT.md)
         self._started_ray = ensure_ray(address)
         try:
-            size = plan_pool_size(cfg, ray.cluster_resources())
+            self.plan = plan_resources(cfg, ray.cluster_resources())
+            size = self.plan.num_workers
             actor = ray.remote(Coordinator).options(
                 num_cpus=cfg.coordinator.num_cpus, num_gpus=cfg.coordinator.num_gpus
             )

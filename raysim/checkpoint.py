@@ -36,10 +36,13 @@ import yaml
 
 from raysim.config import ConfigError, RunConfig, flatten, load_config
 
-FORMAT_VERSION = 1
+#: 2: the strategy is saved through ``Strategy.state_dict()`` (format 1 pickled it whole).
+FORMAT_VERSION = 2
 #: Artifact folder of a run's checkpoint in MLflow.
 ARTIFACT_PATH = "checkpoint"
 META, CONFIG, ARRAYS, STATE = "meta.json", "config.yaml", "arrays.safetensors", "state.pkl"
+#: A strategy's private arrays (``Strategy.private_state``): only ever in ``checkpoint.dir``.
+PRIVATE = "private.safetensors"
 #: Config keys that may differ between a checkpoint and its resumption: they place the run on a
 #: cluster or say where it is recorded, never what it computes (results do not depend on the
 #: number of workers, see README "Runtime"). Every other key must match.
@@ -143,8 +146,12 @@ def pack(
     config: RunConfig | Mapping[str, Any],
     round: int,
     run_id: str | None = None,
+    private: Mapping[str, np.ndarray] | None = None,
 ) -> dict[str, bytes]:
-    """A checkpoint as ``{file name: bytes}``; ``round`` is the next round to run."""
+    """A checkpoint as ``{file name: bytes}``; ``round`` is the next round to run.
+
+    ``private`` arrays (a strategy's private state) go to their own safetensors file, never
+    into the pickle."""
     from safetensors.numpy import save
 
     cfg = config.to_dict() if isinstance(config, RunConfig) else dict(config)
@@ -155,6 +162,8 @@ def pack(
         ARRAYS: save(arrays),
         STATE: pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL),
     }
+    if private:
+        files[PRIVATE] = save({k: np.ascontiguousarray(v) for k, v in private.items()})
     meta = {
         "format": FORMAT_VERSION,
         "round": int(round),
@@ -174,7 +183,8 @@ def read_meta(data: bytes, where: str) -> dict[str, Any]:
     if meta.get("format") != FORMAT_VERSION:
         raise ResumeError(
             f"{where}: checkpoint format {meta.get('format')!r}; this raysim reads format "
-            f"{FORMAT_VERSION}"
+            f"{FORMAT_VERSION} (checkpoints written before the method-interface change of "
+            "raysim's issue 8 cannot be resumed: start the run again)"
         )
     return meta
 
@@ -194,6 +204,7 @@ def unpack(files: Mapping[str, bytes], where: str = "checkpoint") -> tuple[dict,
             )
     arrays = load(files[ARRAYS])
     state = _join(pickle.loads(files[STATE]), arrays)
+    state["private"] = load(files[PRIVATE]) if PRIVATE in files else {}
     return meta, state
 
 
@@ -207,7 +218,9 @@ def write_dir(path: str | Path, files: Mapping[str, bytes]) -> None:
         os.replace(tmp, d / name)
 
 
-def read_dir(path: str | Path, names: Iterable[str] = (META, CONFIG, ARRAYS, STATE)) -> dict:
+def read_dir(
+    path: str | Path, names: Iterable[str] = (META, CONFIG, ARRAYS, STATE, PRIVATE)
+) -> dict:
     d = Path(path)
     return {name: (d / name).read_bytes() for name in names if (d / name).is_file()}
 
@@ -244,17 +257,31 @@ class Checkpointer:
         """After round ``next_round - 1``; never after the last round (the run finishes)."""
         return bool(self.every) and next_round % self.every == 0 and next_round < self.rounds
 
-    def save(self, state: Mapping[str, Any], next_round: int) -> None:
+    def save(
+        self,
+        state: Mapping[str, Any],
+        next_round: int,
+        private: Mapping[str, np.ndarray] | None = None,
+    ) -> None:
+        """Write a checkpoint. ``private`` arrays are written to ``checkpoint.dir`` only, never
+        to MLflow (fedbaf.md §7.1: private server state is not logged as an artifact)."""
         if not self.dir and self.tracker is None:
             raise RuntimeError(
                 "nowhere to write a checkpoint: tracking is off and no checkpoint.dir"
             )
+        if private and not self.dir:
+            raise RuntimeError(
+                "the strategy keeps private server state that setup() cannot rebuild; private "
+                "state is never logged to MLflow, so set checkpoint.dir to checkpoint this run"
+            )
         run_id = self.tracker.run_id if self.tracker is not None else None
-        files = pack(state, self.config, next_round, run_id)
+        files = pack(state, self.config, next_round, run_id, private)
         if self.dir:
             write_dir(self.dir, files)
         if self.tracker is not None:
-            self.tracker.log_checkpoint(files, next_round)
+            self.tracker.log_checkpoint(
+                {k: v for k, v in files.items() if k != PRIVATE}, next_round
+            )
 
 
 # --------------------------------------------------------------------------- resuming
@@ -361,6 +388,8 @@ def load(source: Mapping[str, Any], config: RunConfig) -> dict[str, Any]:
     else:
         where = f"run {source['run_id']}"
         files = read_mlflow(source["tracking_uri"], source["run_id"])
+        if config.checkpoint.dir and (Path(config.checkpoint.dir) / PRIVATE).is_file():
+            files[PRIVATE] = (Path(config.checkpoint.dir) / PRIVATE).read_bytes()
     meta, state = unpack(files, where)
     if meta["config_hash"] != config_hash(config):
         raise ResumeError(f"{where}: the checkpoint was written by another config")

@@ -6,7 +6,7 @@ Everything is validated before Ray starts; errors name the offending key and the
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,7 +21,8 @@ from pydantic import (
 )
 
 from raysim.algorithms.base import MethodParams
-from raysim.algorithms.registry import get_method
+from raysim.algorithms.hooks import BEHAVIOURS, MIXERS, HookParams
+from raysim.algorithms.registry import PluginError, get_method, load_plugin
 from raysim.data import DataConfig
 from raysim.delays import DelayParams, NoDelayParams, parse_delay_params
 from raysim.models.registry import ModelConfig
@@ -38,10 +39,47 @@ class ClientsConfig(StrictModel):
     per_round: int = Field(10, ge=1, description="S, clients dispatched per round")
 
 
+def _split_named(data: Any, lookup: Callable[[str], Any], what: str, section: str) -> Any:
+    """``{name: X, k: v, ...}`` → ``{"name": X, "params": <X's params model>(k=v, ...)}``, with
+    "did you mean" for unknown names and parameters."""
+    if not isinstance(data, Mapping) or "params" in data:
+        return data
+    data = dict(data)
+    name = data.pop("name", None)
+    if name is None:
+        raise ValueError(f"every {what} needs a name")
+    try:
+        entry = lookup(str(name))
+    except KeyError as e:
+        raise ValueError(e.args[0]) from None
+    fields = [f.alias or n for n, f in entry.params.model_fields.items()]
+    fields += [n for n in entry.params.model_fields if n not in fields]
+    for key in data:
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), fields, n=1, cutoff=0.5)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            known = ", ".join(fields) if fields else "none"
+            raise ValueError(
+                f"{what} {name!r} has no parameter {key!r}{hint}; its parameters: {known}"
+                + (
+                    f". To switch and drop the other's parameters, replace the whole section: "
+                    f"{section}='{{name: {name}}}'"
+                    if section
+                    else ""
+                )
+            )
+    return {"name": name, "params": entry.params(**data)}
+
+
 class AlgorithmConfig(StrictModel):
-    """``name`` picks a registered method; every other key is one of that method's params."""
+    """``name`` picks a registered method; every other key is one of that method's params.
+
+    ``module`` imports a user's method module first (a dotted module name, or a ``.py`` file),
+    in this process and in every Ray process that reads the config (``docs/adding-a-method.md``).
+    """
 
     name: str = "fedavg"
+    module: str | None = None
     params: SerializeAsAny[MethodParams] = Field(default_factory=MethodParams)
 
     @model_validator(mode="before")
@@ -49,29 +87,52 @@ class AlgorithmConfig(StrictModel):
     def _split(cls, data: Any) -> Any:
         if isinstance(data, Mapping) and "params" not in data:
             data = dict(data)
-            name = data.pop("name", "fedavg")
-            try:
-                method = get_method(str(name))
-            except KeyError as e:
-                raise ValueError(e.args[0]) from None
-            fields = [f.alias or n for n, f in method.params.model_fields.items()]
-            fields += [n for n in method.params.model_fields if n not in fields]
-            for key in data:
-                if key not in fields:
-                    close = difflib.get_close_matches(str(key), fields, n=1, cutoff=0.5)
-                    hint = f" (did you mean {close[0]!r}?)" if close else ""
-                    known = ", ".join(fields) if fields else "none"
-                    raise ValueError(
-                        f"algorithm {name!r} has no parameter {key!r}{hint}; "
-                        f"its parameters: {known}. To switch methods and drop the other's "
-                        f"parameters, replace the whole section: algorithm='{{name: {name}}}'"
-                    )
-            return {"name": name, "params": method.params(**data)}
+            module = data.pop("module", None)
+            if module is not None:
+                try:
+                    module = load_plugin(str(module))
+                except PluginError as e:
+                    raise ValueError(str(e)) from None
+            data.setdefault("name", "fedavg")
+            out = _split_named(data, get_method, "algorithm", "algorithm")
+            return {**out, "module": module}
         return data
 
     @model_serializer
     def _flat(self) -> dict[str, Any]:
+        head = {"name": self.name} | ({"module": self.module} if self.module else {})
+        return {**head, **self.params.model_dump(by_alias=True)}
+
+
+class _HookConfig(StrictModel):
+    name: str
+    params: SerializeAsAny[HookParams] = Field(default_factory=HookParams)
+
+    @model_serializer
+    def _flat(self) -> dict[str, Any]:
         return {"name": self.name, **self.params.model_dump(by_alias=True)}
+
+
+class ServerHookConfig(_HookConfig):
+    @model_validator(mode="before")
+    @classmethod
+    def _split(cls, data: Any) -> Any:
+        return _split_named(data, MIXERS.get, "server hook", "")
+
+
+class ClientHookConfig(_HookConfig):
+    @model_validator(mode="before")
+    @classmethod
+    def _split(cls, data: Any) -> Any:
+        return _split_named(data, BEHAVIOURS.get, "client behaviour", "")
+
+
+class HooksConfig(StrictModel):
+    """Composable hooks (``raysim/algorithms/hooks.py``): ``server`` mixers run in order after the
+    method's aggregation; ``clients`` behaviours wrap the chosen clients' local work."""
+
+    server: list[ServerHookConfig] = Field(default_factory=list)
+    clients: list[ClientHookConfig] = Field(default_factory=list)
 
 
 class WorkersConfig(StrictModel):
@@ -160,6 +221,7 @@ class RunConfig(StrictModel):
     model: ModelConfig = Field(default_factory=ModelConfig)
     local: LocalTrainingConfig = Field(default_factory=LocalTrainingConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    hooks: HooksConfig = Field(default_factory=HooksConfig)
     delays: SerializeAsAny[DelayParams] = Field(default_factory=NoDelayParams)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     workers: WorkersConfig = Field(default_factory=WorkersConfig)
@@ -194,6 +256,14 @@ class RunConfig(StrictModel):
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+    def client_hooks(self) -> list[tuple[str, HookParams]]:
+        """``hooks.clients`` in order, then ``faults.corrupt_updates`` as ``corrupt`` behaviours."""
+        out = [(h.name, h.params) for h in self.hooks.clients]
+        corrupt = BEHAVIOURS.get("corrupt").params
+        for f in self.faults.corrupt_updates:
+            out.append(("corrupt", corrupt(clients=[f.client], rounds=[f.round], value=f.value)))
+        return out
 
 
 def parse_value(text: str) -> Any:

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
+from raysim.algorithms.context import ServerContext, ServerData, ServerPool
+from raysim.algorithms.registry import get_method
+from raysim.config import RunConfig
 from raysim.data import FederatedDataset
 from raysim.models import DataSpec, ModelConfig, ModelHandle, build_handle
+from raysim.models.layout import DEFAULT_GROUPS, Layout, ParamGroup
+from raysim.models.registry import ModelWrapper
+from raysim.training.tasks import Task, task_for
 
 INIT_STREAM = 0x1417
 
@@ -28,17 +35,62 @@ def init_seed(seed: int) -> int:
 
 
 def build_resident(
-    cfg: ModelConfig, spec: DataSpec, seed: int, adapters: tuple[str, ...] = ("global",)
+    cfg: ModelConfig,
+    spec: DataSpec,
+    seed: int,
+    groups: Sequence[ParamGroup] = DEFAULT_GROUPS,
+    wrap: ModelWrapper | None = None,
 ) -> ModelHandle:
     """Build the model under the run's init stream, so every process holds the same weights."""
     with torch.random.fork_rng():
         torch.manual_seed(init_seed(seed))
-        return build_handle(cfg, spec, adapters)
+        return build_handle(cfg, spec, groups, wrap)
 
 
-def initial_weights(cfg: ModelConfig, dataset: FederatedDataset, seed: int) -> np.ndarray:
+def method_resident(cfg: RunConfig, spec: DataSpec) -> ModelHandle:
+    """The resident model of a run: its method's parameter groups and model wrapper."""
+    method = get_method(cfg.algorithm.name)
+    return build_resident(cfg.model, spec, cfg.seed, method.groups, method.wrap_model)
+
+
+def server_model(cfg: RunConfig, spec: DataSpec) -> tuple[ModelHandle, Task]:
+    """A resident model and its task for the server's own computation (its device: ``auto``
+    picks the coordinator's GPU when ``coordinator.num_gpus`` gives it one)."""
+    handle = method_resident(cfg, spec)
+    return handle, task_for(spec, next(handle.module.parameters()).device)
+
+
+def server_data(dataset: FederatedDataset) -> ServerData:
+    """The dataset's server-side splits as tensors in the clients' format."""
+    id_pool = None
+    if getattr(dataset, "server_id", None) is not None:
+        x, y = dataset.server_id
+        id_pool = ServerPool((torch.tensor(x), torch.tensor(y)), dataset.num_classes)
+    ood = {
+        name: ServerPool((torch.tensor(x), torch.tensor(y)), int(c))
+        for name, (x, y, c) in (getattr(dataset, "server_ood", None) or {}).items()
+    }
+    return ServerData(id_pool, ood)
+
+
+def server_context(cfg: RunConfig, dataset: FederatedDataset, layout: Layout) -> ServerContext:
+    """The ``ServerContext`` of a run: seed streams, layout, server data and a lazily built
+    server model (``Strategy.setup``)."""
+    spec = data_spec(dataset)
+    return ServerContext(
+        cfg.seed,
+        layout,
+        cfg.clients.num,
+        client_sizes=dataset.client_sizes(),
+        data=server_data(dataset),
+        local=cfg.local,
+        model_factory=lambda: server_model(cfg, spec),
+    )
+
+
+def initial_weights(cfg: RunConfig, dataset: FederatedDataset) -> np.ndarray:
     """Initial global vector (from the run seed's init stream)."""
-    return build_resident(cfg, data_spec(dataset), seed).get_global()
+    return method_resident(cfg, data_spec(dataset)).get_global()
 
 
 def weights_digest(weights: np.ndarray) -> str:
@@ -47,13 +99,13 @@ def weights_digest(weights: np.ndarray) -> str:
 
 
 class GlobalEvaluator:
-    """Evaluates a global weight vector on the run's test split (one resident model)."""
+    """Evaluates a global weight vector on the run's test split with one resident model."""
 
-    def __init__(self, model_cfg: ModelConfig, dataset: FederatedDataset) -> None:
+    def __init__(self, handle: ModelHandle, dataset: FederatedDataset) -> None:
         from raysim.training.loop import evaluate
 
         self._evaluate = evaluate
-        self.handle = build_handle(model_cfg, data_spec(dataset))
+        self.handle = handle
         self.x = torch.tensor(np.asarray(dataset.x_test))
         self.y = torch.tensor(np.asarray(dataset.y_test), dtype=torch.long)
 

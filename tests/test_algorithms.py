@@ -132,7 +132,7 @@ def _core(overrides):
     ds = build_federated_dataset(cfg.data, cfg.clients.num, cfg.seed)
     runner = ClientRunner(cfg, ds)
     core = CoordinatorCore(
-        cfg, initial_weights(cfg.model, ds, cfg.seed), ds.client_sizes(), InProcessExecutor(runner)
+        cfg, initial_weights(cfg, ds), ds.client_sizes(), InProcessExecutor(runner)
     )
     return core, ds
 

@@ -343,4 +343,4 @@ def test_centralized_pools_every_training_example_on_one_client():
         )
     method = get_method("centralized")
     assert method.strategy is FedAvg and method.client is ClientAlgorithm
-    assert method.eval_adapter == "global" and method.adapters == ("global",)
+    assert method.evaluate_with == "global" and [g.name for g in method.groups] == ["global"]

@@ -21,7 +21,7 @@ from raysim.data import build_federated_dataset
 from raysim.runtime import initial_weights
 from tests.conftest import EXAMPLES, tiny
 
-WALL_CLOCK = {"wall_time", "round_wall_s", "round_wait_s"}
+WALL_CLOCK = {"wall_time", "round_wall_s", "round_wait_s", "server_wall_s"}
 
 
 def deterministic(history):
@@ -50,7 +50,7 @@ def test_checkpoint_section_is_strict_and_needs_a_store(tmp_path):
 # --------------------------------------------------------------------------- in process (no Ray)
 def _core(cfg, ds):
     runner = ClientRunner(cfg, ds)  # a fresh "worker" for every core
-    w0 = initial_weights(cfg.model, ds, cfg.seed)
+    w0 = initial_weights(cfg, ds)
     return CoordinatorCore(cfg, w0, ds.client_sizes(), InProcessExecutor(runner))
 
 
@@ -95,7 +95,7 @@ def test_async_fedbuff_jobs_in_flight_resume_bit_identically(tmp_path):
     assert crossing, "no job in flight across the checkpoint: the test would be vacuous"
     assert {j["dispatch_version"] for j in crossing} - {saved["version"]}  # older versions too
     assert {j["dispatch_version"] for j in saved["queue"]} <= set(saved["versions"])
-    assert saved["strategy"].buffer  # FedBuff holds updates that have not been applied yet
+    assert saved["strategy"]["buffer"]  # FedBuff holds updates that have not been applied yet
 
 
 def test_fedadam_server_state_resumes_bit_identically(tmp_path):

@@ -10,6 +10,7 @@ from raysim.algorithms import get_method
 from raysim.algorithms.base import ClientContext
 from raysim.algorithms.feature_distance import feature_distance, pool_features
 from raysim.models import DataSpec, ModelConfig
+from raysim.models.layout import ParamGroup
 from raysim.runtime import build_resident
 from raysim.training.loop import LocalTrainingConfig, train_local
 from raysim.training.tasks import CausalLMTask
@@ -42,8 +43,13 @@ def lm_data(n=8, seed=0) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
+def groups_of(adapters):
+    """One LoRA adapter per name: the first shared, the rest personal."""
+    return [ParamGroup(a, "shared" if i == 0 else "personal") for i, a in enumerate(adapters)]
+
+
 def handle(adapters=("global", "personal"), model=MODEL):
-    return build_resident(model, SPEC, seed=0, adapters=adapters)
+    return build_resident(model, SPEC, seed=0, groups=groups_of(adapters))
 
 
 def context(h, data=None, seed=11, rnd=0, first=True, cfg=LOCAL) -> ClientContext:

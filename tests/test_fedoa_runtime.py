@@ -152,11 +152,15 @@ def test_fedoa_same_result_with_one_or_two_workers(ray_cluster):
 
 
 def test_method_declares_adapters_and_eval_route():
-    assert get_method("fedoa").adapters == ("global", "personal")
-    assert get_method("fedoa").eval_adapter == "personal"
-    assert (
-        get_method("fedit").adapters == ("global",) and get_method("fedit").eval_adapter == "global"
-    )
+    fedoa = get_method("fedoa")
+    assert [(g.name, g.role) for g in fedoa.groups] == [
+        ("global", "shared"),
+        ("personal", "personal"),
+    ]
+    assert fedoa.evaluate_with == "personal" and fedoa.personal
+    assert [g.name for g in get_method("fedit").groups] == ["global"] and not get_method(
+        "fedit"
+    ).personal
 
 
 @pytest.mark.slow

@@ -80,12 +80,13 @@ def test_a_data_seed_other_than_the_foundation_s_is_refused(foundation_dir):
 
 
 def test_the_foundation_model_loads_as_hf_causal_lm_with_lora(foundation_dir):
+    from raysim.algorithms.fedoa import PERSONAL_GROUPS
     from raysim.models.registry import DataSpec, ModelConfig, build_handle
 
     out = foundation_dir[0]
     cfg = ModelConfig(name="hf_causal_lm", path=str(out))
     spec = DataSpec("causal_lm", (32,), 0, None)
-    handle = build_handle(cfg, spec, ("global", "personal"))
+    handle = build_handle(cfg, spec, PERSONAL_GROUPS)
     trainable = [n for n, p in handle.module.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
     assert handle.get_adapter("global").size == 2 * 2 * 8 * (64 + 64)  # 2 layers x q/v x A,B

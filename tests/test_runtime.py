@@ -9,7 +9,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 import raysim
-from raysim.actors.pool import ResourceError
+from raysim.resources import ResourceError
 from tests.conftest import EXAMPLES, tiny
 
 pytestmark = pytest.mark.slow

@@ -17,7 +17,9 @@ import numpy as np
 
 from raysim.actors.executor import Executor
 from raysim.actors.jobs import ClientJob
-from raysim.algorithms.base import Strategy, Update
+from raysim.algorithms.base import Downlink, Strategy, Update
+from raysim.algorithms.context import ServerContext
+from raysim.algorithms.hooks import MIXERS, compose
 from raysim.algorithms.registry import get_method
 from raysim.clock import ArrivalQueue, PendingJob, Schedule
 from raysim.config import RunConfig
@@ -50,6 +52,15 @@ class _Version:
 
 
 @dataclass
+class _Broadcast:
+    """One round's downlink, published once, kept while jobs dispatched with it are in flight."""
+
+    downlink: Downlink
+    handle: Any
+    refs: int = 0
+
+
+@dataclass
 class RoundLog:
     """Accumulates what happens inside one round."""
 
@@ -62,15 +73,19 @@ class RoundLog:
     train_loss: list[float] = field(default_factory=list)
     client_metrics: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     wait_s: float = 0.0
+    server_s: float = 0.0
+    server_metrics: dict[str, float] = field(default_factory=dict)
 
 
 class CoordinatorCore:
     """Steps a run one round of virtual time at a time (feddle.md §2.3).
 
-    Per round k: (1) dispatch the schedule's clients on the current version and start their jobs;
-    (2) deliver the updates whose arrival round is k, by arrival time then client id, rejecting
-    non-finite ones; (3) ``strategy.on_round_end``; (4) evaluate every ``eval.every`` rounds.
-    Jobs that would arrive after the last round are dispatched (they count) but never computed.
+    Per round k: (1) dispatch the schedule's clients on the current version, with what
+    ``strategy.configure`` sends them, and start their jobs; (2) deliver the updates whose arrival
+    round is k, by arrival time then client id, rejecting non-finite ones; (3)
+    ``strategy.on_round_end``; (4) evaluate every ``eval.every`` rounds. Jobs that would arrive
+    after the last round are dispatched (they count) but never computed. ``server`` is what the
+    strategy computes with (``ServerContext``); without one it gets a bare vector layout.
     """
 
     def __init__(
@@ -81,6 +96,7 @@ class CoordinatorCore:
         executor: Executor,
         evaluator: Evaluator | None = None,
         tracker: Any | None = None,
+        server: ServerContext | None = None,
     ) -> None:
         self.cfg = cfg
         self.executor = executor
@@ -88,7 +104,10 @@ class CoordinatorCore:
         self.tracker = tracker
         method = get_method(cfg.algorithm.name)
         self.method = method
-        self.strategy: Strategy = method.strategy(cfg.algorithm.params, initial, cfg.clients.num)
+        self.server = server or ServerContext.minimal(cfg.seed, len(initial), cfg.clients.num)
+        self.server._log = self._server_metric
+        self._log = RoundLog()
+        self.strategy: Strategy = self._build_strategy(initial)
         delay_model = build_delay_model(cfg.delays, cfg.clients.num, cfg.seed)
         self.schedule = Schedule(cfg.clients.num, cfg.clients.per_round, delay_model, cfg.seed)
         self.queue = ArrivalQueue()
@@ -96,6 +115,7 @@ class CoordinatorCore:
         self.round = 0
         self.version = 0
         self._versions: dict[int, _Version] = {}
+        self._broadcasts: dict[int, _Broadcast] = {}  # by dispatch round
         self._job_ids = 0
         self.stats: dict[int, ClientStats] = defaultdict(ClientStats)
         #: Personal state per client (simulated client storage; the strategy never sees it).
@@ -103,8 +123,27 @@ class CoordinatorCore:
         self.history: list[dict[str, float]] = []
         self.evaluations: list[dict[str, float]] = []
         self.totals = defaultdict(float)
-        self._corrupt = {(f.client, f.round): f.value for f in cfg.faults.corrupt_updates}
         self._started = time.perf_counter()
+
+    def _build_strategy(self, initial: np.ndarray) -> Strategy:
+        """The method's strategy, composed with ``hooks.server`` mixers, set up on the server."""
+        cfg = self.cfg
+        base = self.method.strategy(cfg.algorithm.params, initial, cfg.clients.num)
+        mixers = [MIXERS.get(h.name).build(h.params) for h in cfg.hooks.server]
+        strategy = compose(base, mixers)
+        strategy.setup(self.server)
+        return strategy
+
+    def _server_metric(self, name: str, value: float) -> None:
+        self._log.server_metrics[name] = value
+
+    def _timed(self, call, *args):
+        """Run a strategy hook, adding its wall time to the round's server seconds."""
+        t0 = time.perf_counter()
+        try:
+            return call(*args)
+        finally:
+            self._log.server_s += time.perf_counter() - t0
 
     # ----------------------------------------------------------------- model versions
     def _current_handle(self) -> _Version:
@@ -120,10 +159,22 @@ class CoordinatorCore:
         return _Version(w, self.executor.put(w), refs)
 
     def _client_job(self, job_id: int, client: int, dispatch_round: int) -> ClientJob:
-        """The job a dispatched client runs: its fault injection and its stored personal state."""
-        corrupt = self._corrupt.get((client, dispatch_round))
+        """The job a dispatched client runs: its stored personal state and its downlink."""
         state = self.client_states.get(client)
-        return ClientJob(job_id, client, dispatch_round, self.cfg.seed, corrupt, state)
+        b = self._broadcasts.get(dispatch_round)
+        if b is None:
+            return ClientJob(job_id, client, dispatch_round, self.cfg.seed, state)
+        own = b.downlink.per_client.get(client)
+        return ClientJob(
+            job_id, client, dispatch_round, self.cfg.seed, state, b.handle, dict(own or {}) or None
+        )
+
+    def _release_broadcast(self, dispatch_round: int) -> None:
+        b = self._broadcasts.get(dispatch_round)
+        if b is not None:
+            b.refs -= 1
+            if b.refs <= 0:
+                del self._broadcasts[dispatch_round]
 
     def _release(self, version: int) -> None:
         v = self._versions[version]
@@ -147,18 +198,20 @@ class CoordinatorCore:
         """Advance the virtual clock by one round and return that round's metrics."""
         if self.done:
             raise RuntimeError("the run is finished")
-        k, log, t0 = self.round, RoundLog(), time.perf_counter()
+        k, t0 = self.round, time.perf_counter()
+        log = self._log = RoundLog()
         self._dispatch(k, log)
         if self.cfg.faults.kill_worker and self.cfg.faults.kill_worker.round == k:
             self.executor.kill_worker(self.cfg.faults.kill_worker.worker)
         for job in self.queue.pop_round(k):
             self._deliver(job, k, log)
-        self._bump(self.strategy.on_round_end(k))
+        self._bump(self._timed(self.strategy.on_round_end, k))
         self.round += 1
         if self.done:
             for job in self.queue.drop_after(k):
                 self.stats[job.client].dropped_late += 1
                 self._release(job.dispatch_version)
+                self._release_broadcast(job.dispatch_round)
         metrics = self._round_metrics(k, log, time.perf_counter() - t0)
         self.history.append(metrics)
         if self.tracker is not None:
@@ -166,10 +219,17 @@ class CoordinatorCore:
         return metrics
 
     def _dispatch(self, k: int, log: RoundLog) -> None:
+        if not self.strategy.uses_clients:
+            return  # a server-only method (Center) touches no client (feddle.md I-13)
         d = self.schedule.dispatch(k)
         if not len(d):
             return
         v = self._current_handle()
+        downlink = self._timed(self.strategy.configure, k, d.clients.tolist())
+        if downlink is not None and (downlink.tensors or downlink.per_client):
+            b = _Broadcast(downlink, self.executor.put(dict(downlink.tensors)), len(d))
+            self._broadcasts[k] = b
+            log.bytes_down += sum(downlink.nbytes(c) for c in d.clients.tolist())
         jobs = []
         for client, t_arr, r_arr in zip(
             d.clients.tolist(), d.arrival_times.tolist(), d.arrival_rounds.tolist(), strict=True
@@ -189,8 +249,9 @@ class CoordinatorCore:
         t0 = time.perf_counter()
         result = self.executor.result(job.job_id)
         log.wait_s += time.perf_counter() - t0
+        self._release_broadcast(job.dispatch_round)
         st = self.stats[job.client]
-        log.bytes_up += result.delta.nbytes
+        log.bytes_up += result.delta.nbytes + sum(a.nbytes for a in result.extras.values())
         if not np.isfinite(result.delta).all():
             st.rejected += 1
             log.rejected += 1
@@ -215,6 +276,7 @@ class CoordinatorCore:
             tau_versions=self.version - job.dispatch_version,
             base=base,
             metrics=result.metrics,
+            extras=result.extras,
         )
         self._release(job.dispatch_version)
         log.arrived += 1
@@ -231,7 +293,7 @@ class CoordinatorCore:
         st.num_samples = result.num_samples
         st.staleness_sum += update.tau_rounds
         st.last_round = k
-        self._bump(self.strategy.on_arrival(update))
+        self._bump(self._timed(self.strategy.on_arrival, update))
 
     def _round_metrics(self, k: int, log: RoundLog, wall: float) -> dict[str, float]:
         self.totals["bytes_up"] += log.bytes_up
@@ -243,6 +305,7 @@ class CoordinatorCore:
             "wall_time": time.perf_counter() - self._started,
             "round_wall_s": wall,
             "round_wait_s": log.wait_s,
+            "server_wall_s": log.server_s,
             "clients_arrived": float(log.arrived),
             "clients_in_flight": float(len(self.queue)),
             "rejected_updates": self.totals["rejected_updates"],
@@ -260,6 +323,7 @@ class CoordinatorCore:
         for key, values in sorted(log.client_metrics.items()):
             m[f"client_{key}"] = float(np.mean(values))  # mean over this round's arrivals
         m.update(self.strategy.metrics())
+        m.update(log.server_metrics)
         if self.evaluator is not None and ((k + 1) % self.cfg.eval.every == 0 or self.done):
             ev = self.evaluator(self.strategy.weights, self.client_states, self.done)
             self.evaluations.append({"round": float(k), **ev})
@@ -285,7 +349,18 @@ class CoordinatorCore:
             "versions": {
                 v: {"weights": ver.weights, "refs": ver.refs} for v, ver in self._versions.items()
             },
-            "strategy": self.strategy,  # pickled whole: moments, buffers, anything a method keeps
+            # the strategy's own state_dict (private state apart: ``checkpoint.py`` writes it to
+            # its own file; what setup() rebuilds is not saved at all)
+            "strategy": self.strategy.state_dict(),
+            "strategy_private": self.strategy.private_state(),
+            "broadcasts": {
+                k: {
+                    "tensors": dict(b.downlink.tensors),
+                    "per_client": dict(b.downlink.per_client),
+                    "refs": b.refs,
+                }
+                for k, b in self._broadcasts.items()
+            },
             "stats": {j: asdict(s) for j, s in self.stats.items()},
             "client_states": {j: dict(st) for j, st in self.client_states.items()},
             "history": [dict(h) for h in self.history],
@@ -309,13 +384,16 @@ class CoordinatorCore:
         """
         if self.round or self._job_ids:
             raise RuntimeError("load_state_dict needs a core that has not stepped yet")
-        strategy = state["strategy"]
-        if type(strategy) is not type(self.strategy):
-            raise ValueError(
-                f"checkpoint holds a {type(strategy).__name__} strategy, this run builds "
-                f"{type(self.strategy).__name__}"
+        self.strategy.load_state_dict(state["strategy"])
+        self.strategy.load_private_state(state.get("strategy_private", {}))
+        self._broadcasts = {
+            int(k): _Broadcast(
+                Downlink(b["tensors"], {int(c): t for c, t in b["per_client"].items()}),
+                self.executor.put(dict(b["tensors"])),
+                int(b["refs"]),
             )
-        self.strategy = strategy
+            for k, b in state.get("broadcasts", {}).items()
+        }
         self.round = int(state["round"])
         self.version = int(state["version"])
         self._job_ids = int(state["job_ids"])

@@ -17,8 +17,7 @@ from raysim.actors.pool import RayWorkerPool
 from raysim.algorithms.registry import get_method
 from raysim.config import RunConfig, flatten
 from raysim.data import build_federated_dataset
-from raysim.models.params import unflatten
-from raysim.runtime import GlobalEvaluator, data_spec, initial_weights
+from raysim.runtime import GlobalEvaluator, data_spec, method_resident, server_context
 from raysim.tracking import Tracker
 
 
@@ -41,24 +40,29 @@ class Coordinator:
             cfg, self.dataset_ref, data_spec(dataset), pool_size, dataset.client_sizes()
         )
         method = get_method(cfg.algorithm.name)
+        spec = data_spec(dataset)
         if dataset.input_kind == "causal_lm":
             # the model lives on the workers only; evaluation runs there too
-            initial, self._shapes = self.pool.initial_global()
+            initial, layout = self.pool.initial_global()
             evaluator = WorkerEvaluator(
                 self.pool,
                 {name: es.client for name, es in dataset.eval_sets.items()},
-                method.eval_adapter,
+                method.evaluate_with if method.personal else "global",
                 cfg.eval,
             )
         else:
-            evaluator = GlobalEvaluator(cfg.model, dataset)
-            self._shapes = evaluator.handle.global_shapes()
-            initial = initial_weights(cfg.model, dataset, cfg.seed)
+            handle = method_resident(cfg, spec)
+            initial, layout = handle.get_global(), handle.layout()
+            evaluator = GlobalEvaluator(handle, dataset)
         self.evaluator = evaluator
+        self._layout = layout
+        server = server_context(cfg, dataset, layout)
         # the core first: a checkpoint that does not load leaves the MLflow run untouched
-        self.core = CoordinatorCore(cfg, initial, dataset.client_sizes(), self.pool, evaluator)
+        self.core = CoordinatorCore(
+            cfg, initial, dataset.client_sizes(), self.pool, evaluator, server=server
+        )
         if saved is not None:
-            self.core.load_state_dict(saved["core"])
+            self.core.load_state_dict({**saved["core"], "strategy_private": saved["private"]})
         self.tracker = None
         if cfg.tracking.enabled and tracking_uri:
             self.tracker = Tracker(
@@ -102,12 +106,11 @@ class Coordinator:
 
     def save_checkpoint(self) -> None:
         """Write the run's state now (MLflow ``checkpoint/`` and/or ``checkpoint.dir``)."""
-        state = {
-            "core": self.core.state_dict(),
-            "warnings": list(self.tracker.warnings) if self.tracker else [],
-        }
+        core = self.core.state_dict()
+        private = core.pop("strategy_private")  # its own file, never MLflow (checkpoint.py)
+        state = {"core": core, "warnings": list(self.tracker.warnings) if self.tracker else []}
         writer = self.checkpointer or checkpoint.Checkpointer(self.cfg, self.tracker)
-        writer.save(state, self.core.round)
+        writer.save(state, self.core.round, private)
 
     def done(self) -> bool:
         return self.core.done
@@ -140,7 +143,7 @@ class Coordinator:
             )
             self.tracker.log_final(
                 self.cfg.to_dict(),
-                unflatten(self._shapes, core.weights),
+                self._layout.unflatten(core.weights),
                 summary["clients"],
                 core.history,
                 {"weights_digest": summary["weights_digest"], **summary["metrics"]},

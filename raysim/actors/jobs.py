@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -23,8 +24,9 @@ class ClientJob:
     client: int
     dispatch_round: int
     run_seed: int
-    corrupt: str | None = None  # fault injection: "nan" or "inf" poisons the update
     state: dict[str, np.ndarray] | None = None  # the client's personal state (None: first visit)
+    downlink: Any = None  # handle of the round's broadcast tensors (``Executor.put``), or None
+    own: dict[str, np.ndarray] | None = None  # tensors for this client only
 
     @property
     def seed(self) -> int:
@@ -40,6 +42,7 @@ class ClientResult:
     num_samples: int
     metrics: dict[str, float] = field(default_factory=dict)
     state: dict[str, np.ndarray] = field(default_factory=dict)  # new personal state
+    extras: dict[str, np.ndarray] = field(default_factory=dict)  # side channel up
 
 
 @dataclass(frozen=True)

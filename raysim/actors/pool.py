@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -12,55 +11,6 @@ from raysim.actors.jobs import ClientJob, ClientResult, EvalJob
 from raysim.actors.worker import Worker
 from raysim.config import RunConfig
 from raysim.models import DataSpec
-
-#: More actors than this in ``per_client`` mode is almost surely a mistake on one machine.
-PER_CLIENT_LIMIT = 256
-
-
-class ResourceError(RuntimeError):
-    """The requested workers cannot be placed on this cluster."""
-
-
-def plan_pool_size(cfg: RunConfig, resources: dict[str, float]) -> int:
-    """Number of worker actors for ``cfg`` on a cluster with ``resources``; raises if impossible."""
-    w, c = cfg.workers, cfg.coordinator
-    cpus, gpus = resources.get("CPU", 0.0), resources.get("GPU", 0.0)
-    if w.num_gpus > 0 and gpus == 0:
-        raise ResourceError(
-            f"workers.num_gpus={w.num_gpus} but the Ray cluster has no GPU; set workers.num_gpus=0 "
-            "or declare logical GPUs (ray start --num-gpus N)"
-        )
-    if w.num_gpus > 1 and not float(w.num_gpus).is_integer():
-        raise ResourceError(f"workers.num_gpus={w.num_gpus}: above 1 it must be a whole number")
-    free_cpu, free_gpu = cpus - c.num_cpus, gpus - c.num_gpus
-    if free_cpu < 0 or free_gpu < 0:
-        raise ResourceError(
-            f"the coordinator asks for {c.num_cpus} CPUs / {c.num_gpus} GPUs; the cluster has "
-            f"{cpus} CPUs / {gpus} GPUs"
-        )
-    fit = math.inf
-    if w.num_cpus > 0:
-        fit = min(fit, math.floor(free_cpu / w.num_cpus + 1e-9))
-    if w.num_gpus > 0:
-        fit = min(fit, math.floor(free_gpu / w.num_gpus + 1e-9))
-    if w.count == "per_client":
-        n = cfg.clients.num
-        if n > PER_CLIENT_LIMIT:
-            raise ResourceError(
-                f"workers.count=per_client would start {n} actors (limit {PER_CLIENT_LIMIT}); "
-                "use a pool (workers.count=auto) for large federations"
-            )
-    elif w.count == "auto":
-        n = int(max(1, min(fit, cfg.clients.per_round)))
-    else:
-        n = int(w.count)
-    if n > fit:
-        raise ResourceError(
-            f"{n} worker(s) × ({w.num_cpus} CPU, {w.num_gpus} GPU) do not fit the cluster "
-            f"({free_cpu} CPUs, {free_gpu} GPUs free after the coordinator); lower workers.count, "
-            "workers.num_cpus or workers.num_gpus"
-        )
-    return n
 
 
 class RayWorkerPool:
@@ -141,7 +91,7 @@ class RayWorkerPool:
         ]
         return [r for chunk in ray.get(refs) for r in chunk]
 
-    def initial_global(self) -> tuple[np.ndarray, list[tuple[str, tuple[int, ...]]]]:
+    def initial_global(self) -> tuple[np.ndarray, Any]:
         return ray.get(self.workers[0].initial_global.remote())
 
     def kill_worker(self, index: int) -> None:

@@ -12,10 +12,12 @@ import torch
 
 from raysim.actors.jobs import ClientJob, ClientResult, EvalJob
 from raysim.algorithms.base import ClientContext
+from raysim.algorithms.hooks import BEHAVIOURS
 from raysim.algorithms.registry import get_method
 from raysim.data import FederatedDataset
 from raysim.models import DataSpec
-from raysim.runtime import build_resident, data_spec
+from raysim.models.layout import Layout
+from raysim.runtime import data_spec, method_resident
 from raysim.training.loop import make_optimizer
 from raysim.training.tasks import task_for
 
@@ -44,9 +46,10 @@ class ClientRunner:
         self.dataset = dataset
         spec = spec or data_spec(dataset)
         self.method = get_method(self.cfg.algorithm.name)
-        self.model = build_resident(self.cfg.model, spec, self.cfg.seed, self.method.adapters)
+        self.model = method_resident(self.cfg, spec)
         self.task = task_for(spec, next(self.model.module.parameters()).device)
         self.client_algorithm = self.method.client(self.cfg.algorithm.params)
+        self.behaviours = [BEHAVIOURS.get(name).build(p) for name, p in self.cfg.client_hooks()]
         self.jobs_run = 0
         self.busy_s = 0.0
         self._data: dict[int, Any] = {}
@@ -64,8 +67,15 @@ class ClientRunner:
             self._data[client] = hit
         return hit
 
+    def resolve(self, handle: Any) -> Any:
+        """The value behind an ``Executor.put`` handle (in-process: the value itself)."""
+        return handle
+
     def run(self, weights: np.ndarray, job: ClientJob) -> ClientResult:
-        """One client's local work on the global ``weights``, with its personal state swapped in."""
+        """One client's local work on the global ``weights``, with its personal state swapped in.
+
+        Client behaviours (``hooks.clients``) that apply to this job change its data before and
+        its delta after the method's local work."""
         seed = job.seed
         self.model.set_global(weights)
         self.model.set_state(job.state, seed)
@@ -73,6 +83,8 @@ class ClientRunner:
         torch.default_generator.manual_seed(seed)  # dropout etc.; cheaper than torch.manual_seed
         if torch.cuda.is_available():
             torch.cuda.manual_seed_all(seed)
+        downlink = dict(self.resolve(job.downlink) or {}) if job.downlink is not None else {}
+        downlink.update(job.own or {})
         ctx = ClientContext(
             self.model,
             self.task,
@@ -83,14 +95,19 @@ class ClientRunner:
             job.dispatch_round,
             first_visit=job.state is None,
             seed=seed,
+            downlink=downlink,
         )
+        active = [b for b in self.behaviours if b.applies(job.client, job.dispatch_round)]
+        for b in active:
+            ctx.data = b.on_data(ctx, ctx.data)
         metrics = self.client_algorithm.train(ctx)
         delta = self.model.get_global() - weights
-        if job.corrupt:
-            delta[0] = np.float32("nan" if job.corrupt == "nan" else "inf")
+        for b in active:
+            delta = b.on_update(ctx, delta)
         self.jobs_run += 1
         n = self.task.num_examples(data)
-        return ClientResult(job.job_id, job.client, delta, n, metrics, self.model.get_state())
+        state = self.model.get_state()
+        return ClientResult(job.job_id, job.client, delta, n, metrics, state, ctx.uplink)
 
     def evaluate(self, weights: np.ndarray, job: EvalJob) -> dict[str, float]:
         """Loss (and ROUGE-1 by greedy decoding) of one adapter on one evaluation set."""
@@ -159,6 +176,11 @@ class Worker(ClientRunner):
     def __init__(self, config: Any, spec: DataSpec, threads: int = 1) -> None:
         super().__init__(config, None, threads, spec=spec)
 
+    def resolve(self, handle: Any) -> Any:
+        import ray
+
+        return ray.get(handle) if isinstance(handle, ray.ObjectRef) else handle
+
     def _attach(self, data: list[Any] | None) -> None:
         if self.dataset is None:
             import ray
@@ -177,9 +199,9 @@ class Worker(ClientRunner):
         self._attach(data)
         return super().evaluate_batch(weights, jobs)
 
-    def initial_global(self) -> tuple[np.ndarray, list[tuple[str, tuple[int, ...]]]]:
-        """The global vector as built (before any job) and its parameter names/shapes."""
-        return self._initial, self.model.global_shapes()
+    def initial_global(self) -> tuple[np.ndarray, Layout]:
+        """The global vector as built (before any job) and its layout."""
+        return self._initial, self.model.layout()
 
     def info(self) -> dict[str, Any]:
         import ray

@@ -1,18 +1,36 @@
 """Federated methods: one file each, a ``Strategy`` and optionally a ``ClientAlgorithm``.
 
-This package never imports Ray or MLflow.
+This package never imports Ray or MLflow. ``docs/architecture.md`` maps every hook.
 """
 
-from .base import ClientAlgorithm, Method, MethodParams, Strategy, Update
-from .registry import get_method, method_names, register
+from ..models.layout import Layout, ParamGroup
+from .base import ClientAlgorithm, ClientContext, Downlink, Method, MethodParams, Strategy, Update
+from .context import ServerContext, ServerData, ServerPool
+from .hooks import BEHAVIOURS, MIXERS, ClientBehaviour, Hook, Mixer
+from .private import PrivateTensors
+from .registry import get_method, load_plugin, method_names, register
 
 __all__ = [
+    "BEHAVIOURS",
+    "MIXERS",
     "ClientAlgorithm",
+    "ClientBehaviour",
+    "ClientContext",
+    "Downlink",
+    "Hook",
+    "Layout",
     "Method",
     "MethodParams",
+    "Mixer",
+    "ParamGroup",
+    "PrivateTensors",
+    "ServerContext",
+    "ServerData",
+    "ServerPool",
     "Strategy",
     "Update",
     "get_method",
+    "load_plugin",
     "method_names",
     "register",
 ]

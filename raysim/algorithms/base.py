@@ -1,15 +1,16 @@
 """The two halves of a federated method: a server ``Strategy`` and a ``ClientAlgorithm``.
 
 Nothing here knows about Ray or MLflow. The coordinator (``raysim/actors``) calls a strategy through
-``on_arrival`` / ``on_round_end`` in virtual-clock order (feddle.md §2.3); a worker calls a client
-algorithm's ``train`` for every virtual client it runs. Weights cross this boundary as one flat
-float32 numpy vector of the model's trainable parameters, in ``model.parameters()`` order.
+``configure`` / ``on_arrival`` / ``on_round_end`` in virtual-clock order (feddle.md §2.3); a worker
+calls a client algorithm's ``train`` for every virtual client it runs. Weights cross this boundary
+as one flat float32 numpy vector: the shared parameter group, then the model's buffers, as the
+``Layout`` in ``ServerContext.layout`` describes. ``docs/architecture.md`` maps every hook.
 """
 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,9 +19,14 @@ import torch
 from pydantic import ConfigDict
 
 from ..models.handle import ModelHandle
+from ..models.layout import DEFAULT_GROUPS, ParamGroup, check_groups
+from ..models.registry import ModelWrapper
 from ..schema import StrictModel
+from ..training.backends import PenaltyFn
 from ..training.loop import LocalTrainingConfig, train_local
 from ..training.tasks import Task
+from .context import ServerContext
+from .private import PrivateTensors
 
 
 class MethodParams(StrictModel):
@@ -47,6 +53,8 @@ class Update:
     tau_versions: int
     base: np.ndarray
     metrics: Mapping[str, float] = field(default_factory=dict)
+    #: named extra tensors the client sent up (``ClientContext.upload``)
+    extras: Mapping[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def tau_rounds(self) -> int:
@@ -59,17 +67,85 @@ class Update:
         return self.base + self.delta
 
 
-class Strategy:
+class Stateful:
+    """Default checkpointing for server-side objects: every attribute but the context.
+
+    ``state_dict`` returns the instance's attributes except ``params``, ``ctx``, those named in
+    ``transient`` (rebuilt by ``setup``) and any ``PrivateTensors`` (never written; see
+    ``private_state``). Override both methods for a leaner or versioned format.
+    """
+
+    #: attributes rebuilt by ``setup`` on every start and resume, never checkpointed
+    transient: tuple[str, ...] = ()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume; numpy arrays, lists, dicts and ``Update``s allowed."""
+        skip = {"params", "ctx", *self.transient}
+        return {
+            k: v
+            for k, v in vars(self).items()
+            if k not in skip and not isinstance(v, PrivateTensors)
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        for k, v in state.items():
+            setattr(self, k, v)
+
+    def private_state(self) -> dict[str, np.ndarray]:
+        """Private arrays that ``setup`` cannot rebuild; written to the server's checkpoint only
+        (its own file, never the pickled part) and given back to ``load_private_state``."""
+        return {}
+
+    def load_private_state(self, arrays: Mapping[str, np.ndarray]) -> None:
+        if arrays:
+            raise ValueError(f"{type(self).__name__} keeps no private state to restore")
+
+
+@dataclass(frozen=True)
+class Downlink:
+    """What a strategy sends with one round's jobs besides the weights (``Strategy.configure``).
+
+    ``tensors`` go to every client dispatched that round (published once); ``per_client`` adds
+    tensors for single clients. Both are counted in ``bytes_down``.
+    """
+
+    tensors: Mapping[str, np.ndarray] = field(default_factory=dict)
+    per_client: Mapping[int, Mapping[str, np.ndarray]] = field(default_factory=dict)
+
+    def for_client(self, client: int) -> dict[str, np.ndarray]:
+        return {**self.tensors, **self.per_client.get(client, {})}
+
+    def nbytes(self, client: int) -> int:
+        return sum(a.nbytes for a in self.for_client(client).values())
+
+
+class Strategy(Stateful):
     """Server side of a method: owns the global weights and every piece of server state.
 
-    The coordinator bumps the model version when ``on_arrival``/``on_round_end`` return True.
-    Never modify ``self.weights`` in place: assign a new array (published versions are shared).
+    Life cycle: ``__init__(params, initial_weights, num_clients)``, then ``setup(ctx)`` (on a fresh
+    run and on resume, where ``load_state_dict`` follows). Per round: ``configure`` at dispatch,
+    ``on_arrival`` per delivered update in virtual-clock order, ``on_round_end``. The coordinator
+    bumps the model version when ``on_arrival``/``on_round_end`` return True. Never modify
+    ``self.weights`` in place: assign a new array (published versions are shared).
     """
+
+    #: False for server-only methods (Center): the coordinator then dispatches no client at all
+    uses_clients: bool = True
 
     def __init__(self, params: MethodParams, initial_weights: np.ndarray, num_clients: int) -> None:
         self.params = params
         self.weights = np.array(initial_weights, dtype=np.float32, copy=True)
         self.num_clients = num_clients
+
+    def setup(self, ctx: ServerContext) -> None:
+        """Take the server context (random streams, layout, server model and data, metric sink).
+
+        Build server-only resources here (they must not be pickled: list them in ``transient``)."""
+        self.ctx = ctx
+
+    def configure(self, round_index: int, clients: Sequence[int]) -> Downlink | None:
+        """What the clients dispatched in ``round_index`` receive besides the weights."""
+        return None
 
     def on_arrival(self, update: Update) -> bool:
         """Receive one update in arrival order; return True if the global model changed."""
@@ -82,16 +158,6 @@ class Strategy:
     def metrics(self) -> dict[str, float]:
         """Server-side diagnostics to log after each round."""
         return {}
-
-    def state_dict(self) -> dict[str, Any]:
-        """Everything needed to resume; numpy arrays allowed as values."""
-        return {"weights": self.weights}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.weights = np.array(state["weights"], dtype=np.float32, copy=True)
-
-
-PenaltyFn = Callable[[Sequence[torch.Tensor]], torch.Tensor]
 
 
 @dataclass
@@ -107,6 +173,16 @@ class ClientContext:
     dispatch_round: int
     first_visit: bool = False  # no personal state yet (the model's fresh init was loaded)
     seed: int = 0  # the job seed; ``generator`` and torch's global RNG start from it
+    #: tensors the strategy sent with this job (``Strategy.configure``)
+    downlink: Mapping[str, np.ndarray] = field(default_factory=dict)
+    #: tensors this job sends up besides the delta (filled by ``upload``)
+    uplink: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def upload(self, name: str, value: np.ndarray | torch.Tensor) -> None:
+        """Send a named extra tensor up with this job's update (``Update.extras``)."""
+        if isinstance(value, torch.Tensor):
+            value = value.detach().float().cpu().numpy()
+        self.uplink[name] = np.array(value, copy=True)
 
     def phase(self, name: str | None) -> torch.Generator:
         """Restart the RNGs for one phase of local work and return its shuffling generator.
@@ -167,19 +243,32 @@ class WeightedMean:
 
 @dataclass(frozen=True)
 class Method:
-    """A registered method: its name, seed paper/spec section, and its two halves."""
+    """A registered method: its name, seed paper/spec section, its two halves and its model needs.
+
+    ``groups`` are the parameter groups it trains (``models/layout.py``; the first is the shared,
+    averaged one); ``evaluate_with`` names the group that answers for a known client (the
+    personal one for personalised methods, fedoa.md §2.9; a new client always gets the global
+    model); ``wrap_model`` may put modules around the resident model (e.g. an input map).
+    """
 
     name: str
     strategy: type[Strategy]
     params: type[MethodParams] = MethodParams
     client: type[ClientAlgorithm] = ClientAlgorithm
     reference: str = ""
-    adapters: tuple[str, ...] = ("global",)  # adapter sets on the resident model; [0] is global
-    #: Which adapter answers for a known client (intra-client OOD and ID; fedoa.md §2.9). The
-    #: global adapter always answers for a new client (inter-client OOD).
-    eval_adapter: str = "global"
-    tags: tuple[str, ...] = ()
-    extra: dict[str, Any] = field(default_factory=dict)
+    groups: tuple[ParamGroup, ...] = DEFAULT_GROUPS
+    evaluate_with: str = "global"
+    wrap_model: ModelWrapper | None = None
+
+    def __post_init__(self) -> None:
+        check_groups(self.groups)
+        if self.evaluate_with not in {g.name for g in self.groups}:
+            raise ValueError(f"{self.name}: evaluate_with={self.evaluate_with!r} is not a group")
+
+    @property
+    def personal(self) -> bool:
+        """Whether a known client is evaluated with its own state."""
+        return self.evaluate_with != self.groups[0].name
 
     def build_client(self, params: Mapping[str, Any]) -> ClientAlgorithm:
         return self.client(self.params(**params))

@@ -18,19 +18,10 @@ from .base import Method
 from .fedavg import FedAvg
 from .registry import register
 
-PROTOCOL = (
-    "clients.num=1",
-    "clients.per_round=1",
-    "rounds=1",
-    "local.epochs=10",
-    "data.text.pool_clients=true",
-)
-
 METHOD = register(
     Method(
         name="centralized",
         strategy=FedAvg,
         reference="Centralized: FedIT on one client holding all data, T=1, K=10; fedoa.md §3.1",
-        extra={"protocol": PROTOCOL},
     )
 )

@@ -6,7 +6,7 @@ Per round, client e (same two-phase structure as FedOA, fedoa.md §2.3):
     centre is the *round-start* global adapter, fixed for the whole phase (no gradient to it);
 (b) the client's copy of φ_g, K epochs of plain CE (exactly FedIT, same RNG stream), uploaded.
 The server is FedAvg; v never leaves the client and persists across rounds; v answers for a known
-client (``eval_adapter = personal``).
+client (``evaluate_with = personal``).
 
 Switches (defaults first): ``lambda`` (alias ``lam``) 0.1 [proposal; Ditto tunes λ per task];
 ``personal_init`` fresh (spec §2.8 default) | copy_global; ``personal_start_round`` 0 (paper) | 1
@@ -19,59 +19,23 @@ With λ = 0 the personal trajectory is Local-only's bit for bit (invariant I18).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-import numpy as np
-import torch
 from pydantic import Field
 
 from .base import ClientContext, Method
 from .fedavg import FedAvg
-from .fedoa import GLOBAL, PERSONAL, FedOAClient, FedOAParams
+from .personal import (
+    GLOBAL,
+    PERSONAL,
+    PERSONAL_GROUPS,
+    FedOAParams,
+    ParamProxClient,
+    squared_distance,
+)
 from .registry import register
 
 
 class DittoParams(FedOAParams):
     lam: float = Field(0.1, ge=0, alias="lambda", description="λ of (λ/2)‖v − φ_g‖² [proposal]")
-
-
-def squared_distance(params, centre) -> torch.Tensor:
-    """Σ_tensors ‖p − c‖² (differentiable in ``params``; ``centre`` is a detached snapshot)."""
-    return sum(((p - c) ** 2).sum() for p, c in zip(params, centre, strict=True))
-
-
-def param_distance(ctx: ClientContext) -> float:
-    """‖v − φ_g‖₂ between the personal and global adapters (flat vectors, float64)."""
-    h = ctx.model
-    diff = h.get_adapter(PERSONAL).astype(np.float64) - h.get_adapter(GLOBAL)
-    return float(np.linalg.norm(diff))
-
-
-class ParamProxClient(FedOAClient):
-    """FedOA's two-phase client with the feature term replaced by a parameter penalty.
-
-    Subclasses give ``penalty_fn(ctx)``: a closure computing the (differentiable) penalty on the
-    personal adapter, or None for none. The closure is built at the start of the personal phase,
-    so it may snapshot the round-start global adapter.
-    """
-
-    def penalty_fn(self, ctx: ClientContext) -> Callable[[], torch.Tensor | float] | None:
-        raise NotImplementedError
-
-    def personal_objective(self, ctx: ClientContext):
-        module, penalty = ctx.model.module, self.penalty_fn(ctx)
-
-        def objective(batch: dict) -> torch.Tensor:
-            loss = module(**batch).loss
-            return loss if penalty is None else loss + penalty()
-
-        return objective
-
-    def train_personal(self, ctx: ClientContext) -> dict[str, float]:
-        out = super().train_personal(ctx)
-        if out:
-            out["param_distance"] = param_distance(ctx)
-        return out
 
 
 class DittoClient(ParamProxClient):
@@ -93,8 +57,8 @@ METHOD = register(
         strategy=FedAvg,
         params=DittoParams,
         client=DittoClient,
-        adapters=(GLOBAL, PERSONAL),
-        eval_adapter=PERSONAL,
+        groups=PERSONAL_GROUPS,
+        evaluate_with=PERSONAL,
         reference="Li et al. 2021 (Ditto); fedoa.md §3.7",
     )
 )

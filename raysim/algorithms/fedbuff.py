@@ -71,3 +71,17 @@ METHOD = register(
         reference="Nguyen et al. 2022; feddle.md §4.4",
     )
 )
+
+
+class FedBuffPerRoundParams(FedBuffParams):
+    per_round: bool = True
+
+
+METHOD_PER_ROUND = register(
+    Method(
+        name="fedbuff_per_round",
+        strategy=FedBuff,
+        params=FedBuffPerRoundParams,
+        reference="FedBuff flushed at every round end (K := |R_k|); feddle.md §4.4, I-4, I-6",
+    )
+)

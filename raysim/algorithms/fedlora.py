@@ -27,7 +27,7 @@ from pydantic import Field
 from ..training.loop import train_local
 from .base import ClientAlgorithm, ClientContext, Method, MethodParams
 from .fedavg import FedAvg
-from .fedoa import GLOBAL, PERSONAL
+from .personal import GLOBAL, PERSONAL, PERSONAL_GROUPS
 from .registry import register
 
 
@@ -73,8 +73,8 @@ METHOD = register(
         strategy=FedAvg,
         params=FedLoRAParams,
         client=FedLoRAClient,
-        adapters=(GLOBAL, PERSONAL),
-        eval_adapter=PERSONAL,
+        groups=PERSONAL_GROUPS,
+        evaluate_with=PERSONAL,
         reference="Yi et al. 2023 (FedLoRA) as adapted by FedOA; fedoa.md §3.4",
     )
 )

@@ -10,8 +10,8 @@ the shortcut extractor; the personal adapter is trained on ``CE + λ·R_SDR`` wi
 e_b = the personal adapter's last-token final-layer feature, g_b = the teacher's (round-start
 global adapter, no grad) feature on the same micro-batch, ḡ = the mean of g_b over the micro-batch,
 |·| inside element-wise. The classifier-head regulariser of FedSDR is dropped (fixed LLM head).
-Everything else is FedOA's client (fedoa.py): personal phase then the exactly-FedIT global phase,
-FedAvg server, the personal adapter persists and answers for a known client.
+Everything else is FedOA's client (``personal.py``): personal phase then the exactly-FedIT
+global phase, FedAvg server, the personal adapter persists and answers for a known client.
 
 Switches (defaults first): ``lambda`` (alias ``lam``) 0.5 (= the authors' ``regular_weight``);
 as FedOA (fedoa.md §2.4, §2.8): ``feature_layer`` −1, ``feature_pool`` last, ``teacher_dropout``
@@ -27,7 +27,7 @@ from pydantic import Field
 
 from .base import Method
 from .fedavg import FedAvg
-from .fedoa import GLOBAL, PERSONAL, FedOAClient, FedOAParams
+from .personal import PERSONAL, PERSONAL_GROUPS, FedOAClient, FedOAParams
 from .registry import register
 
 
@@ -55,8 +55,8 @@ METHOD = register(
         strategy=FedAvg,
         params=FedSDRParams,
         client=FedSDRClient,
-        adapters=(GLOBAL, PERSONAL),
-        eval_adapter=PERSONAL,
+        groups=PERSONAL_GROUPS,
+        evaluate_with=PERSONAL,
         reference="Tang et al. 2024 (FedSDR), the FedOA authors' surrogate; fedoa.md §3.6",
     )
 )

@@ -32,13 +32,18 @@ import torch
 from pydantic import Field
 
 from .base import ClientContext, Method
-from .ditto import ParamProxClient, squared_distance
 from .fedavg import FedAvg
-from .fedoa import GLOBAL, PERSONAL, FedOAParams
+from .personal import (
+    GLOBAL,
+    PERSONAL,
+    PERSONAL_GROUPS,
+    FedOAParams,
+    ParamProxClient,
+    detached_code_penalty,
+    squared_distance,
+)
 from .registry import register
 
-#: The authors' code divides the summed per-tensor norms by 32 (LLaMA-7B's layer count).
-CODE_NORM_DIVISOR = 32.0
 _TINY = 1e-24
 
 
@@ -66,15 +71,6 @@ def lora_pairs(module: torch.nn.Module, adapter: str) -> list[tuple[torch.Tensor
 def _norm(x: torch.Tensor) -> torch.Tensor:
     """‖x‖₂ with a zero (finite) gradient at x = 0."""
     return torch.sqrt((x * x).sum().clamp_min(_TINY))
-
-
-def detached_code_penalty(personal, centre) -> float:
-    """Σ_tensors ‖θ_p − θ_g‖₂ / 32 as a float (the authors' ``.item()`` form, no gradient)."""
-    with torch.no_grad():
-        total = sum(
-            float(torch.linalg.vector_norm(p - c)) for p, c in zip(personal, centre, strict=True)
-        )
-    return total / CODE_NORM_DIVISOR
 
 
 class PeradaClient(ParamProxClient):
@@ -112,8 +108,8 @@ METHOD = register(
         strategy=FedAvg,
         params=PeradaParams,
         client=PeradaClient,
-        adapters=(GLOBAL, PERSONAL),
-        eval_adapter=PERSONAL,
+        groups=PERSONAL_GROUPS,
+        evaluate_with=PERSONAL,
         reference="Xie et al. 2024 (PerAda), without distillation; fedoa.md §3.5",
     )
 )

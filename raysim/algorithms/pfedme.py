@@ -38,10 +38,15 @@ from pydantic import Field
 
 from ..training.loop import minibatches, train_local
 from .base import ClientAlgorithm, ClientContext, Method, MethodParams
-from .ditto import param_distance, squared_distance
 from .fedavg import RoundBuffer
-from .fedoa import GLOBAL, PERSONAL
-from .perada import detached_code_penalty
+from .personal import (
+    GLOBAL,
+    PERSONAL,
+    PERSONAL_GROUPS,
+    detached_code_penalty,
+    param_distance,
+    squared_distance,
+)
 from .registry import register
 
 STANDARD_LAMBDA, CODE_LAMBDA = 15.0, 0.5
@@ -156,8 +161,8 @@ METHOD = register(
         strategy=PFedMeServer,
         params=PFedMeParams,
         client=PFedMeClient,
-        adapters=(GLOBAL, PERSONAL),
-        eval_adapter=PERSONAL,
+        groups=PERSONAL_GROUPS,
+        evaluate_with=PERSONAL,
         reference="T. Dinh et al. 2020 (pFedMe) on adapters; fedoa.md §3.3",
     )
 )

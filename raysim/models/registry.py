@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -11,6 +11,7 @@ import torch
 from pydantic import Field
 
 from raysim.models.handle import ModelHandle
+from raysim.models.layout import DEFAULT_GROUPS, ParamGroup
 from raysim.schema import StrictModel
 
 
@@ -54,6 +55,7 @@ class ModelConfig(StrictModel):
     channels: list[int] = Field(default_factory=lambda: [16, 32])
     embed_dim: int = Field(64, ge=1)
     dropout: float = Field(0.0, ge=0, lt=1)
+    batch_norm: bool = Field(False, description="cnn: BatchNorm after every convolution")
     # causal LMs (llama, hf_causal_lm, smollm2)
     path: str | None = Field(None, description="HF model id or local directory (hf_causal_lm)")
     llama: LlamaShape = Field(default_factory=LlamaShape)
@@ -63,6 +65,8 @@ class ModelConfig(StrictModel):
 
 
 Builder = Callable[[ModelConfig, DataSpec], torch.nn.Module]
+#: A method's model wrapper: (built module, data spec) -> the module clients train.
+ModelWrapper = Callable[[torch.nn.Module, "DataSpec"], torch.nn.Module]
 _BUILDERS: dict[str, Builder] = {}
 
 
@@ -82,22 +86,28 @@ def model_names() -> list[str]:
 
 
 def build_handle(
-    cfg: ModelConfig, spec: DataSpec, adapters: tuple[str, ...] = ("global",)
+    cfg: ModelConfig,
+    spec: DataSpec,
+    groups: Sequence[ParamGroup] = DEFAULT_GROUPS,
+    wrap: ModelWrapper | None = None,
 ) -> ModelHandle:
-    """Build the resident model as a ``ModelHandle``. ``adapters`` names the adapter sets a
-    method needs (the first is the global one); models without adapters accept only one."""
-    built = build_model(cfg, spec, adapters)
+    """Build the resident model as a ``ModelHandle`` with the method's parameter ``groups``.
+
+    On a causal LM each group is a LoRA adapter; on a plain module groups select tensors by name,
+    after ``wrap`` (a method's wrapper, e.g. an input map in front of the model) is applied.
+    """
+    built = build_model(cfg, spec, groups)
     if isinstance(built, ModelHandle):
+        if wrap is not None:
+            raise ValueError(f"model {cfg.name!r} is a LoRA model; the method cannot wrap it")
         return built
-    if len(adapters) != 1:
-        raise ValueError(
-            f"model {cfg.name!r} has no adapters, but the method needs {list(adapters)}"
-        )
-    return ModelHandle(built)
+    if wrap is not None:
+        built = wrap(built, spec)
+    return ModelHandle(built, groups)
 
 
 def build_model(
-    cfg: ModelConfig, spec: DataSpec, adapters: tuple[str, ...] = ("global",)
+    cfg: ModelConfig, spec: DataSpec, groups: Sequence[ParamGroup] = DEFAULT_GROUPS
 ) -> torch.nn.Module | ModelHandle:
     """Build a freshly initialised model (initialisation follows torch's global RNG)."""
     names = model_names()
@@ -106,6 +116,6 @@ def build_model(
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ValueError(f"unknown model {cfg.name!r}{hint}; known: {', '.join(names)}")
     builder = _BUILDERS[cfg.name]
-    if getattr(builder, "takes_adapters", False):
-        return builder(cfg, spec, adapters)
+    if getattr(builder, "takes_groups", False):
+        return builder(cfg, spec, groups)
     return builder(cfg, spec)

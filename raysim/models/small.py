@@ -40,7 +40,8 @@ class _Reshape(nn.Module):
 
 @register_model("cnn")
 def build_cnn(cfg: ModelConfig, spec: DataSpec) -> nn.Module:
-    """Conv(3) → ReLU blocks, one max-pool, then an MLP head; 2-D for square inputs, else 1-D.
+    """Conv(3) [→ BatchNorm] → ReLU blocks, one max-pool, then an MLP head; 2-D for square
+    inputs, else 1-D. BatchNorm statistics travel as the model's buffers (``models/layout.py``).
 
     A flat 64-feature input (sklearn digits) is viewed as 1×8×8; a flat 40-feature one (mnist1d) as
     1×40.
@@ -51,11 +52,12 @@ def build_cnn(cfg: ModelConfig, spec: DataSpec) -> nn.Module:
     side = math.isqrt(n)
     two_d = side * side == n and len(spec.feature_shape) <= 2 and n > 16
     conv, pool = (nn.Conv2d, nn.MaxPool2d) if two_d else (nn.Conv1d, nn.MaxPool1d)
+    norm = nn.BatchNorm2d if two_d else nn.BatchNorm1d
     shape = (1, side, side) if two_d else (1, n)
     layers: list[nn.Module] = [_Reshape(shape)]
     c_in = 1
     for c in cfg.channels:
-        layers += [conv(c_in, c, 3, padding=1), nn.ReLU()]
+        layers += [conv(c_in, c, 3, padding=1), *([norm(c)] if cfg.batch_norm else []), nn.ReLU()]
         c_in = c
     layers += [pool(2), nn.Flatten()]
     flat = c_in * ((side // 2) ** 2 if two_d else n // 2)

@@ -1,0 +1,210 @@
+"""Composable hooks in the spirit of pfl-research's postprocessors: no subclassing needed.
+
+- A ``Mixer`` runs on the server after any base strategy changed the global model:
+  ``w_new = mix(round, w_prev, w_agg)`` (fedbaf.md §2.6: "any BaseAggregator followed by a
+  post-aggregation hook"). ``ComposedStrategy`` chains mixers on a base strategy; the mixed model
+  is what clients get next and what the base builds on (its own state, e.g. FedAdam's moments,
+  sees client deltas only).
+- A ``ClientBehaviour`` wraps chosen clients' local work on the workers: it may change the data
+  before training and the update after it (label shuffling, corrupted or boosted updates).
+  Attacks and defences are then config entries (``hooks.server`` / ``hooks.clients``), not forks.
+
+Both register by name, like methods, and take pydantic params.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+from pydantic import Field
+
+from .base import ClientContext, Downlink, MethodParams, Stateful, Strategy, Update
+from .context import ServerContext
+
+
+class HookParams(MethodParams):
+    """Parameters of a hook; subclasses add fields."""
+
+
+class Mixer(Stateful):
+    """Server-side post-aggregation hook. Override ``mix``; ``setup`` gets the server context."""
+
+    def __init__(self, params: HookParams) -> None:
+        self.params = params
+
+    def setup(self, ctx: ServerContext) -> None:
+        self.ctx = ctx
+
+    def mix(self, round_index: int, previous: np.ndarray, aggregated: np.ndarray) -> np.ndarray:
+        """The new global model from the previous one and the base strategy's result."""
+        return aggregated
+
+    def metrics(self) -> dict[str, float]:
+        return {}
+
+
+class BehaviourParams(HookParams):
+    """Which jobs a client behaviour applies to: listed clients (None: all) in listed dispatch
+    rounds (None: all)."""
+
+    clients: list[int] | None = Field(None, description="client ids (None: every client)")
+    rounds: list[int] | None = Field(None, description="dispatch rounds (None: every round)")
+
+
+class ClientBehaviour:
+    """Changes what chosen clients do; runs on the workers around the method's client side."""
+
+    params: BehaviourParams
+
+    def __init__(self, params: BehaviourParams) -> None:
+        self.params = params
+
+    def applies(self, client: int, dispatch_round: int) -> bool:
+        p = self.params
+        return (p.clients is None or client in p.clients) and (
+            p.rounds is None or dispatch_round in p.rounds
+        )
+
+    def on_data(self, ctx: ClientContext, data: Any) -> Any:
+        """The data the client trains on (default: unchanged)."""
+        return data
+
+    def on_update(self, ctx: ClientContext, delta: np.ndarray) -> np.ndarray:
+        """The delta the client sends (default: unchanged)."""
+        return delta
+
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Hook(Generic[T]):
+    """A registered hook: name, implementation class, params class, reference."""
+
+    name: str
+    cls: type[T]
+    params: type[HookParams] = HookParams
+    reference: str = ""
+
+    def build(self, params: Mapping[str, Any] | HookParams) -> T:
+        if not isinstance(params, HookParams):
+            params = self.params(**params)
+        return self.cls(params)
+
+
+class HookRegistry(Generic[T]):
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._hooks: dict[str, Hook[T]] = {}
+
+    def register(self, hook: Hook[T]) -> Hook[T]:
+        if hook.name in self._hooks and self._hooks[hook.name] is not hook:
+            raise ValueError(f"{self.kind} {hook.name!r} is registered twice")
+        self._hooks[hook.name] = hook
+        return hook
+
+    def get(self, name: str) -> Hook[T]:
+        _load_builtins()
+        if name not in self._hooks:
+            close = difflib.get_close_matches(name, list(self._hooks), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise KeyError(f"unknown {self.kind} {name!r}{hint}; known: {', '.join(self.names())}")
+        return self._hooks[name]
+
+    def names(self) -> list[str]:
+        _load_builtins()
+        return sorted(self._hooks)
+
+
+MIXERS: HookRegistry[Mixer] = HookRegistry("server hook")
+BEHAVIOURS: HookRegistry[ClientBehaviour] = HookRegistry("client behaviour")
+
+
+def _load_builtins() -> None:
+    from . import behaviours, mixers  # noqa: F401  (register the built-in hooks)
+
+
+class ComposedStrategy(Strategy):
+    """A base strategy followed by mixers: whenever the base changes the global model, the
+    mixers, in order, turn (previous, aggregated) into the model that is published."""
+
+    def __init__(self, base: Strategy, mixers: Sequence[Mixer]) -> None:
+        self.base = base
+        self.mixers = list(mixers)
+
+    @property
+    def params(self) -> MethodParams:
+        return self.base.params
+
+    @property
+    def uses_clients(self) -> bool:
+        return self.base.uses_clients
+
+    @property
+    def weights(self) -> np.ndarray:
+        return self.base.weights
+
+    @weights.setter
+    def weights(self, value: np.ndarray) -> None:
+        self.base.weights = value
+
+    def setup(self, ctx: ServerContext) -> None:
+        self.base.setup(ctx)
+        for m in self.mixers:
+            m.setup(ctx)
+
+    def _mixed(self, round_index: int, previous: np.ndarray, changed: bool) -> bool:
+        if changed:
+            w = self.base.weights
+            for m in self.mixers:
+                w = np.asarray(m.mix(round_index, previous, w), dtype=np.float32)
+            self.base.weights = w
+        return changed
+
+    def configure(self, round_index: int, clients: Sequence[int]) -> Downlink | None:
+        return self.base.configure(round_index, clients)
+
+    def on_arrival(self, update: Update) -> bool:
+        previous = self.base.weights
+        return self._mixed(update.arrival_round, previous, self.base.on_arrival(update))
+
+    def on_round_end(self, round_index: int) -> bool:
+        previous = self.base.weights
+        return self._mixed(round_index, previous, self.base.on_round_end(round_index))
+
+    def metrics(self) -> dict[str, float]:
+        out = dict(self.base.metrics())
+        for m in self.mixers:
+            out.update(m.metrics())
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"base": self.base.state_dict(), "mixers": [m.state_dict() for m in self.mixers]}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.base.load_state_dict(state["base"])
+        for m, s in zip(self.mixers, state["mixers"], strict=True):
+            m.load_state_dict(s)
+
+    def private_state(self) -> dict[str, np.ndarray]:
+        out = {f"base/{k}": v for k, v in self.base.private_state().items()}
+        for i, m in enumerate(self.mixers):
+            out.update({f"mixer{i}/{k}": v for k, v in m.private_state().items()})
+        return out
+
+    def load_private_state(self, arrays: Mapping[str, np.ndarray]) -> None:
+        def part(prefix: str) -> dict[str, np.ndarray]:
+            return {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}
+
+        self.base.load_private_state(part("base/"))
+        for i, m in enumerate(self.mixers):
+            m.load_private_state(part(f"mixer{i}/"))
+
+
+def compose(base: Strategy, mixers: Sequence[Mixer]) -> Strategy:
+    """``base`` itself when there is no mixer (so plain runs are untouched), else composed."""
+    return ComposedStrategy(base, mixers) if mixers else base

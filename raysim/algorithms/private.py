@@ -1,0 +1,53 @@
+"""Server-private tensors: state that must never reach a worker, a payload or a pickle.
+
+FedBaF's foundation weights are the case in point (fedbaf.md §2.8, §7.1): a client function that
+captured the server object would be cloudpickled *with* them. ``PrivateTensors`` refuses to be
+pickled at all, so such a leak fails at once instead of silently shipping the weights, and the
+default ``Strategy.state_dict`` leaves it out of checkpoints: a strategy rebuilds it in ``setup``
+(from the config, on the server), or persists it explicitly through ``Strategy.private_state``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+import numpy as np
+
+
+class PrivateStateError(RuntimeError):
+    """Private server state was about to be serialised (sent to a worker or pickled)."""
+
+
+class PrivateTensors(Mapping[str, np.ndarray]):
+    """A read-only name → array mapping that cannot be pickled, copied by Ray or checkpointed."""
+
+    __slots__ = ("_arrays",)
+
+    def __init__(self, arrays: Mapping[str, np.ndarray]) -> None:
+        frozen = {}
+        for name, value in arrays.items():
+            a = np.array(value, copy=True)
+            a.flags.writeable = False
+            frozen[name] = a
+        object.__setattr__(self, "_arrays", frozen)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._arrays[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._arrays)
+
+    def __len__(self) -> int:
+        return len(self._arrays)
+
+    def __repr__(self) -> str:
+        return f"PrivateTensors({len(self._arrays)} tensors, contents withheld)"
+
+    def __reduce__(self):  # noqa: D105 - pickle, cloudpickle, copy and Ray all come through here
+        raise PrivateStateError(
+            "server-private tensors cannot be serialised: keep them on the server (rebuild them "
+            "in Strategy.setup, or persist them through Strategy.private_state)"
+        )
+
+    def __reduce_ex__(self, protocol):  # noqa: D105
+        return self.__reduce__()

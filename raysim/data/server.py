@@ -1,0 +1,70 @@
+"""Server-side data (feddle.md §7.1 item 6, §5.2, §8.1): an in-distribution split carved from the
+test split, and out-of-distribution pools with their own label space."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import numpy as np
+from pydantic import Field
+
+from raysim.schema import StrictModel
+
+SERVER_ID_TAG = 3  # rng = default_rng([seed, SERVER_ID_TAG]) picks the server's ID samples
+SERVER_OOD_TAG = 4
+
+
+class OODPoolConfig(StrictModel):
+    """A generated OOD pool. ``shapes``: square images of a horizontal bar, a vertical bar, a
+    diagonal or a box at a random place with additive uniform noise, 4 labels (feddle.md §8.1)."""
+
+    name: str = "shapes"
+    kind: Literal["shapes"] = "shapes"
+    size: int = Field(1000, ge=1)
+    noise: float = Field(0.2, ge=0, description="amplitude of the additive uniform noise")
+
+
+class ServerDataConfig(StrictModel):
+    """What the server holds besides the model. ``id_size`` samples (uniformly at random, feddle.md
+    A20) leave the test split for the server; evaluation uses the rest."""
+
+    id_size: int = Field(0, ge=0, description="in-distribution server samples from the test split")
+    ood: list[OODPoolConfig] = Field(default_factory=list)
+
+
+def carve_id_split(n_test: int, size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted (server, evaluation) row indices of the test split."""
+    if size >= n_test:
+        raise ValueError(
+            f"data.server.id_size={size} leaves no evaluation data (the test split has {n_test})"
+        )
+    perm = np.random.default_rng([seed, SERVER_ID_TAG]).permutation(n_test)
+    return np.sort(perm[:size]), np.sort(perm[size:])
+
+
+def shapes_pool(cfg: OODPoolConfig, feature_shape: tuple[int, ...], seed: int) -> tuple:
+    """``(x, y)``: ``cfg.size`` shape images in [0, 1], flattened like the clients' inputs."""
+    n_features = math.prod(feature_shape)
+    side = math.isqrt(n_features)
+    if side * side != n_features:
+        raise ValueError(f"OOD 'shapes' needs square image inputs, not features {feature_shape}")
+    rng = np.random.default_rng([seed, SERVER_OOD_TAG])
+    y = rng.integers(0, 4, size=cfg.size)
+    img = np.zeros((cfg.size, side, side), dtype=np.float32)
+    for i, label in enumerate(y):
+        length = int(rng.integers(side // 2, side + 1))
+        r, c = (int(v) for v in rng.integers(0, side - length + 1, size=2))
+        if label == 0:  # horizontal bar
+            img[i, int(rng.integers(0, side)), c : c + length] = 1
+        elif label == 1:  # vertical bar
+            img[i, r : r + length, int(rng.integers(0, side))] = 1
+        elif label == 2:  # diagonal
+            idx = np.arange(length)
+            img[i, r + idx, c + idx] = 1
+        else:  # box outline
+            img[i, r, c : c + length] = img[i, r + length - 1, c : c + length] = 1
+            img[i, r : r + length, c] = img[i, r : r + length, c + length - 1] = 1
+    img += rng.uniform(0, cfg.noise, size=img.shape).astype(np.float32)
+    x = np.clip(img, 0, 1).reshape(cfg.size, *feature_shape).astype(np.float32)
+    return x, y.astype(np.int64)

@@ -1,0 +1,149 @@
+"""Parameter groups (declared by a method) and the layout of the global vector (names, shapes).
+
+A method declares its **parameter groups**; the model handle sorts the resident model's tensors into
+them:
+
+- ``shared``: trained on clients, sent up and averaged by the server (the global vector);
+- ``personal``: trained on clients, kept by the client, never sent to the server;
+- ``ascent``: client-held like ``personal``, but trained by gradient *ascent* (a max player such as
+  FedOT's dual potentials); what of it reaches the server is the method's choice (side channels).
+
+Non-trainable **buffers** (BatchNorm statistics) are not a group a method declares: every model
+that has them carries them in their own block of the global vector, after the shared parameters,
+so that each client starts from the global buffers and a result never depends on the worker that
+ran it. ``Layout`` says which coordinates are which.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+Role = Literal["shared", "personal", "ascent"]
+#: The layout group of the shared trainable parameters and of the buffers.
+SHARED, BUFFERS = "shared", "buffers"
+
+
+@dataclass(frozen=True)
+class ParamGroup:
+    """A named group of the resident model's trainable tensors and its role.
+
+    ``params`` is a regular expression over parameter names (``re.search``); ``None`` means: on a
+    LoRA model, the adapter of this name; on a plain module, every trainable tensor that no other
+    group claims (at most one group may leave it ``None``).
+    """
+
+    name: str
+    role: Role = "shared"
+    params: str | None = None
+
+    def matches(self, param_name: str) -> bool:
+        return self.params is not None and re.search(self.params, param_name) is not None
+
+
+#: What a method gets when it declares nothing: every trainable tensor is shared.
+DEFAULT_GROUPS: tuple[ParamGroup, ...] = (ParamGroup("global", "shared"),)
+
+
+def check_groups(groups: Sequence[ParamGroup]) -> tuple[ParamGroup, ...]:
+    """Validate a method's groups: unique names, exactly one ``shared`` group, listed first."""
+    groups = tuple(groups)
+    names = [g.name for g in groups]
+    if len(set(names)) != len(names):
+        raise ValueError(f"parameter groups must have unique names, got {names}")
+    shared = [g for g in groups if g.role == "shared"]
+    if len(shared) != 1 or groups[0].role != "shared":
+        raise ValueError("a method declares exactly one shared parameter group, first in the list")
+    return groups
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One tensor of the global vector."""
+
+    name: str
+    shape: tuple[int, ...]
+    group: str  # SHARED or BUFFERS
+    offset: int
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def slice(self) -> slice:
+        return slice(self.offset, self.offset + self.size)
+
+
+class Layout:
+    """Names, shapes and groups of the flat global vector (what strategies aggregate).
+
+    Strategies use it to treat coordinates differently (e.g. Feddle leaves ``buffers`` out of its
+    anchors, FedBaF biases only the tensors it matches) and to export named tensors.
+    """
+
+    def __init__(self, tensors: Iterable[tuple[str, Sequence[int], str]]) -> None:
+        specs, offset = [], 0
+        for name, shape, group in tensors:
+            spec = TensorSpec(name, tuple(int(s) for s in shape), group, offset)
+            specs.append(spec)
+            offset += spec.size
+        self.tensors: tuple[TensorSpec, ...] = tuple(specs)
+        self.size = offset
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Layout) and self.tensors == other.tensors
+
+    def __repr__(self) -> str:
+        groups = {g: sum(t.size for t in self.tensors if t.group == g) for g in self.groups}
+        return f"Layout({len(self.tensors)} tensors, {self.size} values, {groups})"
+
+    @property
+    def groups(self) -> list[str]:
+        return list(dict.fromkeys(t.group for t in self.tensors))
+
+    @property
+    def names(self) -> list[str]:
+        return [t.name for t in self.tensors]
+
+    def shapes(self, group: str | None = None) -> list[tuple[str, tuple[int, ...]]]:
+        return [(t.name, t.shape) for t in self.tensors if group is None or t.group == group]
+
+    def select(self, group: str | None = None, pattern: str | None = None) -> list[TensorSpec]:
+        """Tensors of ``group`` whose names match ``pattern`` (``re.search``), in vector order."""
+        return [
+            t
+            for t in self.tensors
+            if (group is None or t.group == group)
+            and (pattern is None or re.search(pattern, t.name))
+        ]
+
+    def mask(self, group: str | None = None, pattern: str | None = None) -> np.ndarray:
+        """Boolean mask over the vector: the coordinates of ``select(group, pattern)``."""
+        m = np.zeros(self.size, dtype=bool)
+        for t in self.select(group, pattern):
+            m[t.slice] = True
+        return m
+
+    def unflatten(self, flat: np.ndarray) -> dict[str, np.ndarray]:
+        """name → view of ``flat`` with the tensor's shape."""
+        if flat.shape != (self.size,):
+            raise ValueError(f"vector of shape {flat.shape}, the layout has {self.size} values")
+        return {t.name: flat[t.slice].reshape(t.shape) for t in self.tensors}
+
+    def flatten(self, tensors: Mapping[str, np.ndarray]) -> np.ndarray:
+        """The inverse of ``unflatten`` (float32)."""
+        return (
+            np.concatenate(
+                [np.asarray(tensors[t.name], dtype=np.float32).reshape(-1) for t in self.tensors]
+            )
+            if self.tensors
+            else np.zeros(0, dtype=np.float32)
+        )

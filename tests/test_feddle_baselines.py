@@ -1,0 +1,228 @@
+"""Feddle's server-side baselines (feddle.md §4) and their §7.2 invariants I-4, I-5, I-13, I-14."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from raysim.actors.local import local_core
+from raysim.algorithms.base import Update
+from raysim.algorithms.ca2fl import CA2FL, CA2FLParams
+from raysim.algorithms.fedasync import FedAsync, FedAsyncParams
+from raysim.algorithms.fedbuff import FedBuff, FedBuffParams
+from raysim.algorithms.registry import get_method
+from raysim.config import load_config
+
+DIGITS = {"name": "digits", "partition": {"kind": "dirichlet", "alpha": 0.3}}
+
+
+def cfg_for(algorithm, rounds=4, id_size=0, **extra):
+    raw = {
+        "seed": 2,
+        "rounds": rounds,
+        "clients": {"num": 20, "per_round": 5},
+        "data": {**DIGITS, "server": {"id_size": id_size}},
+        "model": {"name": "mlp", "hidden": [16]},
+        "local": {"epochs": 1, "batch_size": 16, "lr": 0.1},
+        "algorithm": algorithm,
+        **extra,
+    }
+    return load_config(raw)
+
+
+def run(cfg, hook=None):
+    core = local_core(cfg)
+    while not core.done:
+        core.step()
+        if hook:
+            hook(core)
+    return core
+
+
+def upd(client, delta, k=0, n=10, version=0, tau=0, base=None):
+    delta = np.asarray(delta, dtype=np.float32)
+    base = np.zeros_like(delta) if base is None else np.asarray(base, dtype=np.float32)
+    return Update(client, delta, n, k, version, k + 0.5, k + tau, tau, base)
+
+
+# --------------------------------------------------------------------------- I-4
+def test_fedbuff_per_round_equals_fedavg_with_equal_sizes_for_any_sigma():
+    """I-4 second half: fedbuff_per_round ≡ FedAvg when client sizes are equal, any σ."""
+    iid = {"name": "mnist1d", "partition": {"kind": "iid"}}
+    delays = {"kind": "half_normal", "sigma": 3.0}
+    kw = dict(rounds=6, delays=delays)
+    a = cfg_for({"name": "fedavg"}, **kw).model_dump(mode="json")
+    b = cfg_for({"name": "fedbuff_per_round"}, **kw).model_dump(mode="json")
+    a["data"] = b["data"] = {**iid}
+    avg, per_round = run(load_config(a)), run(load_config(b))
+    assert len(set(avg.executor.runner.dataset.client_sizes().tolist())) == 1
+    assert sum(h["clients_arrived"] for h in avg.history) > 0
+    np.testing.assert_allclose(avg.weights, per_round.weights, rtol=1e-5, atol=1e-6)
+    # not vacuous: with unequal sizes they differ
+    uneq_a = run(cfg_for({"name": "fedavg"}, **kw))
+    uneq_b = run(cfg_for({"name": "fedbuff_per_round"}, **kw))
+    assert not np.allclose(uneq_a.weights, uneq_b.weights)
+
+
+def test_fedbuff_per_round_is_registered_with_its_rule():
+    m = get_method("fedbuff_per_round")
+    assert m.params().per_round and m.strategy is FedBuff
+
+
+# --------------------------------------------------------------------------- I-5 CA2FL
+def test_ca2fl_first_flush_equals_fedbuff():
+    w0 = np.zeros(4, dtype=np.float32)
+    ca = CA2FL(CA2FLParams(buffer_size=2, server_lr=1.0), w0, 5)
+    fb = FedBuff(FedBuffParams(buffer_size=2, server_lr=1.0), w0, 5)
+    ups = [upd(1, [1, 2, 3, 4]), upd(3, [0.5, -1, 0, 2])]
+    for u in ups:
+        assert ca.on_arrival(u) == fb.on_arrival(u)
+    np.testing.assert_array_equal(ca.weights, fb.weights)
+
+
+def test_ca2fl_equals_fedbuff_when_every_client_is_in_every_buffer():
+    """I-5(b): J = S = K_buf, σ = 0 ⇒ CA2FL ≡ FedBuff every round (float tolerance)."""
+    rng = np.random.default_rng(0)
+    w0 = np.zeros(6, dtype=np.float32)
+    ca = CA2FL(CA2FLParams(buffer_size=3, server_lr=0.7), w0, 3)
+    fb = FedBuff(FedBuffParams(buffer_size=3, server_lr=0.7), w0, 3)
+    for k in range(5):
+        for c in range(3):
+            u = upd(c, rng.normal(size=6), k=k)
+            ca.on_arrival(u)
+            fb.on_arrival(u)
+        np.testing.assert_allclose(ca.weights, fb.weights, rtol=1e-5, atol=1e-6)
+
+
+def test_ca2fl_calibrates_with_the_cache():
+    """A hand-computed second flush: v = h̄ + mean(Δ − h_i)."""
+    w0 = np.zeros(2, dtype=np.float32)
+    ca = CA2FL(CA2FLParams(buffer_size=1, server_lr=1.0), w0, 4)
+    ca.on_arrival(upd(0, [4.0, 0.0]))  # v = 0 + 4 ; h_0 = 4 ; h̄ = 1
+    ca.on_arrival(upd(0, [2.0, 2.0]))  # v = h̄ + (Δ − h_0) = (1, 0) + (−2, 2) = (−1, 2)
+    np.testing.assert_allclose(ca.weights, [4.0 - 1.0, 2.0])
+    assert ca.metrics()["ca2fl_cache_bytes"] == 8
+
+
+# --------------------------------------------------------------------------- I-14 FedAsync
+def test_fedasync_with_alpha_one_and_no_staleness_takes_the_local_model():
+    p = FedAsyncParams(mixing=1.0, a=0.0)
+    s = FedAsync(p, np.zeros(3, dtype=np.float32), 1)
+    base = np.array([1.0, 2.0, 3.0], dtype=np.float32)
+    s.weights = base.copy()
+    s.on_arrival(upd(0, [0.5, 0.5, -1], base=base))
+    np.testing.assert_array_equal(s.weights, base + np.array([0.5, 0.5, -1], dtype=np.float32))
+
+
+@pytest.mark.parametrize("form", ["model_mixing", "delta"])
+def test_fedasync_stale_update_follows_its_form(form):
+    p = FedAsyncParams(mixing=0.6, a=0.5, form=form)
+    w = np.array([1.0, -1.0], dtype=np.float32)
+    old = np.array([0.0, 0.0], dtype=np.float32)
+    s = FedAsync(p, w, 2)
+    delta = np.array([2.0, 4.0], dtype=np.float32)
+    s.on_arrival(upd(0, delta, tau=3, base=old))
+    alpha = 0.6 * (3 + 1) ** -0.5
+    want = (1 - alpha) * w + alpha * (old + delta) if form == "model_mixing" else w + alpha * delta
+    np.testing.assert_allclose(s.weights, want, rtol=1e-6)
+
+
+# --------------------------------------------------------------------------- server training
+def test_center_touches_no_client_and_trains_on_the_server_set():
+    core = run(cfg_for({"name": "center", "server_epochs": 5}, rounds=2, id_size=40))
+    assert sum(s.dispatched for s in core.stats.values()) == 0
+    assert all(h["bytes_down"] == 0 and h["clients_arrived"] == 0 for h in core.history)
+    assert core.history[0]["model_version"] == 1
+    w0 = local_core(cfg_for({"name": "center"}, id_size=40)).weights
+    assert not np.array_equal(core.weights, w0)
+    with pytest.raises(ValueError, match="data.server.id_size"):
+        run(cfg_for({"name": "center"}, rounds=1))
+
+
+def test_fedft_is_fedavg_then_server_fine_tuning():
+    """With server_epochs=0 Fed+FT is FedAvg exactly; with epochs it moves further."""
+    avg = run(cfg_for({"name": "fedavg"}))
+    ft0 = run(cfg_for({"name": "fedft", "server_epochs": 0}, id_size=40))
+    np.testing.assert_array_equal(avg.weights, ft0.weights)
+    ft = run(cfg_for({"name": "fedft", "server_epochs": 2}, id_size=40))
+    assert not np.array_equal(avg.weights, ft.weights)
+    assert np.isfinite(ft.history[-1]["server_train_loss"])
+
+
+def test_hfcl_with_no_arrival_takes_the_server_delta_whole():
+    """ω + (n_srv/n_srv)Δ_srv: with R_k empty the new model is the server-trained one."""
+    core = local_core(cfg_for({"name": "hfcl"}, rounds=1, id_size=40))
+    s = core.strategy
+    from raysim.algorithms.server_training import train_on_server
+
+    want, _ = train_on_server(s.ctx, s.weights, s.ctx.data.id.data, s.ctx.local, "hfcl/0")
+    s.on_round_end(0)
+    np.testing.assert_allclose(s.weights, want, rtol=0, atol=1e-7)  # ω + (Δ_srv) in float32
+
+
+def test_hfcl_weights_the_server_like_a_client_of_its_size():
+    core = local_core(cfg_for({"name": "hfcl"}, rounds=1, id_size=30))
+    s = core.strategy
+    w0 = s.weights.copy()
+    from raysim.algorithms.server_training import train_on_server
+
+    trained, _ = train_on_server(s.ctx, w0, s.ctx.data.id.data, s.ctx.local, "hfcl/0")
+    d = np.ones_like(w0)
+    s.on_arrival(upd(4, d, n=90))
+    s.on_round_end(0)
+    np.testing.assert_allclose(s.weights, w0 + 0.75 * d + 0.25 * (trained - w0), atol=1e-6)
+
+
+def _kl_to_teachers(s, weights, teachers, x):
+    h, _ = s.ctx.model()
+    with torch.no_grad():
+        logits = []
+        for t in teachers:
+            h.set_global(t)
+            h.module.eval()
+            logits.append(h.module(x).double())
+        p = F.softmax(sum(logits) / len(logits), 1)
+        h.set_global(weights)
+        log_q = F.log_softmax(h.module(x).double(), 1)
+    return float(F.kl_div(log_q, p, reduction="batchmean"))
+
+
+def test_feddf_distillation_moves_the_student_towards_the_teachers():
+    core = local_core(cfg_for({"name": "feddf", "server_epochs": 5, "server_lr": 1e-3}, id_size=60))
+    s = core.strategy
+    rng = np.random.default_rng(0)
+    w0 = s.weights.copy()
+    ups = [upd(c, rng.normal(0, 0.3, w0.shape), n=10 * (c + 1), base=w0) for c in range(3)]
+    for u in ups:
+        s.on_arrival(u)
+    student0 = w0 + s.round_delta()
+    x = s.ctx.data.id.data[0]
+    before = _kl_to_teachers(s, student0, [u.local_weights for u in ups], x)
+    s.on_round_end(0)
+    after = _kl_to_teachers(s, s.weights, [u.local_weights for u in ups], x)
+    assert after < before
+    empty = local_core(cfg_for({"name": "feddf"}, id_size=60)).strategy
+    w = empty.weights.copy()
+    empty.on_round_end(0)
+    np.testing.assert_array_equal(empty.weights, w)  # no arrival: unchanged
+
+
+def test_server_methods_are_deterministic_and_resume(tmp_path):
+    from raysim import checkpoint
+
+    for name in ("fedft", "hfcl", "feddf", "ca2fl"):
+        algo = {"name": name} | ({"buffer_size": 3} if name == "ca2fl" else {})
+        cfg = cfg_for(algo, rounds=4, id_size=40, delays={"kind": "half_normal", "sigma": 1.0})
+        a, b = run(cfg), run(cfg)
+        assert a.digest() == b.digest(), name
+        half = local_core(cfg)
+        half.step()
+        half.step()
+        _, st = checkpoint.unpack(checkpoint.pack({"core": half.state_dict()}, cfg, 2))
+        resumed = local_core(cfg)
+        resumed.load_state_dict(st["core"])
+        while not resumed.done:
+            resumed.step()
+        assert resumed.digest() == a.digest(), name

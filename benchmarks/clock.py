@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from common import machine, peak_rss_mb, report
 
-from raysim.actors.coordinator import CoordinatorCore
+from raysim.actors.coordinator_core import CoordinatorCore
 from raysim.actors.jobs import ClientJob, ClientResult
 from raysim.config import RunConfig, load_config
 

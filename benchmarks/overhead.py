@@ -32,8 +32,8 @@ from raysim.data import build_federated_dataset
 from raysim.delays import build_delay_model
 from raysim.models import build_model
 from raysim.models.params import get_flat, set_flat, trainable
-from raysim.runtime import GlobalEvaluator, data_spec, initial_weights, weights_digest
-from raysim.training.loop import train_local
+from raysim.runtime import data_spec, initial_weights, weights_digest
+from raysim.training.loop import evaluate, train_local
 from raysim.training.tasks import ClassificationTask
 
 
@@ -62,7 +62,8 @@ def run_plain(cfg: RunConfig, threads: int) -> tuple[list[float], str]:
     dataset = build_federated_dataset(cfg.data, cfg.clients.num, cfg.seed)
     weights = initial_weights(cfg, dataset)
     model = build_model(cfg.model, data_spec(dataset))
-    evaluator = GlobalEvaluator(cfg.model, dataset)
+    x_test = torch.tensor(np.asarray(dataset.x_test))
+    y_test = torch.tensor(np.asarray(dataset.y_test), dtype=torch.long)
     tensors = []
     for j in range(cfg.clients.num):
         x, y = dataset.client_data(j)
@@ -93,7 +94,8 @@ def run_plain(cfg: RunConfig, threads: int) -> tuple[list[float], str]:
             total = sum(sizes)
             weights = weights + WeightedMean.combine(deltas, [n / total for n in sizes])
         if (k + 1) % cfg.eval.every == 0 or k + 1 == cfg.rounds:
-            evaluator(weights)
+            set_flat(model, weights)
+            evaluate(model, x_test, y_test)
         walls.append(time.perf_counter() - t0)
     if len(queue):
         raise RuntimeError("the plain loop only reproduces runs without delays")

@@ -6,6 +6,8 @@ Everything is validated before Ray starts; errors name the offending key and the
 from __future__ import annotations
 
 import difflib
+import functools
+import json
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -322,6 +324,20 @@ def load_config(source: str | Path | Mapping[str, Any], overrides: Iterable[str]
         return RunConfig.model_validate(raw)
     except ValidationError as e:
         raise ConfigError(_format(e)) from None
+
+
+def config_from_wire(config: RunConfig | Mapping[str, Any]) -> RunConfig:
+    """A config as the driver sends it to an actor (``to_dict()``), validated once per process:
+    the same dict again (another actor, worker or trial in this process) costs a dict lookup, and
+    plugin modules load once. The result is shared; treat it as read-only."""
+    if isinstance(config, RunConfig):
+        return config
+    return _validated(json.dumps(config, sort_keys=True))
+
+
+@functools.lru_cache(maxsize=16)
+def _validated(wire: str) -> RunConfig:
+    return RunConfig.model_validate(json.loads(wire))
 
 
 def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

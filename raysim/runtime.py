@@ -96,21 +96,3 @@ def initial_weights(cfg: RunConfig, dataset: FederatedDataset) -> np.ndarray:
 def weights_digest(weights: np.ndarray) -> str:
     """sha256 of the float32 little-endian bytes of a weight vector."""
     return hashlib.sha256(np.ascontiguousarray(weights, dtype="<f4").tobytes()).hexdigest()
-
-
-class GlobalEvaluator:
-    """Evaluates a global weight vector on the run's test split with one resident model."""
-
-    def __init__(self, handle: ModelHandle, dataset: FederatedDataset) -> None:
-        from raysim.training.loop import evaluate
-
-        self._evaluate = evaluate
-        self.handle = handle
-        self.x = torch.tensor(np.asarray(dataset.x_test))
-        self.y = torch.tensor(np.asarray(dataset.y_test), dtype=torch.long)
-
-    def __call__(
-        self, weights: np.ndarray, states: dict | None = None, final: bool = False
-    ) -> dict[str, float]:
-        self.handle.set_global(weights)
-        return self._evaluate(self.handle.module, self.x, self.y)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from raysim.actors.coordinator import CoordinatorCore
+from raysim.actors.coordinator_core import CoordinatorCore
 from raysim.actors.executor import InProcessExecutor
 from raysim.actors.worker import ClientRunner
 from raysim.algorithms import get_method, method_names

@@ -12,7 +12,7 @@ from mlflow.tracking import MlflowClient
 
 import raysim
 from raysim import checkpoint, tracking
-from raysim.actors.coordinator import CoordinatorCore
+from raysim.actors.coordinator_core import CoordinatorCore
 from raysim.actors.executor import InProcessExecutor
 from raysim.actors.worker import ClientRunner
 from raysim.checkpoint import ResumeError, prepare_resume

@@ -8,7 +8,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 import raysim
-from raysim.actors.coordinator import CoordinatorCore
+from raysim.actors.coordinator_core import CoordinatorCore
 from raysim.actors.evaluation import WorkerEvaluator
 from raysim.actors.executor import InProcessExecutor
 from raysim.actors.worker import ClientRunner
@@ -91,19 +91,17 @@ def test_evaluation_routing():
     cfg = load_config(SMOKE).eval
     states = {0: {"p": np.zeros(1)}, 1: {"p": np.ones(1)}}
     personal = WorkerEvaluator(None, sets, "personal", cfg).jobs(states, final=True)
-    assert [(j.eval_set, j.adapter, j.client) for j in personal] == [
-        ("ood", "global", None),
-        ("ood", "personal", 0),
-        ("id/0", "personal", 0),
-        ("ood", "personal", 1),
-        ("id/1", "personal", 1),
+    assert [(j.sets, j.group, j.client) for j in personal] == [
+        (("ood",), "global", None),
+        (("ood", "id/0"), "personal", 0),
+        (("ood", "id/1"), "personal", 1),
     ]
-    assert personal[1].state is states[0]
+    assert personal[1].state is states[0] and not any(j.adapt for j in personal)
     glob = WorkerEvaluator(None, sets, "global", cfg).jobs(states, final=False)
-    assert [(j.eval_set, j.adapter, j.client) for j in glob] == [
-        ("ood", "global", None),
-        ("id/0", "global", 0),
-        ("id/1", "global", 1),
+    assert [(j.sets, j.group, j.client) for j in glob] == [
+        (("ood",), "global", None),
+        (("id/0",), "global", 0),
+        (("id/1",), "global", 1),
     ]
     assert all(j.state is None for j in glob) and not any(j.generate for j in glob)
 
@@ -126,7 +124,7 @@ def test_smoke_end_to_end_with_mlflow(ray_cluster, mlflow_uri):
     assert res.metrics["clients_evaluated"] == 6
     assert runs["fedit"].weights_digest == res.weights_digest == runs["fedoa0"].weights_digest
     assert runs["fedit"].metrics["ood_loss"] == pytest.approx(res.metrics["ood_loss_global"])
-    assert "ood_rouge1" in res.clients[0] and res.clients[0]["adapter"] == "personal"
+    assert "ood_rouge1" in res.clients[0] and res.clients[0]["evaluated_with"] == "personal"
     client = MlflowClient(mlflow_uri)
     run = client.get_run(res.run_id)
     assert run.info.status == "FINISHED" and run.data.tags["algorithm"] == "fedoa"

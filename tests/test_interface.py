@@ -339,6 +339,15 @@ def test_scale_update_boosts_the_delta():
 
 
 # --------------------------------------------------------------------------- plugins
+def test_config_is_validated_once_per_process():
+    from raysim.config import config_from_wire
+
+    wire = load_config(tiny(algorithm={"name": "echo", "module": str(PLUGIN)})).to_dict()
+    first = config_from_wire(wire)
+    assert config_from_wire(dict(reversed(list(wire.items())))) is first  # key order is moot
+    assert config_from_wire({**wire, "seed": 4}) is not first
+
+
 def test_plugin_module_errors_are_clear():
     with pytest.raises(ConfigError, match="no such file"):
         load_config(tiny(algorithm={"name": "x", "module": "./nope.py"}))
@@ -440,3 +449,113 @@ def test_plan_resources_gives_the_bundles_every_launcher_uses():
         plan_resources(cfg, {"CPU": 4, "GPU": 0.25})
     lean = plan_resources(load_config(tiny(workers={"count": 2, "num_cpus": 0})), {"CPU": 2})
     assert lean.bundles()[0] == {"CPU": 0.001}  # Ray refuses an empty bundle
+
+
+# --------------------------------------------------------------------------- one evaluator
+VIEWS = ROOT / "tests" / "plugins" / "eval_views.py"
+
+
+def _scores(core, weights, state):
+    """Accuracy of one view scored by hand: global vector + a personal state (None: built)."""
+    from raysim.training.loop import evaluate
+
+    runner = core.executor.runner
+    runner.model.set_global(weights)
+    runner.model.set_state(state, 0)
+    x, y = (np.asarray(a) for a in (runner.dataset.x_test, runner.dataset.y_test))
+    import torch
+
+    return evaluate(runner.model.module, torch.tensor(x), torch.tensor(y, dtype=torch.long))
+
+
+def test_dense_personal_state_is_what_answers_for_each_client():
+    """A personal head on a plain module: each client is scored through its own head, the
+    global view through the built head; the summary is the mean (and spread) over clients."""
+    cfg = load_config(tiny(rounds=3, algorithm={"name": "head", "module": str(VIEWS)}))
+    core = local_core(cfg, evaluate=True)
+    while not core.done:
+        core.step()
+    ev = core.evaluations[-1]
+    rows = core.evaluator.last_clients
+    assert ev["clients_evaluated"] == len(core.client_states) == len(rows) > 1
+    assert {r["evaluated_with"] for r in rows} == {"head"}
+    w = core.weights
+    for row in rows[:3]:
+        own = _scores(core, w, core.client_states[row["client"]])
+        assert row["accuracy"] == own["accuracy"] and row["loss"] == own["loss"]
+    swapped = _scores(core, w, core.client_states[rows[1]["client"]])
+    assert swapped["loss"] != rows[0]["loss"], "a client must be scored through its own head"
+    assert ev["accuracy_global"] == _scores(core, w, None)["accuracy"]
+    accs = [r["accuracy"] for r in rows]
+    assert ev["accuracy"] == pytest.approx(np.mean(accs))
+    assert ev["accuracy_min"] == min(accs) and ev["accuracy_std"] == pytest.approx(np.std(accs))
+
+
+def test_adapt_hook_scores_every_client_on_its_adapted_copy():
+    def run(epochs):
+        algo = {"name": "tune", "module": str(VIEWS), "tune_epochs": epochs}
+        core = local_core(load_config(tiny(rounds=2, algorithm=algo)), evaluate=True)
+        while not core.done:
+            core.step()
+        return core
+
+    none, tuned, again = run(0), run(1), run(1)
+    ev0, ev1 = none.evaluations[-1], tuned.evaluations[-1]
+    assert ev0["clients_evaluated"] == ev1["clients_evaluated"] == 20  # every client, not visited
+    assert ev0["accuracy"] == pytest.approx(ev0["accuracy_global"], abs=1e-12)
+    assert ev0["accuracy_std"] < 1e-12
+    assert ev1["accuracy"] != ev1["accuracy_global"] and ev1["accuracy_std"] > 0.0
+    assert ev1["accuracy_global"] == ev0["accuracy_global"]  # adapting never touches the model
+    assert tuned.evaluations == again.evaluations  # seeded: deterministic
+    np.testing.assert_array_equal(tuned.weights, none.weights)
+
+
+def test_evaluation_is_the_same_in_process_and_on_ray_workers(ray_cluster):
+    cfg = load_config(
+        tiny(
+            rounds=2,
+            algorithm={"name": "head", "module": str(VIEWS)},
+            workers={"count": 3, "num_cpus": 0.5},
+        )
+    )
+    core = local_core(cfg, evaluate=True)
+    while not core.done:
+        core.step()
+    res = raysim.run(cfg.to_dict(), ["tracking.enabled=false"])
+    for key in ("accuracy", "accuracy_global", "accuracy_min", "loss", "clients_evaluated"):
+        assert res.metrics[key] == core.evaluations[-1][key], key
+    assert res.clients[0]["evaluated_with"] == "head" and "accuracy" in res.clients[0]
+
+
+def test_personal_state_stays_in_the_object_store_by_reference(ray_cluster):
+    """A result's personal state comes back as a reference the coordinator owns; the next visit
+    trains from it on the worker exactly as from the arrays in-process."""
+    import ray
+
+    from raysim.actors.jobs import ClientJob
+    from raysim.actors.pool import RayWorkerPool
+    from raysim.actors.worker import ClientRunner
+    from raysim.data import build_federated_dataset
+    from raysim.runtime import data_spec
+
+    cfg = load_config(tiny(algorithm={"name": "head", "module": str(VIEWS)}))
+    ds = build_federated_dataset(cfg.data, cfg.clients.num, cfg.seed)
+    pool = RayWorkerPool(cfg, ray.put(ds), data_spec(ds), 2, ds.client_sizes())
+    try:
+        runner = ClientRunner(cfg, ds)
+        w0, _ = runner.initial_global()
+        handle = pool.put(w0)
+        pool.submit(handle, [ClientJob(0, 4, 0, cfg.seed), ClientJob(1, 7, 0, cfg.seed)])
+        first, _ = pool.result(0), pool.result(1)
+        assert isinstance(first.state, ray.ObjectRef)
+        local = runner.run(w0, ClientJob(0, 4, 0, cfg.seed))
+        pool.submit(handle, [ClientJob(2, 4, 1, cfg.seed, first.state)])
+        second = pool.result(2)
+        local2 = runner.run(w0, ClientJob(2, 4, 1, cfg.seed, local.state))
+        np.testing.assert_array_equal(second.delta, local2.delta)
+        got = pool.get(second.state)
+        assert sorted(got) == sorted(local2.state) == ["3.bias", "3.weight"]
+        for name, value in local2.state.items():
+            np.testing.assert_array_equal(got[name], value)
+    finally:
+        pool.close()

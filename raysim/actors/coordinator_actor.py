@@ -11,13 +11,13 @@ from typing import Any
 import ray
 
 from raysim import checkpoint
-from raysim.actors.coordinator import CoordinatorCore
-from raysim.actors.evaluation import WorkerEvaluator
+from raysim.actors.coordinator_core import CoordinatorCore
+from raysim.actors.evaluation import evaluator_for
 from raysim.actors.pool import RayWorkerPool
 from raysim.algorithms.registry import get_method
-from raysim.config import RunConfig, flatten
+from raysim.config import config_from_wire, flatten
 from raysim.data import build_federated_dataset
-from raysim.runtime import GlobalEvaluator, data_spec, method_resident, server_context
+from raysim.runtime import data_spec, server_context
 from raysim.tracking import Tracker
 
 
@@ -31,7 +31,7 @@ class Coordinator:
         tracking_uri: str | None,
         resume: dict[str, Any] | None = None,
     ) -> None:
-        cfg = RunConfig.model_validate(config)
+        cfg = config_from_wire(config)
         self.cfg = cfg
         saved = checkpoint.load(resume, cfg) if resume else None  # fail before taking anything
         dataset = build_federated_dataset(cfg.data, cfg.clients.num, cfg.seed)
@@ -40,20 +40,9 @@ class Coordinator:
             cfg, self.dataset_ref, data_spec(dataset), pool_size, dataset.client_sizes()
         )
         method = get_method(cfg.algorithm.name)
-        spec = data_spec(dataset)
-        if dataset.input_kind == "causal_lm":
-            # the model lives on the workers only; evaluation runs there too
-            initial, layout = self.pool.initial_global()
-            evaluator = WorkerEvaluator(
-                self.pool,
-                {name: es.client for name, es in dataset.eval_sets.items()},
-                method.evaluate_with if method.personal else "global",
-                cfg.eval,
-            )
-        else:
-            handle = method_resident(cfg, spec)
-            initial, layout = handle.get_global(), handle.layout()
-            evaluator = GlobalEvaluator(handle, dataset)
+        # the model lives on the workers; the server builds its own only if a strategy asks
+        initial, layout = self.pool.initial_global()
+        evaluator = evaluator_for(cfg, dataset, self.pool)
         self.evaluator = evaluator
         self._layout = layout
         server = server_context(cfg, dataset, layout)
@@ -123,7 +112,7 @@ class Coordinator:
         self.pool.kill_worker(index)
 
     def client_states(self) -> dict[int, dict]:
-        return self.core.client_states
+        return self.core.materialized_states()
 
     def weights(self):
         return self.core.weights
@@ -147,7 +136,7 @@ class Coordinator:
                 summary["clients"],
                 core.history,
                 {"weights_digest": summary["weights_digest"], **summary["metrics"]},
-                core.client_states,
+                core.materialized_states(),
             )
         return summary
 

@@ -1,8 +1,12 @@
-"""Evaluation that runs on the workers, batched: the global adapter and each client's own adapter.
+"""The one evaluator: jobs that score model versions on the workers, for every model family.
 
-Which adapter answers for a known client is the method's ``eval_adapter`` (fedoa.md §2.9): the
-personal one for personalised methods (intra-client OOD and ID), the global one otherwise. The
-global adapter is always evaluated on the shared OOD set too (the inter-client case).
+The method chooses what answers for a known client (fedoa.md §2.9, fedot.md §6.5):
+``Method.evaluate_with`` names the parameter group (the global one, or a personal group whose
+state the client keeps), and a ``ClientAlgorithm.adapt`` override (for example fine-tuning
+before testing) makes every client evaluate its own adapted copy. Then each client is scored on
+every shared set and its own test split, and the metrics are the mean over clients (with their
+spread: ``_std``, ``_min``); the global model is scored on the shared sets too, with a
+``_global`` suffix. Otherwise the global model answers everywhere, with bare metric names.
 """
 
 from __future__ import annotations
@@ -14,23 +18,48 @@ import numpy as np
 
 from raysim.actors.jobs import EvalJob
 
+#: the classification test set: its metrics keep bare names (``accuracy``, ``loss``)
+BARE_SET = "test"
+
+
+def metric_key(eval_set: str, metric: str) -> str:
+    """``test`` → ``accuracy``; ``ood`` → ``ood_loss``; ``id/3`` → ``id_loss``."""
+    if eval_set == BARE_SET:
+        return metric
+    kind = "id" if eval_set.startswith("id/") else eval_set
+    return f"{kind}_{metric}"
+
 
 class WorkerEvaluator:
-    """Builds evaluation jobs for the current global version and client states; averages them."""
+    """Builds the evaluation jobs of one model version, runs them on the executor, averages."""
 
     def __init__(
         self,
         executor: Any,
         eval_sets: Mapping[str, int | None],
-        eval_adapter: str,
+        group: str,
         eval_cfg: Any,
+        *,
+        global_group: str = "global",
+        adapt: bool = False,
+        num_clients: int = 0,
+        seed: int = 0,
     ) -> None:
         self.executor = executor
-        self.shared = [name for name, client in eval_sets.items() if client is None]
+        self.shared = tuple(name for name, client in eval_sets.items() if client is None)
         self.own = {client: name for name, client in eval_sets.items() if client is not None}
-        self.eval_adapter = eval_adapter
+        self.group = group
+        self.global_group = global_group
+        self.adapt = adapt
+        self.num_clients = num_clients
+        self.seed = seed
         self.cfg = eval_cfg
         self.last_clients: list[dict[str, Any]] = []
+
+    @property
+    def per_client(self) -> bool:
+        """Whether each client answers with its own view (personal state or adaptation)."""
+        return self.group != self.global_group or self.adapt
 
     def state_dict(self) -> dict[str, Any]:
         """The last per-client evaluation rows (joined into ``clients.csv`` at the end)."""
@@ -39,44 +68,71 @@ class WorkerEvaluator:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.last_clients = [dict(r) for r in state.get("last_clients", [])]
 
-    def jobs(self, states: Mapping[int, dict], final: bool) -> list[EvalJob]:
+    def jobs(self, states: Mapping[int, dict], final: bool, round: int = 0) -> list[EvalJob]:
         gen = self.cfg.rouge == "every" or (self.cfg.rouge == "final" and final)
-        jobs = [EvalJob(i, name, "global", None, None, gen) for i, name in enumerate(self.shared)]
-        personal = self.eval_adapter != "global"
-        clients = sorted(states) if personal else sorted(self.own)
+        common = {"generate": gen, "run_seed": self.seed, "round": round}
+        jobs = [EvalJob(0, self.shared, **common)] if self.shared else []
+        if not self.per_client:
+            for j in sorted(self.own) if self.cfg.id else []:
+                jobs.append(EvalJob(len(jobs), (self.own[j],), j, **common))
+            return jobs
+        personal = self.group != self.global_group
+        clients = sorted(states) if personal else range(self.num_clients)
         for j in clients:
-            state = states.get(j) if personal else None
-            adapter = self.eval_adapter if personal else "global"
-            sets = list(self.shared) if personal else []
-            if self.cfg.id and j in self.own:
-                sets.append(self.own[j])
-            for name in sets:
-                jobs.append(EvalJob(len(jobs), name, adapter, j, state, gen))
+            sets = self.shared + ((self.own[j],) if self.cfg.id and j in self.own else ())
+            if sets:
+                state = states.get(j) if personal else None
+                jobs.append(EvalJob(len(jobs), sets, j, self.group, state, self.adapt, **common))
         return jobs
 
     def __call__(
-        self, weights: np.ndarray, states: Mapping[int, dict] | None = None, final: bool = False
+        self,
+        weights: np.ndarray,
+        states: Mapping[int, dict] | None = None,
+        final: bool = False,
+        round: int = 0,
     ) -> dict[str, float]:
-        jobs = self.jobs(states or {}, final)
+        jobs = self.jobs(states or {}, final, round)
         results = self.executor.evaluate(self.executor.put(weights), jobs)
-        personal = self.eval_adapter != "global"
+        suffix = "_global" if self.per_client else ""
         out: dict[str, float] = {}
-        groups: dict[str, list[float]] = {}
+        per_client: dict[str, list[float]] = {}
         rows: dict[int, dict[str, Any]] = {}
         for job, res in zip(jobs, results, strict=True):
-            kind = "id" if job.eval_set.startswith("id/") else job.eval_set
-            if job.client is None:
-                suffix = "_global" if personal else ""
-                for k, v in res.items():
-                    out[f"{kind}_{k}{suffix}"] = v
-                continue
-            row = rows.setdefault(job.client, {"client": job.client, "adapter": job.adapter})
-            for k, v in res.items():
-                groups.setdefault(f"{kind}_{k}", []).append(v)
-                row[f"{kind}_{k}"] = v
-        for k, vals in groups.items():
-            out[k] = float(np.mean(vals))  # mean over clients (fedoa.md §4.6)
-        if personal:
-            out["clients_evaluated"] = float(len({j.client for j in jobs if j.client is not None}))
+            for eval_set, scores in res.items():
+                for metric, value in scores.items():
+                    key = metric_key(eval_set, metric)
+                    if job.client is None:
+                        out[key + suffix] = value
+                        continue
+                    per_client.setdefault(key, []).append(value)
+                    row = rows.setdefault(
+                        job.client, {"client": job.client, "evaluated_with": job.group}
+                    )
+                    row[key] = value
+        for key, values in per_client.items():
+            out[key] = float(np.mean(values))  # mean over clients (fedoa.md §4.6)
+            if self.per_client:
+                out[f"{key}_std"] = float(np.std(values))
+                out[f"{key}_min"] = float(np.min(values))
+        if self.per_client:
+            out["clients_evaluated"] = float(len(rows))
         self.last_clients = [rows[j] for j in sorted(rows)]
         return out
+
+
+def evaluator_for(cfg: Any, dataset: Any, executor: Any) -> WorkerEvaluator:
+    """The run's evaluator, as its method chooses (``Method.evaluate_with``, ``adapt``)."""
+    from raysim.algorithms.registry import get_method
+
+    method = get_method(cfg.algorithm.name)
+    return WorkerEvaluator(
+        executor,
+        {name: es.client for name, es in dataset.eval_sets.items()},
+        method.evaluate_with,
+        cfg.eval,
+        global_group=method.groups[0].name,
+        adapt=method.adapts_for_eval,
+        num_clients=cfg.clients.num,
+        seed=cfg.seed,
+    )

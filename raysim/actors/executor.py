@@ -15,6 +15,10 @@ class Executor(Protocol):
     def put(self, weights: np.ndarray) -> Any:
         """Publish one global model version once; the handle is passed to ``submit``."""
 
+    def get(self, handle: Any) -> Any:
+        """The value behind a handle: a published version, or a personal state a result left
+        with the executor (``ClientResult.state``); in-process handles are the values."""
+
     def submit(self, handle: Any, jobs: list[ClientJob]) -> None:
         """Start jobs on the version behind ``handle``; may run eagerly in the background."""
 
@@ -42,6 +46,9 @@ class InProcessExecutor:
 
     def put(self, weights: np.ndarray) -> np.ndarray:
         return weights
+
+    def get(self, handle: Any) -> Any:
+        return handle
 
     def submit(self, handle: np.ndarray, jobs: list[ClientJob]) -> None:
         for job in jobs:

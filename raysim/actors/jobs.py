@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 CLIENT_STREAM = 0xC11E
+EVAL_STREAM = 0xE7A1
 
 
 def client_seed(seed: int, client: int, dispatch_round: int) -> int:
@@ -24,7 +25,9 @@ class ClientJob:
     client: int
     dispatch_round: int
     run_seed: int
-    state: dict[str, np.ndarray] | None = None  # the client's personal state (None: first visit)
+    #: the client's personal state (None: first visit): its arrays, or a handle the executor
+    #: resolves on the worker (a Ray object ref), so large states never pass the coordinator
+    state: Any = None
     downlink: Any = None  # handle of the round's broadcast tensors (``Executor.put``), or None
     own: dict[str, np.ndarray] | None = None  # tensors for this client only
 
@@ -41,22 +44,34 @@ class ClientResult:
     delta: np.ndarray
     num_samples: int
     metrics: dict[str, float] = field(default_factory=dict)
-    state: dict[str, np.ndarray] = field(default_factory=dict)  # new personal state
+    #: new personal state ({} = none): arrays, or a handle to them (``Executor.get``)
+    state: Any = field(default_factory=dict)
     extras: dict[str, np.ndarray] = field(default_factory=dict)  # side channel up
 
 
 @dataclass(frozen=True)
 class EvalJob:
-    """Evaluate one adapter of the resident model on one of the dataset's evaluation sets.
+    """Score one view of a model version on named evaluation sets (``{set: metrics}`` back).
 
-    ``adapter`` "global" uses the global vector alone; "personal" also loads ``state`` (a client's
-    personal state) and evaluates the personal adapter. ``generate`` adds ROUGE-1 by greedy
-    decoding to the teacher-forced loss.
+    ``client=None`` is the global model as built around the global vector (personal groups at
+    their built values). For a client, ``group`` is the parameter group forward passes apply
+    (``Method.evaluate_with``), ``state`` its personal state, and ``adapt`` runs the method's
+    ``ClientAlgorithm.adapt`` on the client's data first (seeded by ``eval_seed``).
+    ``generate`` adds ROUGE-1 by greedy decoding on text sets.
     """
 
     job_id: int
-    eval_set: str
-    adapter: str = "global"
+    sets: tuple[str, ...]
     client: int | None = None
-    state: dict[str, np.ndarray] | None = None
+    group: str = "global"
+    state: Any = None  # as ``ClientJob.state``
+    adapt: bool = False
     generate: bool = True
+    run_seed: int = 0
+    round: int = 0
+
+    @property
+    def seed(self) -> int:
+        """The seed of ``adapt``: its own stream, apart from every training job's."""
+        ss = np.random.SeedSequence([self.run_seed, EVAL_STREAM, self.client or 0, self.round])
+        return int(ss.generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))

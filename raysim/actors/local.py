@@ -6,28 +6,29 @@ runner as a Ray run, so results are the same as with any number of workers.
 
 from __future__ import annotations
 
-from raysim.actors.coordinator import CoordinatorCore
+from raysim.actors.coordinator_core import CoordinatorCore
+from raysim.actors.evaluation import evaluator_for
 from raysim.actors.executor import InProcessExecutor
 from raysim.actors.worker import ClientRunner
 from raysim.config import RunConfig
 from raysim.data import FederatedDataset, build_federated_dataset
-from raysim.runtime import GlobalEvaluator, data_spec, method_resident, server_context
+from raysim.runtime import server_context
 
 
 def local_core(
     cfg: RunConfig, dataset: FederatedDataset | None = None, *, evaluate: bool = False
 ) -> CoordinatorCore:
-    """A core for ``cfg`` whose client jobs run lazily in this process (dense datasets evaluate
-    on the coordinator's model when ``evaluate``)."""
+    """A core for ``cfg`` whose client jobs (and, when ``evaluate``, evaluation jobs) run lazily
+    in this process."""
     ds = dataset or build_federated_dataset(cfg.data, cfg.clients.num, cfg.seed)
-    handle = method_resident(cfg, data_spec(ds))
-    evaluator = GlobalEvaluator(handle, ds) if evaluate and ds.input_kind != "causal_lm" else None
     runner = ClientRunner(cfg, ds)
+    executor = InProcessExecutor(runner)
+    initial, layout = runner.initial_global()
     return CoordinatorCore(
         cfg,
-        handle.get_global(),
+        initial,
         ds.client_sizes(),
-        InProcessExecutor(runner),
-        evaluator,
-        server=server_context(cfg, ds, handle.layout()),
+        executor,
+        evaluator_for(cfg, ds, executor) if evaluate else None,
+        server=server_context(cfg, ds, layout),
     )

@@ -48,6 +48,9 @@ class RayWorkerPool:
     def put(self, weights: np.ndarray) -> Any:
         return ray.put(weights)
 
+    def get(self, handle: Any) -> Any:
+        return ray.get(handle) if isinstance(handle, ray.ObjectRef) else handle
+
     def _batches(self, jobs: list[ClientJob]) -> list[tuple[int, list[ClientJob]]]:
         """Per-client actors get their own job; a pool gets one batch per worker, balanced by
         client data size (longest first to the least-loaded worker; deterministic)."""
@@ -64,16 +67,20 @@ class RayWorkerPool:
 
     def submit(self, handle: Any, jobs: list[ClientJob]) -> None:
         for worker, batch in self._batches(jobs):
-            ref = self.workers[worker].run_batch.remote(handle, batch, self.data)
+            call = self.workers[worker].run_batch.options(num_returns=len(batch) + 1)
+            ref, *states = call.remote(handle, batch, self.data)
             self._remaining[ref] = len(batch)
             for i, job in enumerate(batch):
-                self._where[job.job_id] = (ref, i)
+                self._where[job.job_id] = (ref, i, states[i])
 
     def result(self, job_id: int) -> ClientResult:
-        ref, i = self._where.pop(job_id)
+        """A job's result; its personal state stays in the object store, by reference."""
+        ref, i, state = self._where.pop(job_id)
         if ref not in self._fetched:
             self._fetched[ref] = ray.get(ref)
         out = self._fetched[ref][i]
+        if out.state is None:
+            out.state = state
         self._remaining[ref] -= 1
         if self._remaining[ref] == 0:
             del self._remaining[ref], self._fetched[ref]

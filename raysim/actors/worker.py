@@ -18,7 +18,7 @@ from raysim.data import FederatedDataset
 from raysim.models import DataSpec
 from raysim.models.layout import Layout
 from raysim.runtime import data_spec, method_resident
-from raysim.training.loop import make_optimizer
+from raysim.training.loop import evaluate, make_optimizer
 from raysim.training.tasks import task_for
 
 #: Clients whose data tensors a runner keeps (oldest dropped first).
@@ -38,11 +38,11 @@ class ClientRunner:
         threads: int = 1,
         spec: DataSpec | None = None,
     ) -> None:
-        from raysim.config import RunConfig
+        from raysim.config import config_from_wire
 
         torch.set_num_threads(threads)
         warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
-        self.cfg = config if isinstance(config, RunConfig) else RunConfig.model_validate(config)
+        self.cfg = config_from_wire(config)
         self.dataset = dataset
         spec = spec or data_spec(dataset)
         self.method = get_method(self.cfg.algorithm.name)
@@ -53,9 +53,14 @@ class ClientRunner:
         self.jobs_run = 0
         self.busy_s = 0.0
         self._data: dict[int, Any] = {}
+        self._eval_tensors: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._initial = self.model.get_global()
         # torch.optim imports torch._dynamo lazily on first use (~1.5 s); pay it at start-up.
         make_optimizer(self.model.global_parameters(), self.cfg.local)
+
+    def initial_global(self) -> tuple[np.ndarray, Layout]:
+        """The global vector as built (before any job) and its layout."""
+        return self._initial, self.model.layout()
 
     def client_data(self, client: int) -> Any:
         """A client's data as tensors, cached (bounded) so repeat visits cost nothing."""
@@ -78,7 +83,7 @@ class ClientRunner:
         its delta after the method's local work."""
         seed = job.seed
         self.model.set_global(weights)
-        self.model.set_state(job.state, seed)
+        self.model.set_state(self.resolve(job.state), seed)
         data = self.client_data(job.client)
         torch.default_generator.manual_seed(seed)  # dropout etc.; cheaper than torch.manual_seed
         if torch.cuda.is_available():
@@ -109,21 +114,52 @@ class ClientRunner:
         state = self.model.get_state()
         return ClientResult(job.job_id, job.client, delta, n, metrics, state, ctx.uplink)
 
-    def evaluate(self, weights: np.ndarray, job: EvalJob) -> dict[str, float]:
-        """Loss (and ROUGE-1 by greedy decoding) of one adapter on one evaluation set."""
-        from raysim.metrics import rouge1
-        from raysim.training.lm_eval import generate, lm_loss
+    def evaluate(self, weights: np.ndarray, job: EvalJob) -> dict[str, dict[str, float]]:
+        """Scores of one view of ``weights`` (``EvalJob``) on each of its evaluation sets."""
+        model = self.model
+        model.set_global(weights)
+        if job.client is not None or not model.switches_groups:
+            # personal groups: the client's state, or (global view) their built values
+            model.set_state(self.resolve(job.state), 0)
+        if job.adapt:
+            seed = job.seed
+            torch.default_generator.manual_seed(seed)
+            ctx = ClientContext(
+                model,
+                self.task,
+                self.client_data(job.client),
+                self.cfg.local,
+                torch.Generator().manual_seed(seed),
+                job.client,
+                job.round,
+                seed=seed,
+            )
+            self.client_algorithm.adapt(ctx)
+        model.use(job.group if job.client is not None else model.global_adapter)
+        try:
+            return {name: self._score(name, job.generate) for name in job.sets}
+        finally:
+            model.use(model.global_adapter)
 
-        eval_set = self.dataset.eval_sets[job.eval_set]
-        self.model.set_global(weights)
-        if job.adapter != "global":
-            self.model.set_state(job.state, 0)
-        self.model.use(job.adapter)
+    def _score(self, name: str, generate: bool) -> dict[str, float]:
+        """Labelled sets: accuracy and loss; text sets: loss (and ROUGE-1 when ``generate``)."""
+        from raysim.data import LabelledSet
+
+        eval_set = self.dataset.eval_sets[name]
+        if isinstance(eval_set, LabelledSet):
+            x, y = self._eval_tensors.get(name) or self._eval_tensors.setdefault(
+                name, (torch.tensor(eval_set.x), torch.tensor(eval_set.y, dtype=torch.long))
+            )
+            return evaluate(self.model.module, x, y)
+        from raysim.metrics import rouge1
+        from raysim.training.lm_eval import generate as greedy
+        from raysim.training.lm_eval import lm_loss
+
         ev = self.cfg.eval
         out = lm_loss(self.model.module, eval_set.encoded, ev.batch_size)
-        if job.generate:
+        if generate:
             ds = self.dataset
-            tokens = generate(
+            tokens = greedy(
                 self.model.module,
                 eval_set.prompts,
                 ev.max_new_tokens,
@@ -134,7 +170,6 @@ class ClientRunner:
             tok = self._tokenizer()
             answers = [tok.decode(t, skip_special_tokens=True).strip() for t in tokens]
             out["rouge1"] = rouge1(answers, eval_set.references)
-        self.model.use(self.model.global_adapter)
         return out
 
     def _tokenizer(self):
@@ -142,7 +177,9 @@ class ClientRunner:
             self._tok = self.dataset.tokenizer()
         return self._tok
 
-    def evaluate_batch(self, weights: np.ndarray, jobs: list[EvalJob]) -> list[dict[str, float]]:
+    def evaluate_batch(
+        self, weights: np.ndarray, jobs: list[EvalJob]
+    ) -> list[dict[str, dict[str, float]]]:
         t0 = time.perf_counter()
         out = [self.evaluate(weights, job) for job in jobs]
         self.busy_s += time.perf_counter() - t0
@@ -189,19 +226,25 @@ class Worker(ClientRunner):
 
     def run_batch(
         self, weights: np.ndarray, jobs: list[ClientJob], data: list[Any] | None = None
-    ) -> list[ClientResult]:
+    ) -> tuple[Any, ...]:
+        """The batch's results, then each job's personal state as a return value of its own.
+
+        Called with ``num_returns = len(jobs) + 1``: each state becomes an object owned by the
+        coordinator that the pool hands back as a reference, so the coordinator never copies it
+        and the next job's worker reads it straight from the object store. A result's ``state``
+        is None where the state went out that way, ``{}`` where the model keeps none."""
         self._attach(data)
-        return super().run_batch(weights, jobs)
+        results = super().run_batch(weights, jobs)
+        states = [r.state for r in results]
+        for r in results:
+            r.state = None if r.state else {}
+        return (results, *states)
 
     def evaluate_batch(
         self, weights: np.ndarray, jobs: list[EvalJob], data: list[Any] | None = None
-    ) -> list[dict[str, float]]:
+    ) -> list[dict[str, dict[str, float]]]:
         self._attach(data)
         return super().evaluate_batch(weights, jobs)
-
-    def initial_global(self) -> tuple[np.ndarray, Layout]:
-        """The global vector as built (before any job) and its layout."""
-        return self._initial, self.model.layout()
 
     def info(self) -> dict[str, Any]:
         import ray

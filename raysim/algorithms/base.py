@@ -216,6 +216,11 @@ class ClientAlgorithm:
         """A term added to the local loss, given the downloaded global parameters; None = none."""
         return None
 
+    def adapt(self, ctx: ClientContext) -> None:
+        """Before this client is evaluated: change its view of the model in place (for example
+        fine-tune on ``ctx.data``, fedot.md §5's L-FedAvg and Fed-FOMAML). Overriding it makes
+        every client evaluate its own adapted copy; the default keeps the model as it is."""
+
     def train(self, ctx: ClientContext) -> dict[str, float]:
         params = ctx.model.global_parameters()
         penalty = None
@@ -269,6 +274,11 @@ class Method:
     def personal(self) -> bool:
         """Whether a known client is evaluated with its own state."""
         return self.evaluate_with != self.groups[0].name
+
+    @property
+    def adapts_for_eval(self) -> bool:
+        """Whether the client half overrides ``ClientAlgorithm.adapt``."""
+        return self.client.adapt is not ClientAlgorithm.adapt
 
     def build_client(self, params: Mapping[str, Any]) -> ClientAlgorithm:
         return self.client(self.params(**params))

@@ -3,7 +3,12 @@
 Everything returned is plain numpy so a single Ray object-store copy serves all workers.
 """
 
-from raysim.data.federated import DataConfig, FederatedDataset, build_federated_dataset
+from raysim.data.federated import (
+    DataConfig,
+    FederatedDataset,
+    LabelledSet,
+    build_federated_dataset,
+)
 from raysim.data.flan import load_flan
 from raysim.data.hf import HFConfig
 from raysim.data.partition import PartitionConfig
@@ -32,6 +37,7 @@ __all__ = [
     "DataConfig",
     "EvalSet",
     "FederatedDataset",
+    "LabelledSet",
     "HFConfig",
     "LOTOSplit",
     "PartitionConfig",

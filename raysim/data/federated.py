@@ -64,6 +64,21 @@ class DataConfig(StrictModel):
         return self
 
 
+@dataclass(frozen=True, eq=False)
+class LabelledSet:
+    """A labelled evaluation set of a classification dataset; ``client=None`` marks a shared one.
+
+    Its metrics carry bare names (``accuracy``, ``loss``) when it is the ``test`` set.
+    """
+
+    x: np.ndarray
+    y: np.ndarray
+    client: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+
 @dataclass(eq=False)
 class FederatedDataset:
     """Numpy arrays plus small metadata; one object-store copy serves every worker.
@@ -95,6 +110,11 @@ class FederatedDataset:
     @property
     def feature_shape(self) -> tuple[int, ...]:
         return tuple(int(d) for d in self.x_train.shape[1:])
+
+    @property
+    def eval_sets(self) -> dict[str, LabelledSet]:
+        """What the workers evaluate on: the test split (minus any server split), shared."""
+        return {"test": LabelledSet(self.x_test, self.y_test)}
 
     def client_sizes(self) -> np.ndarray:
         """Number of train samples of every client, int64 ``(num_clients,)``."""

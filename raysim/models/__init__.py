@@ -1,5 +1,9 @@
-"""Model zoo behind a registry: ``build_model(config, data_spec)``."""
+"""Model zoo behind a registry: ``build_model(config, data_spec)``.
 
+The registry knows no model; the zoo modules register theirs on import, here, once.
+"""
+
+from raysim.models import causal_lm, small  # noqa: F401  (register the built-in models)
 from raysim.models.handle import ModelHandle
 from raysim.models.registry import (
     DataSpec,

@@ -37,6 +37,8 @@ class LoraHandle(ModelHandle):
     once per process.
     """
 
+    switches_groups = True
+
     def __init__(self, peft_model: torch.nn.Module, groups: Sequence[ParamGroup]) -> None:
         self.module = peft_model
         self.groups = check_groups(groups)

@@ -33,6 +33,10 @@ class ModelHandle:
     was built with (every process builds it from the run's init stream).
     """
 
+    #: whether ``use`` chooses which groups forward passes apply (LoRA adapters) rather than
+    #: every group always being applied (a plain module)
+    switches_groups = False
+
     def __init__(
         self, module: torch.nn.Module, groups: Sequence[ParamGroup] = DEFAULT_GROUPS
     ) -> None:

@@ -79,9 +79,7 @@ def register_model(name: str) -> Callable[[Builder], Builder]:
 
 
 def model_names() -> list[str]:
-    import raysim.models.causal_lm  # noqa: F401  (registers the built-in models)
-    import raysim.models.small  # noqa: F401
-
+    """Registered model names (the built-in ones register when ``raysim.models`` is imported)."""
     return sorted(_BUILDERS)
 
 

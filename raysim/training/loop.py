@@ -127,10 +127,12 @@ def evaluate(
 ) -> dict[str, float]:
     """Accuracy and mean cross-entropy of ``model`` on a labelled set."""
     model.eval()
+    device = next(model.parameters()).device
     loss_fn = torch.nn.CrossEntropyLoss(reduction="sum")
     correct, loss = 0, 0.0
     for start in range(0, len(targets), batch_size):
-        x, y = inputs[start : start + batch_size], targets[start : start + batch_size]
+        x = inputs[start : start + batch_size].to(device)
+        y = targets[start : start + batch_size].to(device)
         logits = model(x)
         loss += float(loss_fn(logits, y))
         correct += int((logits.argmax(dim=1) == y).sum())

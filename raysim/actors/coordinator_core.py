@@ -26,8 +26,8 @@ from raysim.config import RunConfig
 from raysim.delays import build_delay_model
 from raysim.runtime import weights_digest
 
-#: ``evaluator(global weights, client personal states, is_final_eval) -> metrics``
-Evaluator = Callable[[np.ndarray, dict, bool], dict[str, float]]
+#: ``evaluator(global weights, client personal states, is_final_eval, round) -> metrics``
+Evaluator = Callable[[np.ndarray, dict, bool, int], dict[str, float]]
 
 
 @dataclass
@@ -119,7 +119,8 @@ class CoordinatorCore:
         self._job_ids = 0
         self.stats: dict[int, ClientStats] = defaultdict(ClientStats)
         #: Personal state per client (simulated client storage; the strategy never sees it).
-        self.client_states: dict[int, dict[str, np.ndarray]] = {}
+        #: personal state by client: arrays, or executor handles (``materialized_states``)
+        self.client_states: dict[int, Any] = {}
         self.history: list[dict[str, float]] = []
         self.evaluations: list[dict[str, float]] = []
         self.totals = defaultdict(float)
@@ -262,7 +263,8 @@ class CoordinatorCore:
                 )
             self._release(job.dispatch_version)
             return
-        if result.state:  # personal state stays client-side: stored here, never given to the server
+        if not isinstance(result.state, dict) or result.state:
+            # personal state stays client-side: a handle kept here, never given to the server
             self.client_states[job.client] = result.state
         base = self._versions[job.dispatch_version].weights
         update = Update(
@@ -325,7 +327,7 @@ class CoordinatorCore:
         m.update(self.strategy.metrics())
         m.update(log.server_metrics)
         if self.evaluator is not None and ((k + 1) % self.cfg.eval.every == 0 or self.done):
-            ev = self.evaluator(self.strategy.weights, self.client_states, self.done)
+            ev = self.evaluator(self.strategy.weights, self.client_states, self.done, k)
             self.evaluations.append({"round": float(k), **ev})
             m.update(ev)
         return m
@@ -362,7 +364,7 @@ class CoordinatorCore:
                 for k, b in self._broadcasts.items()
             },
             "stats": {j: asdict(s) for j, s in self.stats.items()},
-            "client_states": {j: dict(st) for j, st in self.client_states.items()},
+            "client_states": self.materialized_states(),
             "history": [dict(h) for h in self.history],
             "evaluations": [dict(e) for e in self.evaluations],
             "totals": dict(self.totals),
@@ -427,6 +429,10 @@ class CoordinatorCore:
     @property
     def weights(self) -> np.ndarray:
         return self.strategy.weights
+
+    def materialized_states(self) -> dict[int, dict[str, np.ndarray]]:
+        """Every client's personal state as arrays (``client_states`` may hold references)."""
+        return {j: dict(self.executor.get(st)) for j, st in self.client_states.items()}
 
     def final_metrics(self) -> dict[str, float]:
         out: dict[str, float] = {}

@@ -36,16 +36,89 @@ class Result:
     client_states: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
 
 
+class ClusterError(RuntimeError):
+    """The named Ray cluster cannot be reached."""
+
+
+def ray_address(address: str | None) -> str:
+    """Where a run's Ray lives: the cluster the user named (``--address``, else
+    ``$RAY_ADDRESS``), otherwise a private local instance: never the cluster that the machine's
+    last ``ray start`` left in Ray's current-cluster file, which may be stale or someone else's."""
+    return address or os.environ.get("RAY_ADDRESS") or "local"
+
+
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail in seconds, with one line, if a named cluster does not answer (instead of Ray's
+    minutes-long retries). ``auto`` is resolved the way Ray resolves it."""
+    import socket
+
+    if address == "local" or "://" in address:
+        return  # a private instance; or Ray Client, which reports its own errors
+    where = address
+    if address == "auto":
+        from ray._private.services import get_ray_address_from_environment
+
+        where = get_ray_address_from_environment("auto", None)
+        if not where:
+            raise ClusterError(
+                "--address auto: no Ray cluster was started on this machine (ray start --head); "
+                "leave --address out to run on a private local Ray"
+            )
+    host, _, port = where.rpartition(":")
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s).close()
+    except (OSError, ValueError):
+        raise ClusterError(
+            f"no Ray cluster answers at {where}"
+            + (" (the last one `ray start` recorded on this machine)" if address == "auto" else "")
+            + "; start it, name another with --address, or leave --address out to run on a "
+            "private local Ray"
+        ) from None
+
+
+def local_resources() -> dict[str, float]:
+    """What a private local Ray will have: this machine's CPUs and visible CUDA GPUs."""
+    gpus = 0
+    try:
+        import torch
+
+        gpus = torch.cuda.device_count()
+    except Exception:  # noqa: BLE001 - no usable CUDA: no GPUs
+        gpus = 0
+    return {"CPU": float(os.cpu_count() or 1), "GPU": float(gpus)}
+
+
+def preflight(cfg: RunConfig, address: str | None = None) -> None:
+    """Refuse, before Ray starts, a run that cannot start: a named cluster that does not answer,
+    or workers that do not fit a private local Ray (``ClusterError`` / ``ResourceError``)."""
+    from raysim.resources import plan_resources
+
+    target = ray_address(address)
+    check_reachable(target)
+    if target == "local":
+        plan_resources(cfg, local_resources())
+
+
 def ensure_ray(address: str | None = None, **init_kwargs: Any) -> bool:
-    """Start (or connect to) Ray unless already initialised; True if this call started it."""
+    """Start a private local Ray, or connect to the named cluster, unless Ray is already up in
+    this process; True if this call started it (see ``ray_address``)."""
+    import signal
+    import threading
+
     import ray
 
     if ray.is_initialized():
         return False
+    target = ray_address(address)
+    check_reachable(target)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": "WARNING"}
     kwargs.update(init_kwargs)
-    ray.init(address=address, **kwargs)
+    main = threading.current_thread() is threading.main_thread()
+    sigterm = signal.getsignal(signal.SIGTERM) if main else None
+    ray.init(address=target, **kwargs)
+    if callable(sigterm):
+        signal.signal(signal.SIGTERM, sigterm)  # ray.init replaces it; keep the caller's
     return True
 
 
@@ -88,6 +161,8 @@ class RunSession:
             os.environ["MLFLOW_TRACKING_URI"] = (
                 self.tracking_uri
             )  # before ray.init (ENVIRONMENT.md)
+        if not ray.is_initialized():
+            preflight(cfg, address)
         self._started_ray = ensure_ray(address)
         try:
             self.plan = plan_resources(cfg, ray.cluster_resources())
@@ -190,13 +265,15 @@ def run(
     force: bool = False,
     address: str | None = None,
     on_round: RoundCallback | None = None,
+    on_start: Callable[[RunSession], None] | None = None,
 ) -> Result:
     """Run one simulation to the end. ``config`` is a YAML path, a dict or a ``RunConfig``.
 
     The config is validated (overrides included) before Ray starts. ``on_round`` sees each round's
-    metrics (the CLI draws its progress bar with it). ``resume`` continues a run from its last
-    checkpoint: an MLflow run id (reopened; its metrics continue at the next round) or a
-    checkpoint directory; ``config`` is then optional (default: the checkpoint's, with
+    metrics (the CLI draws its progress bar with it); ``on_start`` gets the ``RunSession`` once it
+    is up (its ``run_id`` and ``round`` say where a stopped run can resume). ``resume`` continues
+    a run from its last checkpoint: an MLflow run id (reopened; its metrics continue at the next
+    round) or a checkpoint directory; ``config`` is then optional (default: the checkpoint's, with
     ``overrides`` applied) and must match the checkpoint's. An interrupted run is marked KILLED,
     a failed one FAILED; both can be resumed.
     """
@@ -209,6 +286,8 @@ def run(
     else:
         cfg = config if isinstance(config, RunConfig) else load_config(config, overrides)
     session = RunSession(cfg, address=address, resume=resume)
+    if on_start is not None:
+        on_start(session)
     try:
         for metrics in session.rounds():
             if on_round is not None:

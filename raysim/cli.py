@@ -18,6 +18,30 @@ from rich.table import Table
 from raysim.config import ConfigError, load_config
 
 console = Console()
+#: errors and stop notices: stderr, never wrapped, never parsed as markup
+errors = Console(stderr=True, soft_wrap=True, highlight=False)
+
+#: exit codes: a user's mistake, and stops by signal (128 + SIGINT / SIGTERM)
+EXIT_USAGE, EXIT_SIGINT, EXIT_SIGTERM = 2, 130, 143
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread so the run ends like Ctrl-C (marked KILLED)."""
+
+
+def error(message: str) -> int:
+    """One line on stderr for a mistake the user can fix; the exit code for it."""
+    errors.print(f"raysim: error: {message}", style="red", markup=False)
+    return EXIT_USAGE
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions that are the user's input, not a bug: reported in one line, exit 2."""
+    from raysim.algorithms.registry import PluginError
+    from raysim.api import ClusterError
+    from raysim.resources import ResourceError
+
+    return (ConfigError, PluginError, ResourceError, ClusterError)
 
 
 def _progress() -> Progress:
@@ -56,7 +80,6 @@ def _summary_table(result: Any) -> Table:
         ("wall time", f"{m['wall_time_s']:.1f} s"),
         ("MLflow run id", str(result.run_id)),
         ("MLflow store", str(result.tracking_uri)),
-        ("weights sha256", result.weights_digest),
     ]
     for k, v in rows:
         table.add_row(k, v)
@@ -79,36 +102,59 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     config, overrides = _run_args(args)
     resume = None
-    try:
-        if args.resume:
-            resume = prepare_resume(args.resume, config, overrides, force=args.force)
-            cfg = resume.config
-        elif config is None:
-            console.print("[red]raysim run needs a config path (or --resume RUN_ID)[/red]")
-            return 2
-        else:
-            cfg = load_config(config, overrides)
-    except ConfigError as e:
-        console.print(f"[red]{e}[/red]")
-        return 2
+    if args.resume:
+        resume = prepare_resume(args.resume, config, overrides, force=args.force)
+        cfg = resume.config
+    elif config is None:
+        return error("raysim run needs a config path (or --resume RUN_ID)")
+    else:
+        cfg = load_config(config, overrides)
 
-    def _terminate(signum: int, frame: Any) -> None:  # `kill PID`: end the MLflow run as KILLED
-        raise KeyboardInterrupt
+    def _terminate(signum: int, frame: Any) -> None:  # `kill PID`: end the run as KILLED
+        raise Terminated
 
     main_thread = threading.current_thread() is threading.main_thread()
     if main_thread:
         previous = signal.getsignal(signal.SIGTERM)
         signal.signal(signal.SIGTERM, _terminate)
+    import ray
+
+    from raysim.api import preflight
+
+    if not ray.is_initialized():
+        preflight(cfg, args.address)  # before the progress bar: a refusal is one line on stderr
+    started: list[Any] = []
     try:
-        result = _run_with_progress(cfg, resume, args.address)
+        result = _run_with_progress(cfg, resume, args.address, started.append)
+    except KeyboardInterrupt as stop:
+        _stopped(cfg, started[0] if started else None)
+        return EXIT_SIGTERM if isinstance(stop, Terminated) else EXIT_SIGINT
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
     console.print(_summary_table(result))
+    console.print(f"weights sha256: {result.weights_digest}", soft_wrap=True, highlight=False)
     return 0
 
 
-def _run_with_progress(cfg: Any, resume: Any, address: str | None) -> Any:
+def _stopped(cfg: Any, session: Any) -> None:
+    """The one line a stopped run prints: where it stopped and how to go on."""
+    if session is None:
+        errors.print("stopped during start-up; nothing ran", markup=False)
+        return
+    where = f"stopped after round {session.round}"
+    handle = session.run_id or (cfg.checkpoint.dir if cfg.checkpoint.dir else None)
+    if cfg.checkpoint.every and handle:
+        errors.print(f"{where}; resume with `raysim run --resume {handle}`", markup=False)
+    else:
+        errors.print(
+            f"{where} (run {session.run_id} marked KILLED); it wrote no checkpoint to resume "
+            "from: set checkpoint.every",
+            markup=False,
+        )
+
+
+def _run_with_progress(cfg: Any, resume: Any, address: str | None, on_start: Any = None) -> Any:
     from raysim.api import run
 
     start = resume.round if resume else 0
@@ -131,7 +177,7 @@ def _run_with_progress(cfg: Any, resume: Any, address: str | None) -> Any:
                 arrived=int(m["clients_arrived"]),
             )
 
-        return run(cfg, resume=resume, address=address, on_round=on_round)
+        return run(cfg, resume=resume, address=address, on_round=on_round, on_start=on_start)
 
 
 def cmd_leave_one_out(args: argparse.Namespace) -> int:
@@ -142,11 +188,8 @@ def cmd_leave_one_out(args: argparse.Namespace) -> int:
     overrides = list(args.overrides)
     if args.command == "lodo":
         key, default, name = "data.text.held_out_domain", ["d1", "d2"], "leave-one-domain-out"
-        try:  # one client per remaining sub-dataset (4 families) × shards
-            shards = load_config(args.config, overrides).data.text.shards_per_task
-        except ConfigError as e:
-            console.print(f"[red]{e}[/red]")
-            return 2
+        # one client per remaining sub-dataset (4 families) × shards
+        shards = load_config(args.config, overrides).data.text.shards_per_task
         overrides = [
             "data.text.protocol=domain",
             f"clients.num={4 * shards}",
@@ -166,21 +209,17 @@ def cmd_leave_one_out(args: argparse.Namespace) -> int:
         value = res.metrics.get(args.metric, float("nan"))
         console.print(f"[{done}/{total}] held out {setting} · {method}: {args.metric}={value:.3f}")
 
-    try:
-        out = leave_one_out(
-            args.config,
-            overrides,
-            key=key,
-            settings=settings,
-            methods=methods,
-            metric=args.metric,
-            name=name,
-            address=args.address,
-            on_run=on_run,
-        )
-    except ConfigError as e:
-        console.print(f"[red]{e}[/red]")
-        return 2
+    out = leave_one_out(
+        args.config,
+        overrides,
+        key=key,
+        settings=settings,
+        methods=methods,
+        metric=args.metric,
+        name=name,
+        address=args.address,
+        on_run=on_run,
+    )
     table = Table(title=f"{name} · {args.metric} (parent run {out.parent_run_id})")
     table.add_column("method")
     for col in [*out.settings, "Average"]:
@@ -331,7 +370,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except user_errors() as e:
+        return error(str(e))
 
 
 if __name__ == "__main__":

@@ -294,6 +294,14 @@ def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> dict[str, 
     return out
 
 
+def _yaml_message(path: Path, error: yaml.YAMLError) -> str:
+    """``file:line:col: problem`` (1-based), from PyYAML's marks."""
+    mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+    return f"{where}: invalid YAML: {problem}"
+
+
 def _format(error: ValidationError) -> str:
     lines = []
     for e in error.errors():
@@ -305,6 +313,8 @@ def _format(error: ValidationError) -> str:
         ):
             msg += f" (got {got!r})"
         lines.append(f"{loc or '<config>'}: {msg}")
+    if len(lines) == 1:
+        return f"invalid config: {lines[0]}"
     return "invalid config:\n  " + "\n  ".join(lines)
 
 
@@ -316,7 +326,17 @@ def load_config(source: str | Path | Mapping[str, Any], overrides: Iterable[str]
         path = Path(source)
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
-        raw = yaml.safe_load(path.read_text()) or {}
+        try:
+            raw = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as e:
+            raise ConfigError(_yaml_message(path, e)) from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{path}: cannot read the config ({e})") from None
+        if raw is None:
+            raise ConfigError(
+                f"{path} is empty; a config needs at least its algorithm and data "
+                "(see examples/quickstart.yaml)"
+            )
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of keys")
     raw = apply_overrides(raw, overrides)

@@ -18,7 +18,7 @@ import numpy as np
 
 from raysim.api import Result, run
 from raysim.config import RunConfig, load_config
-from raysim.tracking import default_tracking_uri
+from raysim.tracking import default_tracking_uri, ensure_experiment, open_store
 
 #: Method presets: overrides that turn a FedOA base config into each method of Table 2.
 #: Centralized pools the training clients and trains once for 10 epochs (fedoa.md §3.1).
@@ -124,12 +124,9 @@ def leave_one_out(
     base = next(iter(plan.values()))
     parent, client = None, None
     if base.tracking.enabled:
-        from mlflow.tracking import MlflowClient
-
         uri = base.tracking.uri or default_tracking_uri()
-        client = MlflowClient(tracking_uri=uri)
-        exp = client.get_experiment_by_name(base.tracking.experiment)
-        exp_id = exp.experiment_id if exp else client.create_experiment(base.tracking.experiment)
+        client = open_store(uri)
+        exp_id = ensure_experiment(client, base.tracking.experiment)
         parent = client.create_run(exp_id, run_name=name, tags={"protocol": name}).info.run_id
         client.log_param(parent, "protocol.key", key)
         client.log_param(parent, "protocol.settings", ",".join(settings))

@@ -59,8 +59,8 @@ def plan_pool_size(cfg: RunConfig, resources: dict[str, float]) -> int:
     if n > fit:
         raise ResourceError(
             f"{n} worker(s) × ({w.num_cpus} CPU, {w.num_gpus} GPU) do not fit the cluster "
-            f"({free_cpu} CPUs, {free_gpu} GPUs free after the coordinator); lower workers.count, "
-            "workers.num_cpus or workers.num_gpus"
+            f"({free_cpu:g} CPUs, {free_gpu:g} GPUs free after the coordinator): at most {fit} "
+            "fit; lower workers.count, workers.num_cpus or workers.num_gpus"
         )
     return n
 

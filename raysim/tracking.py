@@ -25,6 +25,50 @@ def default_tracking_uri(cwd: str | Path | None = None) -> str:
     return f"sqlite:///{Path(cwd or os.getcwd()).resolve() / 'mlflow.db'}"
 
 
+def store_lock(uri: str) -> Any:
+    """An inter-process lock for a local store (sqlite file or file store), so that runs that
+    start together do not race on its creation; a no-op for a tracking server."""
+    import contextlib
+
+    from filelock import FileLock
+
+    if uri.startswith("sqlite:///"):
+        path = Path(uri.removeprefix("sqlite:///"))
+    elif uri.startswith("file:") or "://" not in uri:
+        path = Path(uri.removeprefix("file://").removeprefix("file:")) / ".raysim"
+    else:
+        return contextlib.nullcontext()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return FileLock(str(path) + ".lock", timeout=300)
+
+
+def open_store(uri: str) -> Any:
+    """An ``MlflowClient`` on ``uri`` whose store is ready: a fresh store creates and migrates
+    its schema on first use, under ``store_lock`` so that runs starting together never race."""
+    from mlflow.tracking import MlflowClient
+
+    with store_lock(uri):
+        client = MlflowClient(tracking_uri=uri)
+        client.search_experiments(max_results=1)
+    return client
+
+
+def ensure_experiment(client: Any, name: str) -> str:
+    """The id of experiment ``name``, created if missing; safe when runs create it together."""
+    from mlflow.exceptions import MlflowException
+
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    try:
+        return client.create_experiment(name)
+    except MlflowException:
+        exp = client.get_experiment_by_name(name)  # another run created it in between
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
 class Tracker:
     """One MLflow run; metrics are batched per round (one request per round).
 
@@ -45,12 +89,11 @@ class Tracker:
         resume_run_id: str | None = None,
     ) -> None:
         import mlflow
-        from mlflow.tracking import MlflowClient
 
         logging.getLogger("mlflow").setLevel(logging.WARNING)
         logging.getLogger("alembic").setLevel(logging.WARNING)
 
-        self.client = MlflowClient(tracking_uri=uri)
+        self.client = open_store(uri)
         mlflow.set_tracking_uri(uri)
         self.uri = uri
         self.warnings: list[str] = []
@@ -63,8 +106,7 @@ class Tracker:
             self.logged_through = max((m.step for m in history), default=-1)
             self.client.update_run(resume_run_id, status="RUNNING")
             return
-        exp = self.client.get_experiment_by_name(experiment)
-        exp_id = exp.experiment_id if exp else self.client.create_experiment(experiment)
+        exp_id = ensure_experiment(self.client, experiment)
         run_tags = dict(tags)
         if parent_run_id:
             run_tags["mlflow.parentRunId"] = parent_run_id

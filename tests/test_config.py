@@ -78,4 +78,4 @@ def test_cli_rejects_bad_key_before_ray(capsys, monkeypatch):
     monkeypatch.setattr(raysim.api, "ensure_ray", no_ray)
     code = main(["run", str(EXAMPLES / "quickstart.yaml"), "delays.sigmaa=3"])
     assert code == 2
-    assert "sigmaa" in capsys.readouterr().out
+    assert "sigmaa" in capsys.readouterr().err

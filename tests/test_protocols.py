@@ -29,20 +29,20 @@ def test_leave_one_task_out_table_and_runs(ray_cluster, mlflow_uri):
         EXAMPLES / "fedoa" / "smoke.yaml",
         TINY,
         settings=["sentiment", "reading_comprehension"],
-        methods=["fedit", "fedoa"],
+        methods=["fedit"],  # one method keeps it quick; the table's shape is tested offline too
     )
-    assert set(out.table) == {"fedit", "fedoa"}
+    assert set(out.table) == {"fedit"}
     assert all(math.isfinite(out.table[m][s]) for m in out.table for s in out.settings)
-    assert out.markdown().count("\n") == 4 and "Average" in out.markdown()
+    assert out.markdown().count("\n") == 3 and "Average" in out.markdown()
     client = MlflowClient(mlflow_uri)
     parent = client.get_run(out.parent_run_id)
     assert parent.info.status == "FINISHED"
     children = client.search_runs(
         [parent.info.experiment_id], f"tags.mlflow.parentRunId = '{out.parent_run_id}'"
     )
-    assert len(children) == 4
+    assert len(children) == 2
     assert {(c.data.tags["held_out"], c.data.tags["method"]) for c in children} == {
-        (s, m) for s in out.settings for m in ("fedit", "fedoa")
+        (s, "fedit") for s in out.settings
     }
     names = {a.path for a in client.list_artifacts(out.parent_run_id)}
     assert {"table.csv", "table.md", "table.png"} <= names

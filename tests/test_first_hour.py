@@ -1,0 +1,182 @@
+"""Issue 9, the first hour: one-line errors for a user's mistakes, a private Ray unless a cluster is
+named, runs that start together on a fresh store, and stops that say how to resume."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from raysim import api, cli
+from tests.conftest import ROOT
+
+QUICKSTART = str(ROOT / "examples" / "quickstart.yaml")
+RAYSIM = [sys.executable, "-m", "raysim.cli"]
+
+
+def one_line_error(capsys, argv) -> str:
+    """Run the CLI in-process; it must exit 2 with exactly one line on stderr and no output."""
+    rc = cli.main(argv)
+    out, err = capsys.readouterr()
+    assert rc == 2, (out, err)
+    assert out == "" and "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("raysim: error: "), err
+    return lines[0]
+
+
+def test_malformed_yaml_names_file_line_and_column(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rounds: 3\nclients: {num: 5\n")
+    line = one_line_error(capsys, ["run", str(bad)])
+    assert f"{bad}:3:1: invalid YAML" in line
+
+
+def test_empty_config_is_refused(tmp_path, capsys):
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing yet\n")
+    assert "is empty" in one_line_error(capsys, ["run", str(empty)])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expect"),
+    [
+        (["rounds=0"], "rounds: Input should be greater than or equal to 1"),
+        (["foo=1"], "unknown key 'foo'"),
+        (["algorithm.name=fedavgg"], "fedavg"),
+        (["rounds"], "not of the form key=value"),
+    ],
+)
+def test_config_mistakes_are_one_line_on_stderr(capsys, overrides, expect):
+    assert expect in one_line_error(capsys, ["run", QUICKSTART, *overrides])
+
+
+def test_missing_config_file(capsys):
+    assert "config file not found" in one_line_error(capsys, ["run", "no/such.yaml"])
+
+
+def test_impossible_resources_are_refused_before_ray_starts(capsys, monkeypatch):
+    import ray
+
+    started = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(api, "local_resources", lambda: {"CPU": 2.0, "GPU": 0.0})
+    monkeypatch.setattr(ray, "init", lambda *a, **k: started.append(1))
+    line = one_line_error(capsys, ["run", QUICKSTART, "workers.count=9"])
+    assert "at most 2 fit" in line
+    assert "no GPU" in one_line_error(capsys, ["run", QUICKSTART, "workers.num_gpus=0.5"])
+    assert not started
+
+
+def test_private_local_ray_unless_a_cluster_is_named(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert api.ray_address(None) == "local"
+    assert api.ray_address("auto") == "auto"
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    assert api.ray_address(None) == "10.0.0.1:6379"
+
+
+@pytest.fixture
+def stale_cluster_file():
+    """Ray's current-cluster file pointing at a port where nothing answers (restored after)."""
+    path = Path("/tmp/ray/ray_current_cluster")
+    backup = path.read_bytes() if path.exists() else None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("127.0.0.1:7\n")
+    yield path
+    if backup is None:
+        path.unlink(missing_ok=True)
+    else:
+        path.write_bytes(backup)
+
+
+def _cli(args, env=None, timeout=240):
+    env = {**os.environ, **(env or {})}
+    env.pop("RAY_ADDRESS", None)
+    return subprocess.run(
+        [*RAYSIM, *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT
+    )
+
+
+def test_named_unreachable_cluster_fails_in_seconds(stale_cluster_file):
+    t0 = time.perf_counter()
+    res = _cli(["run", QUICKSTART, "--address", "auto"], timeout=60)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "no Ray cluster answers at 127.0.0.1:7" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+    assert time.perf_counter() - t0 < 45
+
+
+@pytest.mark.slow
+def test_stale_cluster_file_does_not_capture_a_plain_run(stale_cluster_file, tmp_path):
+    res = _cli(["run", QUICKSTART, "rounds=2", "tracking.enabled=false"], timeout=180)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "weights sha256: " in res.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("sig", "code"),
+    [pytest.param(signal.SIGINT, 130, marks=pytest.mark.matrix), (signal.SIGTERM, 143)],
+)
+def test_a_stopped_run_says_how_to_resume_and_is_not_left_running(tmp_path, sig, code):
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    proc = subprocess.Popen(
+        [*RAYSIM, "run", QUICKSTART, "rounds=400", "checkpoint.every=2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "MLFLOW_TRACKING_URI": uri},
+    )
+    client = MlflowClient(uri)
+    deadline = time.time() + 120
+    while time.time() < deadline:  # wait for the first checkpoint, then stop the run
+        time.sleep(1)
+        exps = [e.experiment_id for e in client.search_experiments()]
+        runs = client.search_runs(exps) if exps else []
+        if runs and runs[0].data.tags.get("raysim.checkpoint_round"):
+            break
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == code, err[-2000:]
+    assert "Traceback" not in err
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert run.info.status == "KILLED"
+    last = err.strip().splitlines()[-1]
+    assert last.endswith(f"resume with `raysim run --resume {run.info.run_id}`"), err[-2000:]
+
+
+def _start_tracker(uri: str, i: int) -> str:
+    from raysim.tracking import Tracker
+
+    t = Tracker(uri, "together", f"run-{i}", {"i": i}, {})
+    t.log_round(0, {"value": float(i)})
+    t.client.set_terminated(t.run_id, "FINISHED")
+    return t.run_id
+
+
+def test_runs_starting_together_on_a_fresh_store_all_land(tmp_path):
+    """Eight processes open one fresh sqlite store at once (schema creation, experiment
+    creation): every run lands FINISHED with its own metric."""
+    import multiprocessing as mp
+
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'fresh.db'}"
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(8) as pool:
+        ids = pool.starmap(_start_tracker, [(uri, i) for i in range(8)])
+    client = MlflowClient(uri)
+    (exp,) = [e for e in client.search_experiments() if e.name == "together"]
+    runs = client.search_runs([exp.experiment_id])
+    assert sorted(r.info.run_id for r in runs) == sorted(ids)
+    assert all(r.info.status == "FINISHED" for r in runs)
+    assert sorted(r.data.metrics["value"] for r in runs) == [float(i) for i in range(8)]

@@ -103,13 +103,26 @@ def _cli(args, env=None, timeout=240):
     )
 
 
-def test_named_unreachable_cluster_fails_in_seconds(stale_cluster_file):
+def test_named_unreachable_cluster_fails_in_seconds():
     t0 = time.perf_counter()
-    res = _cli(["run", QUICKSTART, "--address", "auto"], timeout=60)
+    res = _cli(["run", QUICKSTART, "--address", "127.0.0.1:7"], timeout=60)
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert "no Ray cluster answers at 127.0.0.1:7" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
     assert time.perf_counter() - t0 < 45
+
+
+def test_address_auto_resolves_like_ray_and_refuses_a_dead_cluster(monkeypatch):
+    """``auto`` reads what Ray would (RAY_ADDRESS, a live local cluster, the current-cluster
+    file); when that names a dead address the run is refused at once, naming it."""
+    import ray._private.services as services
+
+    monkeypatch.setattr(services, "get_ray_address_from_environment", lambda a, t: "127.0.0.1:7")
+    with pytest.raises(api.ClusterError, match=r"127\.0\.0\.1:7 \(the last one `ray start`"):
+        api.check_reachable("auto", timeout_s=2)
+    monkeypatch.setattr(services, "get_ray_address_from_environment", lambda a, t: None)
+    with pytest.raises(api.ClusterError, match="no Ray cluster was started"):
+        api.check_reachable("auto")
 
 
 @pytest.mark.slow

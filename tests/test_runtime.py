@@ -70,6 +70,9 @@ def test_killed_worker_is_replaced_and_result_unchanged(ray_cluster):
     faulty = raysim.run(cfg, ["faults.kill_worker.round=2", "faults.kill_worker.worker=0"])
     assert faulty.weights_digest == clean.weights_digest
     assert accs(faulty) == accs(clean)
+    # the restart leaves a trace: a per-round metric (and a warning in the console and MLflow)
+    assert sum(h["worker_restarts"] for h in faulty.history) == 1
+    assert sum(h["worker_restarts"] for h in clean.history) == 0
 
 
 def test_killed_worker_restarts_with_new_process(ray_cluster):

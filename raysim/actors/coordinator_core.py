@@ -7,6 +7,7 @@ only calls ``step()`` until ``done``.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -310,11 +311,22 @@ class CoordinatorCore:
             "server_wall_s": log.server_s,
             "clients_arrived": float(log.arrived),
             "clients_in_flight": float(len(self.queue)),
-            "rejected_updates": self.totals["rejected_updates"],
+            "rejected_updates": float(log.rejected),
+            "rejected_updates_total": self.totals["rejected_updates"],
             "bytes_up": float(log.bytes_up),
             "bytes_down": float(log.bytes_down),
             "model_version": float(self.version),
         }
+        events = self.executor.events() if hasattr(self.executor, "events") else []
+        if events:
+            self.totals["worker_restarts"] = self.totals.get("worker_restarts", 0) + len(events)
+            for event in events:
+                message = f"round {k}: {event}"
+                if self.tracker is not None:
+                    self.tracker.warn(message)
+                else:
+                    logging.getLogger("raysim").warning(message)
+        m["worker_restarts"] = float(len(events))
         if log.tau_rounds:
             m["staleness_rounds_mean"] = float(np.mean(log.tau_rounds))
             m["staleness_rounds_max"] = float(np.max(log.tau_rounds))

@@ -28,6 +28,9 @@ class Executor(Protocol):
     def evaluate(self, handle: Any, jobs: list[EvalJob]) -> list[dict[str, float]]:
         """Run evaluation jobs on the version behind ``handle``; results in job order."""
 
+    def events(self) -> list[str]:
+        """Worker events (restarts) since the last call, for the run's log."""
+
     def kill_worker(self, index: int) -> None:
         """Fault injection: kill one worker (it is replaced, its jobs re-run)."""
 
@@ -60,6 +63,9 @@ class InProcessExecutor:
 
     def evaluate(self, handle: np.ndarray, jobs: list[EvalJob]) -> list[dict[str, float]]:
         return self.runner.evaluate_batch(handle, jobs)
+
+    def events(self) -> list[str]:
+        return []
 
     def kill_worker(self, index: int) -> None:  # nothing to kill in-process
         pass

@@ -47,6 +47,7 @@ class ClientResult:
     #: new personal state ({} = none): arrays, or a handle to them (``Executor.get``)
     state: Any = field(default_factory=dict)
     extras: dict[str, np.ndarray] = field(default_factory=dict)  # side channel up
+    worker_pid: int = 0  # the process that ran the job (a change means the worker restarted)
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,8 @@ class RayWorkerPool:
         self._fetched: dict[Any, list[ClientResult]] = {}
         self._remaining: dict[Any, int] = {}
         self._sizes = client_sizes
+        self._pids: dict[int, int] = {}
+        self._events: list[str] = []
 
     def put(self, weights: np.ndarray) -> Any:
         return ray.put(weights)
@@ -71,19 +73,34 @@ class RayWorkerPool:
             ref, *states = call.remote(handle, batch, self.data)
             self._remaining[ref] = len(batch)
             for i, job in enumerate(batch):
-                self._where[job.job_id] = (ref, i, states[i])
+                self._where[job.job_id] = (ref, i, states[i], worker)
 
     def result(self, job_id: int) -> ClientResult:
         """A job's result; its personal state stays in the object store, by reference."""
-        ref, i, state = self._where.pop(job_id)
+        ref, i, state, worker = self._where.pop(job_id)
         if ref not in self._fetched:
             self._fetched[ref] = ray.get(ref)
         out = self._fetched[ref][i]
+        self._note_pid(worker, out.worker_pid)
         if out.state is None:
             out.state = state
         self._remaining[ref] -= 1
         if self._remaining[ref] == 0:
             del self._remaining[ref], self._fetched[ref]
+        return out
+
+    def _note_pid(self, worker: int, pid: int) -> None:
+        before = self._pids.get(worker)
+        if pid and before is not None and pid != before:
+            self._events.append(
+                f"worker {worker} restarted (process {before} -> {pid}); its jobs ran again"
+            )
+        if pid:
+            self._pids[worker] = pid
+
+    def events(self) -> list[str]:
+        """What happened to the workers since the last call (restarts), oldest first."""
+        out, self._events = self._events, []
         return out
 
     def evaluate(self, handle: Any, jobs: list[EvalJob]) -> list[dict[str, float]]:

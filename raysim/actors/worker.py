@@ -238,6 +238,7 @@ class Worker(ClientRunner):
         states = [r.state for r in results]
         for r in results:
             r.state = None if r.state else {}
+            r.worker_pid = os.getpid()
         return (results, *states)
 
     def evaluate_batch(

@@ -249,6 +249,16 @@ class RunConfig(StrictModel):
                 raise ValueError(
                     f"faults.corrupt_updates names client {f.client}, beyond clients.num"
                 )
+            if f.round >= self.rounds:
+                raise ValueError(
+                    f"faults.corrupt_updates names round {f.round}; the run has rounds "
+                    f"0..{self.rounds - 1}"
+                )
+        kill = self.faults.kill_worker
+        if kill is not None and kill.round >= self.rounds:
+            raise ValueError(
+                f"faults.kill_worker.round={kill.round}; the run has rounds 0..{self.rounds - 1}"
+            )
         if self.checkpoint.every and not self.tracking.enabled and not self.checkpoint.dir:
             raise ValueError(
                 f"checkpoint.every={self.checkpoint.every} needs somewhere to write: MLflow "
@@ -258,6 +268,15 @@ class RunConfig(StrictModel):
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+    def run_name(self) -> str:
+        """The MLflow run name: ``tracking.run_name``, else what tells runs of one config apart:
+        config name, method, dataset, Dirichlet α when it applies, and seed."""
+        if self.tracking.run_name:
+            return self.tracking.run_name
+        part = self.data.partition
+        alpha = f" α={part.alpha:g}" if part.kind == "dirichlet" else f" {part.kind}"
+        return f"{self.name} · {self.algorithm.name} · {self.data.name}{alpha} · seed {self.seed}"
 
     def client_hooks(self) -> list[tuple[str, HookParams]]:
         """``hooks.clients`` in order, then ``faults.corrupt_updates`` as ``corrupt`` behaviours."""

@@ -25,6 +25,10 @@ def default_tracking_uri(cwd: str | Path | None = None) -> str:
     return f"sqlite:///{Path(cwd or os.getcwd()).resolve() / 'mlflow.db'}"
 
 
+#: MLflow 3's UI opens an experiment in its GenAI view unless this tag says model training
+EXPERIMENT_KIND, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
+
+
 def store_lock(uri: str) -> Any:
     """An inter-process lock for a local store (sqlite file or file store), so that runs that
     start together do not race on its creation; a no-op for a tracking server."""
@@ -58,15 +62,16 @@ def ensure_experiment(client: Any, name: str) -> str:
     from mlflow.exceptions import MlflowException
 
     exp = client.get_experiment_by_name(name)
-    if exp is not None:
-        return exp.experiment_id
-    try:
-        return client.create_experiment(name)
-    except MlflowException:
-        exp = client.get_experiment_by_name(name)  # another run created it in between
-        if exp is None:
-            raise
-        return exp.experiment_id
+    if exp is None:
+        try:
+            return client.create_experiment(name, tags={EXPERIMENT_KIND: MODEL_TRAINING})
+        except MlflowException:
+            exp = client.get_experiment_by_name(name)  # another run created it in between
+            if exp is None:
+                raise
+    if EXPERIMENT_KIND not in exp.tags:  # made before raysim tagged its experiments
+        client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND, MODEL_TRAINING)
+    return exp.experiment_id
 
 
 class Tracker:

@@ -193,3 +193,34 @@ def test_runs_starting_together_on_a_fresh_store_all_land(tmp_path):
     assert sorted(r.info.run_id for r in runs) == sorted(ids)
     assert all(r.info.status == "FINISHED" for r in runs)
     assert sorted(r.data.metrics["value"] for r in runs) == [float(i) for i in range(8)]
+    # MLflow 3's UI opens the experiment as model training, not in its GenAI view
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+
+
+def test_run_names_tell_runs_apart():
+    from raysim.config import load_config
+
+    cfg = load_config(QUICKSTART, ["seed=3", "data.partition.alpha=0.1"])
+    assert cfg.run_name() == "quickstart · fedavg · digits α=0.1 · seed 3"
+    assert load_config(QUICKSTART, ["tracking.run_name=mine"]).run_name() == "mine"
+
+
+def test_faults_that_cannot_happen_are_refused_or_reported(caplog):
+    from raysim.actors.local import local_core
+    from raysim.config import ConfigError, load_config
+    from tests.conftest import tiny
+
+    with pytest.raises(ConfigError, match="names round 9; the run has rounds 0..3"):
+        load_config(tiny(faults={"corrupt_updates": [{"client": 1, "round": 9}]}))
+    with pytest.raises(ConfigError, match="kill_worker.round=4"):
+        load_config(tiny(faults={"kill_worker": {"round": 4}}))
+    cfg = load_config(tiny(rounds=1, tracking={"enabled": False}))
+    core = local_core(cfg)
+    sampled = set(core.schedule.dispatch(0).clients.tolist())
+    idle = next(c for c in range(cfg.clients.num) if c not in sampled)
+    cfg = load_config(tiny(rounds=1, faults={"corrupt_updates": [{"client": idle, "round": 0}]}))
+    core = local_core(cfg)
+    with caplog.at_level("WARNING", logger="raysim"):
+        core.step()
+    assert f"names client {idle}, which is not dispatched" in caplog.text
+    assert core.totals["rejected_updates"] == 0

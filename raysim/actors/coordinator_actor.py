@@ -57,7 +57,7 @@ class Coordinator:
             self.tracker = Tracker(
                 tracking_uri,
                 cfg.tracking.experiment,
-                cfg.tracking.run_name or cfg.name,
+                cfg.run_name(),
                 flatten(cfg.to_dict()),
                 {
                     "algorithm": method.name,

@@ -224,6 +224,7 @@ class CoordinatorCore:
         if not self.strategy.uses_clients:
             return  # a server-only method (Center) touches no client (feddle.md I-13)
         d = self.schedule.dispatch(k)
+        self._warn_unused_faults(k, set(d.clients.tolist()))
         if not len(d):
             return
         v = self._current_handle()
@@ -246,6 +247,22 @@ class CoordinatorCore:
         log.bytes_down += len(d) * v.weights.nbytes
         if jobs:
             self.executor.submit(v.handle, jobs)
+
+    def _warn_unused_faults(self, k: int, dispatched: set[int]) -> None:
+        """A ``faults.corrupt_updates`` entry whose client is not sampled that round corrupts
+        nothing: say so rather than let the experiment look clean by accident."""
+        for f in self.cfg.faults.corrupt_updates:
+            if f.round == k and f.client not in dispatched:
+                self._warn(
+                    f"round {k}: faults.corrupt_updates names client {f.client}, which is not "
+                    "dispatched this round; nothing was corrupted"
+                )
+
+    def _warn(self, message: str) -> None:
+        if self.tracker is not None:
+            self.tracker.warn(message)
+        else:
+            logging.getLogger("raysim").warning(message)
 
     def _deliver(self, job: PendingJob, k: int, log: RoundLog) -> None:
         t0 = time.perf_counter()
@@ -321,11 +338,7 @@ class CoordinatorCore:
         if events:
             self.totals["worker_restarts"] = self.totals.get("worker_restarts", 0) + len(events)
             for event in events:
-                message = f"round {k}: {event}"
-                if self.tracker is not None:
-                    self.tracker.warn(message)
-                else:
-                    logging.getLogger("raysim").warning(message)
+                self._warn(f"round {k}: {event}")
         m["worker_restarts"] = float(len(events))
         if log.tau_rounds:
             m["staleness_rounds_mean"] = float(np.mean(log.tau_rounds))

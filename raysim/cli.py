@@ -123,6 +123,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if not ray.is_initialized():
         preflight(cfg, args.address)  # before the progress bar: a refusal is one line on stderr
+    if args.dry_run:
+        return _dry_run(cfg, args.address)
     started: list[Any] = []
     try:
         result = _run_with_progress(cfg, resume, args.address, started.append)
@@ -134,6 +136,25 @@ def cmd_run(args: argparse.Namespace) -> int:
             signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
     console.print(_summary_table(result))
     console.print(f"weights sha256: {result.weights_digest}", soft_wrap=True, highlight=False)
+    return 0
+
+
+def _dry_run(cfg: Any, address: str | None) -> int:
+    """What ``raysim run`` would start, from the config alone; nothing starts or is written."""
+    from raysim.api import local_resources, ray_address
+    from raysim.resources import plan_resources
+
+    where = ray_address(address)
+    line = f"dry run: {cfg.run_name()} · {cfg.rounds} rounds · {cfg.clients.num} clients"
+    if where == "local":
+        plan = plan_resources(cfg, local_resources())
+        line += (
+            f" · {plan.num_workers} worker(s) of {plan.worker} and a coordinator of "
+            f"{plan.coordinator} on a private local Ray"
+        )
+    else:
+        line += f" · on the Ray cluster at {where} (it answers)"
+    console.print(line, soft_wrap=True, highlight=False, markup=False)
     return 0
 
 
@@ -219,7 +240,11 @@ def cmd_leave_one_out(args: argparse.Namespace) -> int:
         name=name,
         address=args.address,
         on_run=on_run,
+        dry_run=args.dry_run,
     )
+    if args.dry_run:
+        console.print(f"dry run: {name}: {total} runs validated; nothing started", markup=False)
+        return 0
     table = Table(title=f"{name} · {args.metric} (parent run {out.parent_run_id})")
     table.add_column("method")
     for col in [*out.settings, "Average"]:
@@ -336,6 +361,11 @@ def build_parser() -> argparse.ArgumentParser:
         "checkpoint; its config.yaml is used unless CONFIG is given (then it must match)",
     )
     p.add_argument("--force", action="store_true", help="resume even a run still marked RUNNING")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="validate the config and check that the run fits, then stop (starts nothing)",
+    )
     p.set_defaults(func=cmd_run)
     for command, what in (("loto", "task family"), ("lodo", "domain (d1, d2)")):
         p = sub.add_parser(command, help=f"leave one {what} out: every held-out setting x method")
@@ -345,6 +375,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--held-out", default=None, help="comma-separated settings (default: all)")
         p.add_argument("--metric", default="ood_rouge1")
         p.add_argument("--address", default=None)
+        p.add_argument(
+            "--dry-run", action="store_true", help="validate every run's config, then stop"
+        )
         p.set_defaults(func=cmd_leave_one_out)
     p = sub.add_parser("ui", help="serve the MLflow UI for the run store on 127.0.0.1")
     p.add_argument(

@@ -107,11 +107,13 @@ def leave_one_out(
     name: str = "leave-one-task-out",
     address: str | None = None,
     on_run: Callable[[str, str, Result], None] | None = None,
+    dry_run: bool = False,
 ) -> ProtocolResult:
     """Run every held-out setting × method under one MLflow parent run; tabulate ``metric``.
 
     ``methods`` maps a label to extra overrides, or lists names of ``TABLE2_METHODS``. All child
-    configs are validated before the first run starts.
+    configs are validated before the first run starts; ``dry_run`` stops there (and checks that
+    each run fits, ``raysim.api.preflight``), returning an empty result.
     """
     if not isinstance(methods, Mapping):
         methods = {m: TABLE2_METHODS.get(m, [f"algorithm={{name: {m}}}"]) for m in methods}
@@ -121,6 +123,12 @@ def leave_one_out(
         for label, extra in methods.items():
             ov = [*overrides, f"{key}={s}", *extra]
             plan[(s, label)] = load_config(config, ov)  # fail early, before any run
+    if dry_run:
+        from raysim.api import preflight
+
+        for cfg in plan.values():
+            preflight(cfg, address)
+        return ProtocolResult(None, metric, settings, list(methods))
     base = next(iter(plan.values()))
     parent, client = None, None
     if base.tracking.enabled:

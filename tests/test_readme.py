@@ -1,0 +1,69 @@
+"""Every command in the README runs as written on a 2-core machine.
+
+Each ``raysim`` command of the README's bash blocks goes through the real CLI with ``--dry-run``
+(config validated, resources planned against 2 CPUs and no GPU, nothing started). A few need
+something a reader supplies first (a run id, a cluster, the paper's data) or are long jobs that
+other tests run; each is listed in ``ELSEWHERE`` with where it is covered, and the list must
+match the README exactly, so a new command is never skipped silently.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+import pytest
+
+from raysim import api, cli
+from tests.conftest import ROOT
+
+README = ROOT / "README.md"
+
+#: command (as written, comment stripped) → why it is not dry-run here / where it is tested
+ELSEWHERE = {
+    "make demo": "the quickstart run (tests/test_runtime.py, tests/test_regression.py)",
+    "make test": "what CI runs",
+    "raysim run CONFIG.yaml --address auto": "a placeholder config and a cluster to join "
+    "(tests/test_first_hour.py, tests/test_multinode.py)",
+    "raysim ui": "tests/test_tracking.py (raysim ui --check)",
+    "raysim run --resume RUN_ID": "tests/test_checkpoint.py (CLI resume of a real run)",
+    "raysim run --resume RUN_ID workers.count=1": "tests/test_checkpoint.py",
+    "raysim run --resume ./ckpt": "tests/test_checkpoint.py",
+    "raysim foundation --out foundation/tiny-s0": "tests/test_foundation.py (the CLI, fewer steps)",
+    "raysim loto examples/fedoa/paper-table2.yaml model.path=... data.text.data_dir=...": "the "
+    "paper's model and data (GPUs)",
+    "python examples/fedoa/qualitative.py --seeds 0": "needs the foundation model; "
+    "examples/fedoa/RESULTS.md",
+}
+
+
+def readme_commands() -> list[str]:
+    """Each line of the README's bash blocks, its trailing ``  # comment`` and padding removed."""
+    blocks = re.findall(r"```bash\n(.*?)```", README.read_text(), flags=re.S)
+    lines = (re.split(r"\s+#\s", line)[0] for b in blocks for line in b.splitlines())
+    return [" ".join(line.split()) for line in lines if line.strip()]
+
+
+COMMANDS = readme_commands()
+DRY = [c for c in dict.fromkeys(COMMANDS) if c not in ELSEWHERE]
+
+
+def test_every_readme_command_is_checked_somewhere():
+    assert set(ELSEWHERE) <= set(COMMANDS), sorted(set(ELSEWHERE) - set(COMMANDS))
+    assert DRY, "no commands found"
+    assert all(c.startswith("raysim ") for c in DRY), [c for c in DRY if "raysim" not in c]
+
+
+@pytest.mark.parametrize("command", DRY)
+def test_readme_command_runs_as_written_on_two_cores(command, monkeypatch, capsys):
+    import ray
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(api, "local_resources", lambda: {"CPU": 2.0, "GPU": 0.0})
+    argv = shlex.split(command)[1:]
+    if argv[0] in ("run", "loto", "lodo"):
+        argv.append("--dry-run")
+    rc = cli.main(argv)
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert "Traceback" not in err

@@ -1,4 +1,4 @@
-"""``raysim`` command line: ``run``, ``ui`` and ``methods``."""
+"""``raysim`` command line (``raysim COMMAND --help`` for each command's options)."""
 
 from __future__ import annotations
 
@@ -347,7 +347,18 @@ def cmd_foundation(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="raysim", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="raysim",
+        description="A Ray-native simulator for federated learning: one YAML file per run, "
+        "every run in MLflow.",
+        epilog="examples:\n"
+        "  raysim run examples/quickstart.yaml rounds=50      run with dotted overrides\n"
+        "  raysim run examples/quickstart.yaml --dry-run      validate and plan only\n"
+        "  raysim run --resume RUN_ID                         continue a checkpointed run\n"
+        "  raysim ui                                          browse the runs (127.0.0.1:5000)\n"
+        "Without --address a run starts its own private Ray; errors exit 2, Ctrl-C 130.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("run", help="run one simulation from a YAML config")
     p.add_argument("config", nargs="?", help="path to a YAML config (optional with --resume)")

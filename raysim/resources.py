@@ -15,8 +15,9 @@ from typing import Any
 
 from raysim.config import RunConfig
 
-#: More actors than this in ``per_client`` mode is almost surely a mistake on one machine.
-PER_CLIENT_LIMIT = 256
+#: ``per_client`` mode starts one actor process per client (seconds to start, hundreds of MB each):
+#: at most this many per CPU of the cluster (at least ``PER_CLIENT_MIN``), and never above the cap.
+PER_CLIENT_PER_CPU, PER_CLIENT_MIN, PER_CLIENT_LIMIT = 4, 8, 256
 
 
 class ResourceError(RuntimeError):
@@ -47,10 +48,13 @@ def plan_pool_size(cfg: RunConfig, resources: dict[str, float]) -> int:
         fit = min(fit, math.floor(free_gpu / w.num_gpus + 1e-9))
     if w.count == "per_client":
         n = cfg.clients.num
-        if n > PER_CLIENT_LIMIT:
+        limit = min(PER_CLIENT_LIMIT, max(PER_CLIENT_MIN, int(PER_CLIENT_PER_CPU * cpus)))
+        if n > limit:
             raise ResourceError(
-                f"workers.count=per_client would start {n} actors (limit {PER_CLIENT_LIMIT}); "
-                "use a pool (workers.count=auto) for large federations"
+                f"workers.count=per_client would start {n} actor processes, one per client "
+                f"(each takes seconds to start and hundreds of MB); {cpus:g} CPUs allow {limit} "
+                f"({PER_CLIENT_PER_CPU} per CPU). Use workers.count=auto: a pool of workers gives "
+                "the same results"
             )
     elif w.count == "auto":
         n = int(max(1, min(fit, cfg.clients.per_round)))

@@ -224,3 +224,14 @@ def test_faults_that_cannot_happen_are_refused_or_reported(caplog):
         core.step()
     assert f"names client {idle}, which is not dispatched" in caplog.text
     assert core.totals["rejected_updates"] == 0
+
+
+def test_per_client_mode_refuses_more_actors_than_the_machine_can_start():
+    from raysim.config import load_config
+    from raysim.resources import ResourceError, plan_resources
+    from tests.conftest import tiny
+
+    cfg = load_config(tiny(workers={"count": "per_client", "num_cpus": 0.01}))  # 20 clients
+    with pytest.raises(ResourceError, match="2 CPUs allow 8 .* workers.count=auto"):
+        plan_resources(cfg, {"CPU": 2.0, "GPU": 0.0})
+    assert plan_resources(cfg, {"CPU": 8.0, "GPU": 0.0}).num_workers == 20

@@ -1,0 +1,328 @@
+"""Reliability matrix: bad inputs and faults, tried as a user would meet them; a table at the end.
+
+Bad inputs run ``raysim`` in a fresh process on a fresh store. Each must end with exit 2, exactly
+one line on stderr, no traceback, and nothing written to the store. Faults run real runs. Each
+must end with the digest of an uninterrupted run, or a clear refusal, and no run left RUNNING.
+The table reports, per row, how many tries there were, how many survived, and how many were lost.
+
+    python benchmarks/reliability.py                 # everything (about 15-20 min on 2 CPUs)
+    python benchmarks/reliability.py --only inputs   # the bad-input half (about 3 min)
+
+``tests/test_first_hour.py`` runs a fast subset of these in CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from common import machine
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICK = str(ROOT / "examples" / "quickstart.yaml")
+RAYSIM = [sys.executable, "-m", "raysim.cli"]
+
+
+@dataclass
+class Row:
+    kind: str
+    name: str
+    tried: int = 0
+    survived: int = 0
+    lost: int = 0
+    note: str = ""
+
+
+def raysim(args: list[str], store: Path, timeout: float = 600, **kw) -> subprocess.CompletedProcess:
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{store / 'mlflow.db'}"}
+    env.pop("RAY_ADDRESS", None)
+    return subprocess.run(
+        [*RAYSIM, *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=store, **kw
+    )
+
+
+# --------------------------------------------------------------------------- bad inputs
+def _write(name: str, text: str | bytes) -> Callable[[Path], str]:
+    def make(d: Path) -> str:
+        p = d / name
+        p.write_bytes(text if isinstance(text, bytes) else text.encode())
+        return str(p)
+
+    return make
+
+
+#: label → (argv builder given a scratch dir)
+BAD_INPUTS: dict[str, Callable[[Path], list[str]]] = {
+    # YAML files
+    "missing file": lambda d: ["run", str(d / "nope.yaml")],
+    "empty file": lambda d: ["run", _write("e.yaml", "")(d)],
+    "comment-only file": lambda d: ["run", _write("c.yaml", "# nothing\n")(d)],
+    "unclosed mapping": lambda d: ["run", _write("b.yaml", "clients: {num: 5\n")(d)],
+    "bad indentation": lambda d: ["run", _write("i.yaml", "rounds: 3\n  seed: 1\n")(d)],
+    "tab indentation": lambda d: ["run", _write("t.yaml", "clients:\n\tnum: 5\n")(d)],
+    "top level is a list": lambda d: ["run", _write("l.yaml", "- 1\n- 2\n")(d)],
+    "top level is a scalar": lambda d: ["run", _write("s.yaml", "42\n")(d)],
+    "binary garbage": lambda d: ["run", _write("g.yaml", b"\xff\xfe\x00\x01")(d)],
+    "a directory, not a file": lambda d: ["run", str(d)],
+    "unknown top-level key": lambda d: ["run", _write("u.yaml", "roundz: 3\n")(d)],
+    "unknown nested key": lambda d: ["run", _write("n.yaml", "clients: {nun: 5}\n")(d)],
+    "wrong type": lambda d: ["run", _write("w.yaml", "rounds: many\n")(d)],
+    # overrides
+    "override without =": lambda d: ["run", QUICK, "rounds"],
+    "rounds=0": lambda d: ["run", QUICK, "rounds=0"],
+    "negative seed type": lambda d: ["run", QUICK, "seed=abc"],
+    "per_round > num": lambda d: ["run", QUICK, "clients.per_round=500"],
+    "unknown algorithm": lambda d: ["run", QUICK, "algorithm.name=fedavgg"],
+    "unknown algorithm parameter": lambda d: ["run", QUICK, "algorithm.mu=1"],
+    "unknown model": lambda d: ["run", QUICK, "model.name=resnet999"],
+    "unknown dataset": lambda d: ["run", QUICK, "data.name=imagenet-1m"],
+    "unknown delay kind": lambda d: ["run", QUICK, "delays.kind=sometimes"],
+    "negative lr": lambda d: ["run", QUICK, "local.lr=-1"],
+    "batch not divisible": lambda d: [
+        "run",
+        QUICK,
+        "local.batch_size=10",
+        "local.grad_accumulation=3",
+    ],
+    "bad partition": lambda d: ["run", QUICK, "data.partition.kind=random"],
+    "alpha <= 0": lambda d: ["run", QUICK, "data.partition.alpha=0"],
+    "fault beyond clients": lambda d: [
+        "run",
+        QUICK,
+        "faults.corrupt_updates=[{client: 999, round: 1}]",
+    ],
+    "fault beyond rounds": lambda d: [
+        "run",
+        QUICK,
+        "faults.corrupt_updates=[{client: 1, round: 99}]",
+    ],
+    "kill beyond rounds": lambda d: ["run", QUICK, "faults.kill_worker.round=99"],
+    "checkpoint with nowhere to go": lambda d: [
+        "run",
+        QUICK,
+        "checkpoint.every=2",
+        "tracking.enabled=false",
+    ],
+    "plugin module missing": lambda d: [
+        "run",
+        QUICK,
+        "algorithm={name: x, module: no.such.module}",
+    ],
+    "plugin file missing": lambda d: ["run", QUICK, f"algorithm={{name: x, module: {d}/x.py}}"],
+    "unknown server hook": lambda d: ["run", QUICK, "hooks.server=[{name: nope}]"],
+    # resources
+    "too many workers": lambda d: ["run", QUICK, "workers.count=64"],
+    "GPU workers, no GPU": lambda d: ["run", QUICK, "workers.num_gpus=0.5"],
+    "coordinator too big": lambda d: ["run", QUICK, "coordinator.num_cpus=64"],
+    "per_client too many": lambda d: ["run", QUICK, "workers.count=per_client"],
+    "fractional num_gpus > 1": lambda d: ["run", QUICK, "workers.num_gpus=1.5"],
+    # CLI flags and clusters
+    "run without config": lambda d: ["run"],
+    "unreachable --address": lambda d: ["run", QUICK, "--address", "127.0.0.1:7"],
+    # checkpoints
+    "resume an unknown run id": lambda d: ["run", "--resume", "0123456789abcdef0123456789abcdef"],
+    "resume a missing dir": lambda d: ["run", "--resume", str(d / "no-ckpt")],
+    "resume a dir without checkpoint": lambda d: ["run", "--resume", str(d)],
+    "resume a corrupt checkpoint": lambda d: [
+        "run",
+        "--resume",
+        str(_corrupt_checkpoint(d)),
+    ],
+}
+
+
+def _corrupt_checkpoint(d: Path) -> Path:
+    ckpt = d / "ckpt"
+    ckpt.mkdir(exist_ok=True)
+    (ckpt / "meta.json").write_text("{not json")
+    return ckpt
+
+
+def bad_inputs(rows: list[Row]) -> None:
+    for label, build in BAD_INPUTS.items():
+        row = Row("bad input", label, tried=1)
+        with tempfile.TemporaryDirectory() as tmp:
+            d = Path(tmp)
+            res = raysim(build(d), d, timeout=120)
+            lines = res.stderr.strip().splitlines()
+            problems = []
+            if res.returncode != 2:
+                problems.append(f"exit {res.returncode}")
+            if len(lines) != 1:
+                problems.append(f"{len(lines)} stderr lines")
+            if "Traceback" in res.stderr:
+                problems.append("traceback")
+            if (d / "mlflow.db").exists() or (d / "mlruns").exists():
+                problems.append("wrote to the store")
+            row.survived = int(not problems)
+            row.lost = 0  # nothing ran: nothing to lose
+            row.note = "; ".join(problems) or (lines[0][:90] if lines else "")
+        rows.append(row)
+        print(f"  {label}: {row.note}", flush=True)
+
+
+# --------------------------------------------------------------------------- faults
+def _final_digest(stdout: str) -> str | None:
+    for line in stdout.splitlines():
+        if line.startswith("weights sha256: "):
+            return line.split()[-1]
+    return None
+
+
+def _statuses(store: Path) -> list[str]:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{store / 'mlflow.db'}")
+    exps = [e.experiment_id for e in client.search_experiments()]
+    return [r.info.status for r in client.search_runs(exps)] if exps else []
+
+
+def _run_id(store: Path) -> str | None:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{store / 'mlflow.db'}")
+    exps = [e.experiment_id for e in client.search_experiments()]
+    runs = client.search_runs(exps, order_by=["attributes.start_time DESC"]) if exps else []
+    return runs[0].info.run_id if runs else None
+
+
+def driver_signals(rows: list[Row], reference: str, tries: int, rng: random.Random) -> None:
+    """Stop the driver at a random moment (start-up included), then resume until it finishes."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+        row = Row("fault", f"driver {sig.name} at a random point, then resume")
+        for _ in range(tries):
+            row.tried += 1
+            with tempfile.TemporaryDirectory() as tmp:
+                store = Path(tmp)
+                env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{store / 'mlflow.db'}"}
+                proc = subprocess.Popen(
+                    [*RAYSIM, "run", QUICK, "checkpoint.every=3"],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    env=env,
+                    cwd=store,
+                )
+                time.sleep(rng.uniform(2.0, 25.0))
+                proc.send_signal(sig)
+                proc.communicate(timeout=180)
+                run_id = _run_id(store)
+                if run_id is None:  # stopped before the run existed: start again
+                    res = raysim(["run", QUICK, "checkpoint.every=3"], store)
+                else:
+                    extra = ["--force"] if sig == signal.SIGKILL else []
+                    res = raysim(["run", "--resume", run_id, *extra], store)
+                    if res.returncode == 2 and "no checkpoint" in res.stderr:
+                        res = raysim(["run", QUICK, "checkpoint.every=3"], store)
+                digest = _final_digest(res.stdout)
+                left_running = [s for s in _statuses(store) if s == "RUNNING"]
+                if digest == reference and not left_running:
+                    row.survived += 1
+                else:
+                    row.lost += 1
+                    row.note = f"digest {digest}, RUNNING left: {len(left_running)}"
+        rows.append(row)
+        print(f"  {row.name}: {row.survived}/{row.tried}", flush=True)
+
+
+def worker_kills(rows: list[Row], reference: str, tries: int, rng: random.Random) -> None:
+    row = Row("fault", "worker killed at a random round")
+    for _ in range(tries):
+        row.tried += 1
+        with tempfile.TemporaryDirectory() as tmp:
+            k = rng.randrange(0, 30)
+            res = raysim(["run", QUICK, f"faults.kill_worker.round={k}"], Path(tmp))
+            ok = _final_digest(res.stdout) == reference
+            row.survived += int(ok)
+            row.lost += int(not ok)
+    rows.append(row)
+    print(f"  {row.name}: {row.survived}/{row.tried}", flush=True)
+
+
+def concurrent_runs(rows: list[Row], n: int = 8) -> None:
+    row = Row("fault", f"{n} concurrent runs on one fresh store", tried=n)
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Path(tmp)
+        env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{store / 'mlflow.db'}"}
+        env.pop("RAY_ADDRESS", None)
+        procs = [
+            subprocess.Popen(
+                [*RAYSIM, "run", QUICK, "rounds=3", f"seed={i}", "workers.count=1"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+                cwd=store,
+            )
+            for i in range(n)
+        ]
+        codes = [p.wait(timeout=900) for p in procs]
+        statuses = _statuses(store)
+        row.survived = sum(1 for s in statuses if s == "FINISHED")
+        row.lost = n - row.survived
+        row.note = f"exit codes {sorted(set(codes))}"
+    rows.append(row)
+    print(f"  {row.name}: {row.survived}/{row.tried}", flush=True)
+
+
+def stale_cluster_file(rows: list[Row], reference: str) -> None:
+    row = Row("fault", "stale Ray current-cluster file", tried=1)
+    path = Path("/tmp/ray/ray_current_cluster")
+    backup = path.read_bytes() if path.exists() else None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("127.0.0.1:7\n")
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            res = raysim(["run", QUICK], Path(tmp), timeout=300)
+        ok = _final_digest(res.stdout) == reference
+        row.survived, row.lost = int(ok), int(not ok)
+    finally:
+        if backup is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.write_bytes(backup)
+    rows.append(row)
+    print(f"  {row.name}: {row.survived}/{row.tried}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=["inputs", "faults"], default=None)
+    parser.add_argument("--tries", type=int, default=2, help="tries per random fault row")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    print(f"machine={machine()}", flush=True)
+    rows: list[Row] = []
+    rng = random.Random(args.seed)
+    if args.only in (None, "inputs"):
+        print(f"bad inputs ({len(BAD_INPUTS)} kinds)", flush=True)
+        bad_inputs(rows)
+    if args.only in (None, "faults"):
+        with tempfile.TemporaryDirectory() as tmp:
+            ref = raysim(["run", QUICK], Path(tmp))
+        reference = _final_digest(ref.stdout)
+        print(f"reference digest (uninterrupted quickstart) = {reference}", flush=True)
+        worker_kills(rows, reference, args.tries, rng)
+        driver_signals(rows, reference, args.tries, rng)
+        concurrent_runs(rows)
+        stale_cluster_file(rows, reference)
+    print("\n| kind | case | tried | survived | lost | note |\n|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r.kind} | {r.name} | {r.tried} | {r.survived} | {r.lost} | {r.note} |")
+    print(
+        f"\ntotal: tried={sum(r.tried for r in rows)} survived={sum(r.survived for r in rows)} "
+        f"lost={sum(r.lost for r in rows)}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -178,20 +178,21 @@ def _final_digest(stdout: str) -> str | None:
     return None
 
 
-def _statuses(store: Path) -> list[str]:
+def _runs(store: Path) -> list:
+    """The store's runs, newest first."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(f"sqlite:///{store / 'mlflow.db'}")
     exps = [e.experiment_id for e in client.search_experiments()]
-    return [r.info.status for r in client.search_runs(exps)] if exps else []
+    return client.search_runs(exps, order_by=["attributes.start_time DESC"]) if exps else []
+
+
+def _statuses(store: Path) -> list[str]:
+    return [r.info.status for r in _runs(store)]
 
 
 def _run_id(store: Path) -> str | None:
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(f"sqlite:///{store / 'mlflow.db'}")
-    exps = [e.experiment_id for e in client.search_experiments()]
-    runs = client.search_runs(exps, order_by=["attributes.start_time DESC"]) if exps else []
+    runs = _runs(store)
     return runs[0].info.run_id if runs else None
 
 

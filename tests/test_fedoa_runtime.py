@@ -108,13 +108,10 @@ def test_evaluation_routing():
 
 @pytest.mark.slow
 def test_smoke_end_to_end_with_mlflow(ray_cluster, mlflow_uri):
-    """Tier T1: FedIT, FedOA(λ=0.5), FedOA(λ=0) end to end; losses fall; I2 across the runs."""
+    """Tier T1: FedIT and FedOA(λ=0.5) end to end; losses fall; I2 across the runs (λ = 0 and
+    λ = 2 are checked in-process above and in test_fedoa.py)."""
     runs = {}
-    for label, ov in {
-        "fedit": ["algorithm={name: fedit}"],
-        "fedoa": [],
-        "fedoa0": ["algorithm.lambda=0.0"],
-    }.items():
+    for label, ov in {"fedit": ["algorithm={name: fedit}"], "fedoa": []}.items():
         runs[label] = raysim.run(SMOKE, ov)
     res = runs["fedoa"]
     losses = [h["train_loss"] for h in res.history]
@@ -122,7 +119,7 @@ def test_smoke_end_to_end_with_mlflow(ray_cluster, mlflow_uri):
     for key in ("ood_loss", "ood_rouge1", "id_rouge1", "ood_rouge1_global", "ood_loss_global"):
         assert key in res.metrics and np.isfinite(res.metrics[key]), key
     assert res.metrics["clients_evaluated"] == 6
-    assert runs["fedit"].weights_digest == res.weights_digest == runs["fedoa0"].weights_digest
+    assert runs["fedit"].weights_digest == res.weights_digest
     assert runs["fedit"].metrics["ood_loss"] == pytest.approx(res.metrics["ood_loss_global"])
     assert "ood_rouge1" in res.clients[0] and res.clients[0]["evaluated_with"] == "personal"
     client = MlflowClient(mlflow_uri)

@@ -167,6 +167,9 @@ def test_a_stopped_run_says_how_to_resume_and_is_not_left_running(tmp_path, sig,
     assert last.endswith(f"resume with `raysim run --resume {run.info.run_id}`"), err[-2000:]
 
 
+N_TOGETHER = 5
+
+
 def _start_tracker(uri: str, i: int) -> str:
     from raysim.tracking import Tracker
 
@@ -177,22 +180,22 @@ def _start_tracker(uri: str, i: int) -> str:
 
 
 def test_runs_starting_together_on_a_fresh_store_all_land(tmp_path):
-    """Eight processes open one fresh sqlite store at once (schema creation, experiment
-    creation): every run lands FINISHED with its own metric."""
+    """Processes open one fresh sqlite store at once (schema creation, experiment creation):
+    every run lands FINISHED with its own metric. (Eight full runs: benchmarks/reliability.py.)"""
     import multiprocessing as mp
 
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{tmp_path / 'fresh.db'}"
     ctx = mp.get_context("spawn")
-    with ctx.Pool(8) as pool:
-        ids = pool.starmap(_start_tracker, [(uri, i) for i in range(8)])
+    with ctx.Pool(N_TOGETHER) as pool:
+        ids = pool.starmap(_start_tracker, [(uri, i) for i in range(N_TOGETHER)])
     client = MlflowClient(uri)
     (exp,) = [e for e in client.search_experiments() if e.name == "together"]
     runs = client.search_runs([exp.experiment_id])
     assert sorted(r.info.run_id for r in runs) == sorted(ids)
     assert all(r.info.status == "FINISHED" for r in runs)
-    assert sorted(r.data.metrics["value"] for r in runs) == [float(i) for i in range(8)]
+    assert sorted(r.data.metrics["value"] for r in runs) == [float(i) for i in range(N_TOGETHER)]
     # MLflow 3's UI opens the experiment as model training, not in its GenAI view
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
 

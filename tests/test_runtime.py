@@ -58,7 +58,7 @@ def test_same_result_with_one_or_three_workers(ray_cluster, delays):
 
 
 def test_per_client_actors_equal_pooled_workers(ray_cluster):
-    cfg = tiny(clients={"num": 8, "per_round": 4}, delays={"kind": "half_normal", "sigma": 2.0})
+    cfg = tiny(clients={"num": 5, "per_round": 3}, delays={"kind": "half_normal", "sigma": 2.0})
     pooled = raysim.run(cfg)
     pinned = raysim.run(cfg, ["workers.count=per_client", "workers.num_cpus=0.1"])
     assert pooled.weights_digest == pinned.weights_digest

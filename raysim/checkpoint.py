@@ -303,6 +303,11 @@ def _mlflow_run(uri: str, run_id: str, force: bool) -> Any:
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
+        raise ResumeError(  # do not create an empty store just to find nothing in it
+            f"no MLflow run {run_id!r}: the store {uri} does not exist (nor is there a "
+            "checkpoint directory of that name)"
+        )
     try:
         run = MlflowClient(tracking_uri=uri).get_run(run_id)
     except MlflowException:
@@ -341,6 +346,8 @@ def prepare_resume(
         files = read_dir(path, (META, CONFIG))
         if META not in files:
             raise ResumeError(f"{path} holds no checkpoint (no {META})")
+    elif os.sep in str(resume) or str(resume).startswith("."):
+        raise ResumeError(f"no checkpoint directory {path}")
     else:
         run_id = str(resume)
         uri = (given.tracking.uri if given is not None else None) or _default_uri()

@@ -27,7 +27,7 @@ from raysim.algorithms.hooks import BEHAVIOURS, MIXERS, HookParams
 from raysim.algorithms.registry import PluginError, get_method, load_plugin
 from raysim.data import DataConfig
 from raysim.delays import DelayParams, NoDelayParams, parse_delay_params
-from raysim.models.registry import ModelConfig
+from raysim.models.registry import ModelConfig, model_names
 from raysim.schema import StrictModel
 from raysim.training.loop import LocalTrainingConfig
 
@@ -243,6 +243,14 @@ class RunConfig(StrictModel):
             raise ValueError(
                 f"clients.per_round ({self.clients.per_round}) exceeds clients.num "
                 f"({self.clients.num})"
+            )
+        # here, not in ModelConfig: a plugin (algorithm.module) may register the model
+        names = model_names()
+        if self.model.name not in names:
+            close = difflib.get_close_matches(self.model.name, names, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(
+                f"unknown model {self.model.name!r}{hint}; known: {', '.join(names)}"
             )
         for f in self.faults.corrupt_updates:
             if f.client >= self.clients.num:

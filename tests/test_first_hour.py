@@ -56,6 +56,23 @@ def test_config_mistakes_are_one_line_on_stderr(capsys, overrides, expect):
     assert expect in one_line_error(capsys, ["run", QUICKSTART, *overrides])
 
 
+def test_unknown_model_is_a_config_error(capsys):
+    line = one_line_error(capsys, ["run", QUICKSTART, "model.name=resnet999"])
+    assert "unknown model 'resnet999'" in line
+
+
+def test_resume_of_nothing_writes_nothing(tmp_path, capsys, monkeypatch):
+    """A run id in a store that does not exist, or a directory that does not: refused in one
+    line, and no empty store is created on the way."""
+    store = tmp_path / "mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store}")
+    line = one_line_error(capsys, ["run", "--resume", "0123456789abcdef0123456789abcdef"])
+    assert "does not exist" in line
+    line = one_line_error(capsys, ["run", "--resume", str(tmp_path / "no" / "ckpt")])
+    assert "no checkpoint directory" in line
+    assert not store.exists()
+
+
 def test_missing_config_file(capsys):
     assert "config file not found" in one_line_error(capsys, ["run", "no/such.yaml"])
 

@@ -249,9 +249,7 @@ class RunConfig(StrictModel):
         if self.model.name not in names:
             close = difflib.get_close_matches(self.model.name, names, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ValueError(
-                f"unknown model {self.model.name!r}{hint}; known: {', '.join(names)}"
-            )
+            raise ValueError(f"unknown model {self.model.name!r}{hint}; known: {', '.join(names)}")
         for f in self.faults.corrupt_updates:
             if f.client >= self.clients.num:
                 raise ValueError(

@@ -277,11 +277,15 @@ class RunConfig(StrictModel):
 
     def run_name(self) -> str:
         """The MLflow run name: ``tracking.run_name``, else what tells runs of one config apart:
-        config name, method, dataset, Dirichlet α when it applies, and seed."""
+        config name, method, dataset, its label partition (α for Dirichlet), and seed."""
         if self.tracking.run_name:
             return self.tracking.run_name
+        from raysim.data.text_tasks import TEXT_TASK_DATASETS
+
         part = self.data.partition
         alpha = f" α={part.alpha:g}" if part.kind == "dirichlet" else f" {part.kind}"
+        if self.data.name in TEXT_TASK_DATASETS:  # split by task, not by a label partition
+            alpha = ""
         return f"{self.name} · {self.algorithm.name} · {self.data.name}{alpha} · seed {self.seed}"
 
     def client_hooks(self) -> list[tuple[str, HookParams]]:

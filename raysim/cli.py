@@ -110,13 +110,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         cfg = load_config(config, overrides)
 
-    def _terminate(signum: int, frame: Any) -> None:  # `kill PID`: end the run as KILLED
-        raise Terminated
-
-    main_thread = threading.current_thread() is threading.main_thread()
-    if main_thread:
-        previous = signal.getsignal(signal.SIGTERM)
-        signal.signal(signal.SIGTERM, _terminate)
     import ray
 
     from raysim.api import preflight
@@ -125,12 +118,24 @@ def cmd_run(args: argparse.Namespace) -> int:
         preflight(cfg, args.address)  # before the progress bar: a refusal is one line on stderr
     if args.dry_run:
         return _dry_run(cfg, args.address)
+
+    terminated: list[int] = []
+
+    def _terminate(signum: int, frame: Any) -> None:  # `kill PID`: end the run as KILLED
+        terminated.append(signum)
+        raise Terminated
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    if main_thread:
+        previous = signal.getsignal(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, _terminate)
     started: list[Any] = []
     try:
         result = _run_with_progress(cfg, resume, args.address, started.append)
-    except KeyboardInterrupt as stop:
+    except KeyboardInterrupt:
         _stopped(cfg, started[0] if started else None)
-        return EXIT_SIGTERM if isinstance(stop, Terminated) else EXIT_SIGINT
+        # by the flag, not the exception: code on the way (Ray's) may re-raise a plain one
+        return EXIT_SIGTERM if terminated else EXIT_SIGINT
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)

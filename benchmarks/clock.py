@@ -36,6 +36,12 @@ class NullExecutor:
     def put(self, weights: np.ndarray) -> np.ndarray:
         return weights
 
+    def get(self, handle: Any) -> Any:
+        return handle
+
+    def events(self) -> list[str]:
+        return []
+
     def submit(self, handle: Any, jobs: list[ClientJob]) -> None:
         for job in jobs:
             self._pending[job.job_id] = job.client

@@ -169,7 +169,7 @@ def _stopped(cfg: Any, session: Any) -> None:
         errors.print("stopped during start-up; nothing ran", markup=False)
         return
     where = f"stopped after round {session.round}"
-    handle = session.run_id or (cfg.checkpoint.dir if cfg.checkpoint.dir else None)
+    handle = session.run_id or cfg.checkpoint.dir
     if cfg.checkpoint.every and handle:
         errors.print(f"{where}; resume with `raysim run --resume {handle}`", markup=False)
     else:

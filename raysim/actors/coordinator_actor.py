@@ -44,6 +44,7 @@ class Coordinator:
         initial, layout = self.pool.initial_global()
         evaluator = evaluator_for(cfg, dataset, self.pool)
         self.evaluator = evaluator
+        self._final_states: dict[int, dict] | None = None
         self._layout = layout
         server = server_context(cfg, dataset, layout)
         # the core first: a checkpoint that does not load leaves the MLflow run untouched
@@ -112,13 +113,15 @@ class Coordinator:
         self.pool.kill_worker(index)
 
     def client_states(self) -> dict[int, dict]:
-        return self.core.materialized_states()
+        """Every client's personal state as arrays; after ``finish``, the copy it fetched."""
+        return self._final_states or self.core.materialized_states()
 
     def weights(self):
         return self.core.weights
 
     def finish(self) -> dict[str, Any]:
         core = self.core
+        self._final_states = core.materialized_states()  # one fetch for MLflow and the driver
         summary = {
             "metrics": core.final_metrics(),
             "history": core.history,
@@ -136,7 +139,7 @@ class Coordinator:
                 summary["clients"],
                 core.history,
                 {"weights_digest": summary["weights_digest"], **summary["metrics"]},
-                core.materialized_states(),
+                self._final_states,
             )
         return summary
 

@@ -334,7 +334,7 @@ class CoordinatorCore:
             "bytes_down": float(log.bytes_down),
             "model_version": float(self.version),
         }
-        events = self.executor.events() if hasattr(self.executor, "events") else []
+        events = self.executor.events()
         if events:
             self.totals["worker_restarts"] = self.totals.get("worker_restarts", 0) + len(events)
             for event in events:

@@ -147,10 +147,10 @@ class ClientRunner:
 
         eval_set = self.dataset.eval_sets[name]
         if isinstance(eval_set, LabelledSet):
-            x, y = self._eval_tensors.get(name) or self._eval_tensors.setdefault(
-                name, (torch.tensor(eval_set.x), torch.tensor(eval_set.y, dtype=torch.long))
-            )
-            return evaluate(self.model.module, x, y)
+            if name not in self._eval_tensors:  # converted once per worker
+                x, y = torch.tensor(eval_set.x), torch.tensor(eval_set.y, dtype=torch.long)
+                self._eval_tensors[name] = x, y
+            return evaluate(self.model.module, *self._eval_tensors[name])
         from raysim.metrics import rouge1
         from raysim.training.lm_eval import generate as greedy
         from raysim.training.lm_eval import lm_loss

@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export RAY_AUTH_MODE ?= disabled
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench browser clean
 
 $(STAMP): pyproject.toml requirements.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -29,6 +29,10 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py
 	$(BIN)/python benchmarks/async_vs_sync.py
 	$(BIN)/python benchmarks/clock.py
+
+# Debian's Chromium for tests/test_ui_browser.py (the test is skipped, and says so, without it)
+browser:
+	command -v chromium >/dev/null || apt-get install -y -q chromium >/dev/null
 
 clean:
 	rm -rf $(VENV) mlflow.db mlruns .pytest_cache

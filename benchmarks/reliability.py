@@ -204,18 +204,11 @@ def driver_signals(rows: list[Row], reference: str, tries: int, rng: random.Rand
             row.tried += 1
             with tempfile.TemporaryDirectory() as tmp:
                 store = Path(tmp)
-                env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{store / 'mlflow.db'}"}
-                proc = subprocess.Popen(
-                    [*RAYSIM, "run", QUICK, "checkpoint.every=3"],
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                    env=env,
-                    cwd=store,
-                )
-                time.sleep(rng.uniform(2.0, 25.0))
+                proc = _popen(["run", QUICK, "checkpoint.every=3"], store)
+                at = rng.uniform(2.0, 25.0)
+                time.sleep(at)
                 proc.send_signal(sig)
-                proc.communicate(timeout=180)
+                _, stop_err = proc.communicate(timeout=180)
                 run_id = _run_id(store)
                 if run_id is None:  # stopped before the run existed: start again
                     res = raysim(["run", QUICK, "checkpoint.every=3"], store)
@@ -230,7 +223,11 @@ def driver_signals(rows: list[Row], reference: str, tries: int, rng: random.Rand
                     row.survived += 1
                 else:
                     row.lost += 1
-                    row.note = f"digest {digest}, RUNNING left: {len(left_running)}"
+                    row.note = (
+                        f"at {at:.1f} s: rc {proc.returncode} ({_tail(stop_err)}), then rc "
+                        f"{res.returncode} ({_tail(res.stderr)}), digest {digest}, RUNNING left: "
+                        f"{len(left_running)}"
+                    )
         rows.append(row)
         print(f"  {row.name}: {row.survived}/{row.tried}", flush=True)
 
@@ -247,6 +244,96 @@ def worker_kills(rows: list[Row], reference: str, tries: int, rng: random.Random
             row.lost += int(not ok)
     rows.append(row)
     print(f"  {row.name}: {row.survived}/{row.tried}", flush=True)
+
+
+def _coordinator_pid(driver: int) -> int | None:
+    """The coordinator actor's process among the driver's descendants (Ray names it)."""
+    import psutil
+
+    for child in psutil.Process(driver).children(recursive=True):
+        try:
+            if any("ray::Coordinator" in part for part in child.cmdline()):
+                return child.pid
+        except psutil.Error:
+            continue
+    return None
+
+
+def coordinator_kills(rows: list[Row], reference: str, tries: int, rng: random.Random) -> None:
+    """SIGKILL the coordinator's process at a random moment; the same invocation must finish
+    with the reference digest (the driver starts another coordinator and replays)."""
+    row = Row("fault", "coordinator process killed at a random moment")
+    for i in range(tries):
+        row.tried += 1
+        with tempfile.TemporaryDirectory() as tmp:
+            store = Path(tmp)
+            every = 3 * (i % 2)  # with and without checkpoints
+            proc = _popen(["run", QUICK, f"checkpoint.every={every}"], store)
+            killed_at, deadline = None, time.time() + rng.uniform(8.0, 20.0)
+            while killed_at is None and proc.poll() is None:
+                pid = _coordinator_pid(proc.pid) if time.time() >= deadline else None
+                if pid is not None:
+                    os.kill(pid, signal.SIGKILL)
+                    killed_at = time.time() - deadline
+                time.sleep(0.2)
+            out, err = proc.communicate(timeout=600)
+            ok = proc.returncode == 0 and _final_digest(out) == reference
+            ok = ok and _statuses(store) == ["FINISHED"] and killed_at is not None
+            row.survived += int(ok)
+            row.lost += int(not ok)
+            if not ok:
+                row.note = f"rc {proc.returncode}, killed: {killed_at is not None}; {_tail(err)}"
+    rows.append(row)
+    print(f"  {row.name}: {row.survived}/{row.tried}", flush=True)
+
+
+def _freeze(path: Path, frozen: bool) -> None:
+    """Make ``path`` unwritable, even for root (``chattr +i``), or writable again."""
+    subprocess.run(["chattr", "-R", "+i" if frozen else "-i", str(path)], check=True)
+
+
+def read_only_artifacts(rows: list[Row], reference: str) -> None:
+    """The artifact directory turns read-only after the first checkpoint: the run must finish
+    with the reference weights, saved by the driver, and the MLflow run must say FAILED."""
+    row = Row("fault", "artifact directory read-only mid-run", tried=1)
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Path(tmp)
+        proc = _popen(["run", QUICK, "checkpoint.every=3"], store)
+        deadline = time.time() + 300
+        while time.time() < deadline and not list(
+            store.glob("mlruns/*/*/artifacts/checkpoint/meta.json")
+        ):
+            time.sleep(0.2)
+        _freeze(store / "mlruns", True)
+        try:
+            out, err = proc.communicate(timeout=600)
+        finally:
+            _freeze(store / "mlruns", False)
+        saved = list(store.glob("raysim-unsaved/*/weights.safetensors"))
+        ok = proc.returncode == 1 and _final_digest(out) == reference and len(saved) == 1
+        ok = ok and _statuses(store) == ["FAILED"] and "Traceback" not in err
+        row.survived, row.lost = int(ok), int(not ok)
+        row.note = _tail(err) if not ok else "exit 1; weights saved by the driver; run FAILED"
+    rows.append(row)
+    print(f"  {row.name}: {row.survived}/{row.tried}", flush=True)
+
+
+def _popen(args: list[str], store: Path) -> subprocess.Popen:
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{store / 'mlflow.db'}"}
+    env.pop("RAY_ADDRESS", None)
+    return subprocess.Popen(
+        [*RAYSIM, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=store,
+    )
+
+
+def _tail(err: str) -> str:
+    lines = err.strip().splitlines()
+    return lines[-1][:160].replace("|", "/") if lines else "no stderr"
 
 
 def concurrent_runs(rows: list[Row], n: int = 8) -> None:
@@ -297,7 +384,15 @@ def stale_cluster_file(rows: list[Row], reference: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=["inputs", "faults"], default=None)
+    faults = {
+        "workers": lambda ref, t, rng: worker_kills(rows, ref, t, rng),
+        "coordinator": lambda ref, t, rng: coordinator_kills(rows, ref, t, rng),
+        "read-only": lambda ref, t, rng: read_only_artifacts(rows, ref),
+        "signals": lambda ref, t, rng: driver_signals(rows, ref, t, rng),
+        "concurrent": lambda ref, t, rng: concurrent_runs(rows),
+        "stale-cluster": lambda ref, t, rng: stale_cluster_file(rows, ref),
+    }
+    parser.add_argument("--only", choices=["inputs", "faults", *faults], default=None)
     parser.add_argument("--tries", type=int, default=2, help="tries per random fault row")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -307,15 +402,14 @@ def main() -> None:
     if args.only in (None, "inputs"):
         print(f"bad inputs ({len(BAD_INPUTS)} kinds)", flush=True)
         bad_inputs(rows)
-    if args.only in (None, "faults"):
+    if args.only != "inputs":
         with tempfile.TemporaryDirectory() as tmp:
             ref = raysim(["run", QUICK], Path(tmp))
         reference = _final_digest(ref.stdout)
         print(f"reference digest (uninterrupted quickstart) = {reference}", flush=True)
-        worker_kills(rows, reference, args.tries, rng)
-        driver_signals(rows, reference, args.tries, rng)
-        concurrent_runs(rows)
-        stale_cluster_file(rows, reference)
+        for name, fault in faults.items():
+            if args.only in (None, "faults", name):
+                fault(reference, args.tries, rng)
     print("\n| kind | case | tried | survived | lost | note |\n|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r.kind} | {r.name} | {r.tried} | {r.survived} | {r.lost} | {r.note} |")

@@ -8,7 +8,9 @@ checkpointed run (an MLflow run id, or a checkpoint directory) from its last che
 from __future__ import annotations
 
 import atexit
+import logging
 import os
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +20,9 @@ import numpy as np
 
 from raysim.checkpoint import ResumeSource, prepare_resume
 from raysim.config import ConfigError, RunConfig, load_config
-from raysim.tracking import default_tracking_uri
+from raysim.tracking import SESSION_TAG, default_tracking_uri
+
+log = logging.getLogger("raysim")
 
 
 @dataclass
@@ -34,6 +38,13 @@ class Result:
     clients: list[dict[str, Any]] = field(default_factory=list)
     weights: np.ndarray | None = None
     client_states: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
+    #: set when the run finished but its artifacts could not be written: why, and where the
+    #: driver saved the weights instead (the MLflow run is then marked FAILED)
+    unsaved: str | None = None
+
+
+#: where the driver saves a finished run's weights when the artifact store refuses them
+UNSAVED_DIR, WEIGHTS = "raysim-unsaved", "weights.safetensors"
 
 
 class ClusterError(RuntimeError):
@@ -115,10 +126,28 @@ def ensure_ray(address: str | None = None, **init_kwargs: Any) -> bool:
     kwargs.update(init_kwargs)
     main = threading.current_thread() is threading.main_thread()
     sigterm = signal.getsignal(signal.SIGTERM) if main else None
-    ray.init(address=target, **kwargs)
-    if callable(sigterm):
-        signal.signal(signal.SIGTERM, sigterm)  # ray.init replaces it; keep the caller's
+    try:
+        ray.init(address=target, **kwargs)
+    except SystemExit as stop:
+        # ray.init installs a handler that exits with code 15; a caller with its own handler
+        # (the CLI ends the run as KILLED and exits 143) gets the SIGTERM as it would have
+        if stop.code != signal.SIGTERM or not callable(sigterm):
+            raise
+        ray.shutdown()
+        sigterm(signal.SIGTERM, None)
+        raise
+    finally:
+        if callable(sigterm):
+            signal.signal(signal.SIGTERM, sigterm)  # ray.init replaces it; keep the caller's
     return True
+
+
+#: how often one run replaces a coordinator that died before it gives up
+MAX_COORDINATOR_RESTARTS = 3
+
+
+class CoordinatorLost(RuntimeError):
+    """The coordinator died more often than ``MAX_COORDINATOR_RESTARTS``."""
 
 
 class RunSession:
@@ -163,30 +192,130 @@ class RunSession:
         if not ray.is_initialized():
             preflight(cfg, address)
         self._started_ray = ensure_ray(address)
+        self.coordinator_restarts = 0
+        self._session = uuid.uuid4().hex  # tags the MLflow run, so a replacement finds it
+        self._first_source = resume.for_actor() if resume else None
+        self.run_id: str | None = None
+        self.round = resume.round if resume else 0
         try:
             self.plan = plan_resources(cfg, ray.cluster_resources())
-            size = self.plan.num_workers
-            actor = ray.remote(Coordinator).options(
+            self.pool_size = self.plan.num_workers
+            self._coordinator = ray.remote(Coordinator).options(
                 num_cpus=cfg.coordinator.num_cpus, num_gpus=cfg.coordinator.num_gpus
             )
-            source = resume.for_actor() if resume else None
-            self.actor = actor.remote(cfg.to_dict(), size, self.tracking_uri, source)
-            info = ray.get(self.actor.ready.remote())
+            try:
+                self._start_coordinator(self._first_source)
+            except ray.exceptions.ActorDiedError as died:
+                self._replace_coordinator(died)
         except BaseException:
             self.close()
             raise
-        self.run_id: str | None = info["run_id"]
-        self.pool_size = size
-        self.round = int(info["round"])
         # a script that exits without close(): mark the run KILLED before Ray's own exit hook
         atexit.register(self.close)
+
+    def _start_coordinator(self, source: dict[str, Any] | None) -> dict[str, Any]:
+        import ray
+
+        self.actor = self._coordinator.remote(
+            self.cfg.to_dict(),
+            self.pool_size,
+            self.tracking_uri,
+            source,
+            session=self._session,
+            restarts=self.coordinator_restarts,
+        )
+        info = ray.get(self.actor.ready.remote())
+        self.run_id, self.round = info["run_id"], int(info["round"])
+        return info
+
+    def _call(self, method: str) -> Any:
+        """``ray.get`` of a coordinator method; a coordinator that died is replaced first."""
+        import ray
+
+        while True:
+            try:
+                return ray.get(getattr(self.actor, method).remote())
+            except ray.exceptions.ActorDiedError as died:
+                self._replace_coordinator(died)
 
     def step(self) -> dict[str, float]:
         import ray
 
-        metrics = ray.get(self.actor.step.remote())
+        kill = self.cfg.faults.kill_coordinator
+        if kill is not None and kill.round == self.round and not self.coordinator_restarts:
+            ray.kill(self.actor, no_restart=True)  # fault injection (faults.kill_coordinator)
+        metrics = self._call("step")
         self.round += 1
         return metrics
+
+    def _replace_coordinator(self, died: BaseException) -> None:
+        """The coordinator died before finishing round ``self.round`` (or starting): start
+        another from the run's newest usable checkpoint, else from round 0 (every round is
+        deterministic), and replay up to this round without reporting it again. Gives up after
+        ``MAX_COORDINATOR_RESTARTS``, and the run is then marked FAILED."""
+        import ray
+
+        reached = self.round
+        while True:
+            if self.coordinator_restarts >= MAX_COORDINATOR_RESTARTS:
+                self._mark("FAILED")  # nobody else can: MLflow's only writer is gone
+                raise CoordinatorLost(
+                    f"the coordinator died {self.coordinator_restarts + 1} times; gave up at "
+                    f"round {reached}"
+                ) from died
+            self.coordinator_restarts += 1
+            try:
+                info = self._start_coordinator(self._source_after_death())
+                log.warning(
+                    "the coordinator died at round %d (%s); another took over from %s",
+                    reached,
+                    type(died).__name__,
+                    f"the checkpoint of round {info['round']}" if info["round"] else "round 0",
+                )
+                while self.round < reached:  # reported to the caller already
+                    ray.get(self.actor.step.remote())
+                    self.round += 1
+                return
+            except ray.exceptions.ActorDiedError as again:
+                died = again
+
+    def _source_after_death(self) -> dict[str, Any] | None:
+        """Where a replacement coordinator starts: the run the dead one opened (found by this
+        session's tag if it died starting), from its newest usable checkpoint or round 0."""
+        run_id = self.run_id or self._find_run() or (self._first_source or {}).get("run_id")
+        if run_id is None and not self.cfg.checkpoint.dir:
+            return self._first_source  # it recorded nothing: start as it did
+        return {
+            "run_id": run_id,
+            "dir": self.cfg.checkpoint.dir,
+            "tracking_uri": self.tracking_uri,
+            "or_from_start": True,
+        }
+
+    def _find_run(self) -> str | None:
+        if not self.tracking_uri:
+            return None
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(self.tracking_uri)
+        exp = client.get_experiment_by_name(self.cfg.tracking.experiment)
+        if exp is None:
+            return None
+        runs = client.search_runs(
+            [exp.experiment_id], f"tags.`{SESSION_TAG}` = '{self._session}'", max_results=1
+        )
+        return runs[0].info.run_id if runs else None
+
+    def _mark(self, status: str) -> None:
+        """End the MLflow run from the driver; only for when the coordinator cannot."""
+        run_id = getattr(self, "run_id", None)
+        if run_id and self.tracking_uri:
+            from mlflow.tracking import MlflowClient
+
+            try:
+                MlflowClient(self.tracking_uri).set_terminated(run_id, status)
+            except Exception as e:  # noqa: BLE001 - best effort on an error path
+                log.warning("could not mark run %s %s: %s", run_id, status, e)
 
     @property
     def done(self) -> bool:
@@ -214,15 +343,27 @@ class RunSession:
         if getattr(self, "actor", None) is not None:
             try:
                 ray.get(self.actor.fail.remote(status), timeout=30)
+            except ray.exceptions.ActorDiedError:
+                self._mark(status)  # the coordinator is gone: mark the run from here
             except Exception:  # noqa: BLE001
                 pass
 
     def finish(self) -> Result:
         import ray
 
-        summary = ray.get(self.actor.finish.remote())
-        weights = ray.get(self.actor.weights.remote())
-        states = ray.get(self.actor.client_states.remote())
+        summary = self._call("finish")
+        weights = self._call("weights")
+        states = self._call("client_states")
+        unsaved = summary.get("unsaved")
+        if unsaved:
+            from safetensors.numpy import save_file
+
+            where = Path(UNSAVED_DIR) / (summary["run_id"] or "run")
+            where.mkdir(parents=True, exist_ok=True)
+            named = ray.get(self.actor.named_weights.remote())
+            save_file({k: np.ascontiguousarray(v) for k, v in named.items()}, where / WEIGHTS)
+            unsaved += f"; weights saved to {where / WEIGHTS} instead"
+            log.warning(unsaved)
         return Result(
             metrics=summary["metrics"],
             history=summary["history"],
@@ -233,6 +374,7 @@ class RunSession:
             clients=summary["clients"],
             weights=np.array(weights),
             client_states=states,
+            unsaved=unsaved,
         )
 
     def close(self) -> None:

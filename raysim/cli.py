@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -20,6 +21,15 @@ from raysim.config import ConfigError, load_config
 console = Console()
 #: errors and stop notices: stderr, never wrapped, never parsed as markup
 errors = Console(stderr=True, soft_wrap=True, highlight=False)
+
+#: MLflow 3.17's UI opens experiments in its GenAI view (traces, no runs table) and ignores the
+#: experiment tag that earlier 3.x releases read; a URL can name the model-training view, and the
+#: UI's own toggle remembers the choice (tests/test_ui_browser.py checks both in Chromium)
+UI_VIEW = "workflowType=machine_learning"
+UI_HINT = (
+    "MLflow 3.17 opens experiments in its GenAI view: pick 'Model training' at the top left "
+    "once and it stays (the link above opens that view)"
+)
 
 #: exit codes: a user's mistake, and stops by signal (128 + SIGINT / SIGTERM)
 EXIT_USAGE, EXIT_SIGINT, EXIT_SIGTERM = 2, 130, 143
@@ -96,8 +106,31 @@ def _run_args(args: argparse.Namespace) -> tuple[str | None, list[str]]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    import signal
+    terminated: list[int] = []
 
+    def _terminate(signum: int, frame: Any) -> None:  # `kill PID`: end the run as KILLED
+        first = not terminated
+        terminated.append(signum)
+        if first:  # a second SIGTERM must not cut short the clean-up the first one started
+            raise Terminated
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    if main_thread:  # from the start: a SIGTERM during imports or ray.init also stops cleanly
+        previous = signal.getsignal(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, _terminate)
+    started: list[Any] = []  # the RunSession, once it has started
+    try:
+        return _run_command(args, started)
+    except KeyboardInterrupt:
+        _stopped(args, started[0] if started else None)
+        # by the flag, not the exception: code on the way (Ray's) may re-raise a plain one
+        return EXIT_SIGTERM if terminated else EXIT_SIGINT
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+def _run_command(args: argparse.Namespace, started: list[Any]) -> int:
     from raysim.checkpoint import prepare_resume
 
     config, overrides = _run_args(args)
@@ -118,29 +151,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         preflight(cfg, args.address)  # before the progress bar: a refusal is one line on stderr
     if args.dry_run:
         return _dry_run(cfg, args.address)
-
-    terminated: list[int] = []
-
-    def _terminate(signum: int, frame: Any) -> None:  # `kill PID`: end the run as KILLED
-        terminated.append(signum)
-        raise Terminated
-
-    main_thread = threading.current_thread() is threading.main_thread()
-    if main_thread:
-        previous = signal.getsignal(signal.SIGTERM)
-        signal.signal(signal.SIGTERM, _terminate)
-    started: list[Any] = []
-    try:
-        result = _run_with_progress(cfg, resume, args.address, started.append)
-    except KeyboardInterrupt:
-        _stopped(cfg, started[0] if started else None)
-        # by the flag, not the exception: code on the way (Ray's) may re-raise a plain one
-        return EXIT_SIGTERM if terminated else EXIT_SIGINT
-    finally:
-        if main_thread:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+    result = _run_with_progress(cfg, resume, args.address, started.append)
     console.print(_summary_table(result))
     console.print(f"weights sha256: {result.weights_digest}", soft_wrap=True, highlight=False)
+    if result.unsaved:
+        errors.print(f"raysim: error: {result.unsaved}", style="red", markup=False)
+        return 1
     return 0
 
 
@@ -163,11 +179,16 @@ def _dry_run(cfg: Any, address: str | None) -> int:
     return 0
 
 
-def _stopped(cfg: Any, session: Any) -> None:
+def _stopped(args: argparse.Namespace, session: Any) -> None:
     """The one line a stopped run prints: where it stopped and how to go on."""
     if session is None:
-        errors.print("stopped during start-up; nothing ran", markup=False)
+        again = f"raysim run --resume {args.resume}" if args.resume else "the same command"
+        errors.print(
+            f"stopped during start-up, before any round ran; start again with `{again}`",
+            markup=False,
+        )
         return
+    cfg = session.cfg
     where = f"stopped after round {session.round}"
     handle = session.run_id or cfg.checkpoint.dir
     if cfg.checkpoint.every and handle:
@@ -262,9 +283,10 @@ def cmd_leave_one_out(args: argparse.Namespace) -> int:
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
-    from raysim.tracking import default_tracking_uri
+    from raysim.tracking import default_tracking_uri, open_store
 
     uri = args.uri or default_tracking_uri()
+    open_store(uri)  # a copied project's store reads its own artifacts
     env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
     cmd = [
         sys.executable,
@@ -280,8 +302,24 @@ def cmd_ui(args: argparse.Namespace) -> int:
         "--workers",
         "1",
     ]
+
+    def _terminate(signum: int, frame: Any) -> None:  # `kill PID` stops the server too
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, _terminate)
     proc = subprocess.Popen(cmd, env=env)
-    url = f"http://127.0.0.1:{args.port}"
+    try:
+        return _serve_ui(proc, f"http://127.0.0.1:{args.port}", uri, args.check)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(timeout=30)
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _serve_ui(proc: subprocess.Popen, url: str, uri: str, check: bool) -> int:
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:
         try:
@@ -293,16 +331,25 @@ def cmd_ui(args: argparse.Namespace) -> int:
     if proc.poll() is not None:
         console.print(f"[red]mlflow server exited with code {proc.returncode}[/red]")
         return 1
-    console.print(f"MLflow UI for {uri} at [bold]{url}[/bold] (pid {proc.pid}); Ctrl-C stops it")
-    if args.check:
-        proc.terminate()
-        proc.wait(timeout=30)
-        return 0
-    try:
-        return proc.wait()
-    except KeyboardInterrupt:
-        proc.terminate()
-        return 0
+    console.print(
+        f"MLflow UI for {uri} at [bold]{_ui_landing(url, uri)}[/bold] (pid {proc.pid}); "
+        "Ctrl-C stops it",
+        soft_wrap=True,
+    )
+    console.print(UI_HINT, soft_wrap=True, markup=False)
+    return 0 if check else proc.wait()
+
+
+def _ui_landing(url: str, uri: str) -> str:
+    """The runs table of the experiment with the newest run, in the model-training view."""
+    from raysim.tracking import open_store
+
+    client = open_store(uri)
+    exps = [e.experiment_id for e in client.search_experiments()]
+    newest = client.search_runs(exps, order_by=["attributes.start_time DESC"], max_results=1)
+    if not newest:
+        return f"{url}/#/experiments?{UI_VIEW}"
+    return f"{url}/#/experiments/{newest[0].info.experiment_id}/runs?{UI_VIEW}"
 
 
 def cmd_methods(args: argparse.Namespace) -> int:
@@ -418,11 +465,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from raysim.api import CoordinatorLost
+
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
     except user_errors() as e:
         return error(str(e))
+    except CoordinatorLost as e:  # the run is marked FAILED; the message says where it stopped
+        errors.print(f"raysim: error: {e}", style="red", markup=False)
+        return 1
 
 
 if __name__ == "__main__":

@@ -205,10 +205,15 @@ class KillWorker(StrictModel):
     worker: int = Field(0, ge=0)
 
 
+class KillCoordinator(StrictModel):
+    round: int = Field(ge=0, description="the driver kills the coordinator before this round")
+
+
 class FaultsConfig(StrictModel):
     """Fault injection for robustness experiments (and the recovery tests)."""
 
     kill_worker: KillWorker | None = None
+    kill_coordinator: KillCoordinator | None = None
     corrupt_updates: list[CorruptUpdate] = Field(default_factory=list)
 
 
@@ -260,11 +265,12 @@ class RunConfig(StrictModel):
                     f"faults.corrupt_updates names round {f.round}; the run has rounds "
                     f"0..{self.rounds - 1}"
                 )
-        kill = self.faults.kill_worker
-        if kill is not None and kill.round >= self.rounds:
-            raise ValueError(
-                f"faults.kill_worker.round={kill.round}; the run has rounds 0..{self.rounds - 1}"
-            )
+        for name in ("kill_worker", "kill_coordinator"):
+            kill = getattr(self.faults, name)
+            if kill is not None and kill.round >= self.rounds:
+                raise ValueError(
+                    f"faults.{name}.round={kill.round}; the run has rounds 0..{self.rounds - 1}"
+                )
         if self.checkpoint.every and not self.tracking.enabled and not self.checkpoint.dir:
             raise ValueError(
                 f"checkpoint.every={self.checkpoint.every} needs somewhere to write: MLflow "

@@ -48,13 +48,91 @@ def store_lock(uri: str) -> Any:
 
 def open_store(uri: str) -> Any:
     """An ``MlflowClient`` on ``uri`` whose store is ready: a fresh store creates and migrates
-    its schema on first use, under ``store_lock`` so that runs starting together never race."""
+    its schema on first use, under ``store_lock`` so that runs starting together never race; a
+    sqlite store that was copied or moved has its artifact paths repointed (``relocate_store``)."""
     from mlflow.tracking import MlflowClient
 
     with store_lock(uri):
         client = MlflowClient(tracking_uri=uri)
         client.search_experiments(max_results=1)
+        for note in relocate_store(uri):
+            log.warning(note)
     return client
+
+
+#: Run tag: the driver session that opened the run (a replacement coordinator finds it by this)
+SESSION_TAG = "raysim.session"
+
+#: Experiment tag: the directory of the sqlite store the experiment was created in
+STORE_HOME = "raysim.store_home"
+
+
+def _store_home(uri: str) -> Path | None:
+    if not uri.startswith("sqlite:///"):
+        return None
+    return Path(uri.removeprefix("sqlite:///")).resolve().parent
+
+
+def relocate_store(uri: str) -> list[str]:
+    """Repoint artifact paths of a sqlite store that was copied or moved to another directory.
+
+    MLflow records absolute artifact paths, so a copied project directory would read (and
+    write) the artifacts of the old one. Each raysim experiment carries the directory its store
+    lived in (``STORE_HOME``); where that differs from where the store is now, every artifact path
+    under the old directory is rewritten to the same place under the new one. Experiments made
+    before the tag existed are repointed only when their old artifact directory is gone and the
+    same ``mlruns/...`` path exists here. Returns one note per experiment repointed.
+    """
+    import sqlite3
+
+    home = _store_home(uri)
+    if home is None or not (home / Path(uri).name).exists():
+        return []
+    notes = []
+    with sqlite3.connect(home / Path(uri).name, timeout=60) as db:
+        tags = dict(
+            db.execute(
+                "SELECT experiment_id, value FROM experiment_tags WHERE key = ?", (STORE_HOME,)
+            )
+        )
+        for exp_id, location in list(
+            db.execute("SELECT experiment_id, artifact_location FROM experiments")
+        ):
+            path = location.removeprefix("file://")
+            old = tags.get(exp_id)
+            if old is None:
+                if not path.startswith("/") or Path(path).exists() or "/mlruns/" not in path:
+                    continue
+                old, tail = path.split("/mlruns/", 1)
+                if not (home / "mlruns" / tail).exists():
+                    continue
+            if old == str(home) or not path.startswith(old.rstrip("/") + "/"):
+                continue
+            for table, column in (
+                ("experiments", "artifact_location"),
+                ("runs", "artifact_uri"),
+                ("logged_models", "artifact_location"),
+            ):
+                for scheme in ("", "file://"):
+                    prefix = scheme + old.rstrip("/") + "/"
+                    db.execute(
+                        f"UPDATE {table} SET {column} = ? || substr({column}, ?) "
+                        f"WHERE experiment_id = ? AND substr({column}, 1, ?) = ?",
+                        (f"{scheme}{home}/", len(prefix) + 1, exp_id, len(prefix), prefix),
+                    )
+            db.execute(
+                "INSERT OR REPLACE INTO experiment_tags (key, value, experiment_id) "
+                "VALUES (?, ?, ?)",
+                (STORE_HOME, str(home), exp_id),
+            )
+            notes.append(
+                f"store moved: artifacts of experiment {exp_id} now read from {home}, not {old}"
+            )
+    if notes:  # MLflow caches each run's artifact location per process
+        from mlflow.tracking._tracking_service import utils
+
+        getattr(utils, "_artifact_repos_cache", {}).clear()
+    return notes
 
 
 def ensure_experiment(client: Any, name: str) -> str:
@@ -63,8 +141,12 @@ def ensure_experiment(client: Any, name: str) -> str:
 
     exp = client.get_experiment_by_name(name)
     if exp is None:
+        tags = {EXPERIMENT_KIND: MODEL_TRAINING}
+        home = _store_home(client.tracking_uri)
+        if home is not None:
+            tags[STORE_HOME] = str(home)
         try:
-            return client.create_experiment(name, tags={EXPERIMENT_KIND: MODEL_TRAINING})
+            return client.create_experiment(name, tags=tags)
         except MlflowException:
             exp = client.get_experiment_by_name(name)  # another run created it in between
             if exp is None:
@@ -93,13 +175,11 @@ class Tracker:
         parent_run_id: str | None = None,
         resume_run_id: str | None = None,
     ) -> None:
-        import mlflow
 
         logging.getLogger("mlflow").setLevel(logging.WARNING)
         logging.getLogger("alembic").setLevel(logging.WARNING)
 
-        self.client = open_store(uri)
-        mlflow.set_tracking_uri(uri)
+        self.client = open_store(uri)  # its own client: the process-wide tracking URI stays put
         self.uri = uri
         self.warnings: list[str] = []
         self.ended = False

@@ -184,6 +184,36 @@ def test_a_stopped_run_says_how_to_resume_and_is_not_left_running(tmp_path, sig,
     assert last.endswith(f"resume with `raysim run --resume {run.info.run_id}`"), err[-2000:]
 
 
+SIGTERM_IN_RAY_INIT = """
+import os, signal, sys, time
+import ray
+init = ray.init
+def init_then_sigterm(*args, **kwargs):  # the signal lands while Ray's own handler is in place
+    out = init(*args, **kwargs)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(5)
+    return out
+ray.init = init_then_sigterm
+from raysim.cli import main
+sys.exit(main(["run", sys.argv[1], "rounds=2"]))
+"""
+
+
+def test_sigterm_during_ray_init_stops_cleanly(tmp_path):
+    """ray.init installs a handler that exits with code 15 and no word; the CLI's stop wins."""
+    proc = subprocess.run(
+        [sys.executable, "-c", SIGTERM_IN_RAY_INIT, QUICKSTART],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=ROOT,
+        env={**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"},
+    )
+    assert proc.returncode == 143, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("stopped during start-up")
+
+
 N_TOGETHER = 5
 
 
@@ -255,3 +285,54 @@ def test_per_client_mode_refuses_more_actors_than_the_machine_can_start():
     with pytest.raises(ResourceError, match="2 CPUs allow 8 .* workers.count=auto"):
         plan_resources(cfg, {"CPU": 2.0, "GPU": 0.0})
     assert plan_resources(cfg, {"CPU": 8.0, "GPU": 0.0}).num_workers == 20
+
+
+def _project_with_a_run(project: Path) -> str:
+    from raysim.tracking import Tracker
+
+    t = Tracker(f"sqlite:///{project / 'mlflow.db'}", "moved", "r", {}, {})
+    t.client.log_text(t.run_id, "old", "note.txt")
+    t.client.set_terminated(t.run_id, "FINISHED")
+    return t.run_id
+
+
+@pytest.mark.parametrize("how", ["copied", "moved, store made before the tag"])
+def test_a_copied_project_reads_and_writes_its_own_artifacts(tmp_path, monkeypatch, how):
+    """MLflow stores absolute artifact paths; opening a copied or moved sqlite store repoints them
+    at the copy, so the copy neither reads nor writes the old directory."""
+    import shutil
+    import sqlite3
+
+    from raysim.tracking import STORE_HOME, open_store
+
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.mkdir()
+    monkeypatch.chdir(old)  # MLflow's default artifact root: ./mlruns
+    before = (os.environ.get("MLFLOW_TRACKING_URI"), __import__("mlflow").get_tracking_uri())
+    run_id = _project_with_a_run(old)
+    # a Tracker leaves the process-wide tracking URI alone (other runs in this process use it)
+    assert (
+        os.environ.get("MLFLOW_TRACKING_URI"),
+        __import__("mlflow").get_tracking_uri(),
+    ) == before
+    if how != "copied":
+        with sqlite3.connect(old / "mlflow.db") as db:
+            db.execute("DELETE FROM experiment_tags WHERE key = ?", (STORE_HOME,))
+    shutil.copytree(old, new)
+    if how == "copied":
+        (old / "mlruns").rename(tmp_path / "old-artifacts")  # reading the old one would fail
+    else:
+        shutil.rmtree(old)
+    monkeypatch.chdir(tmp_path)
+
+    client = open_store(f"sqlite:///{new / 'mlflow.db'}")
+    run = client.get_run(run_id)
+    assert run.info.artifact_uri.removeprefix("file://").startswith(str(new) + "/")
+    assert Path(client.download_artifacts(run_id, "note.txt", str(tmp_path))).read_text() == "old"
+    client.log_text(run_id, "new", "note2.txt")
+    assert list(new.rglob("note2.txt")) and not list(tmp_path.glob("old*/**/note2.txt"))
+    exp = client.get_experiment(run.info.experiment_id)
+    assert exp.tags[STORE_HOME] == str(new)
+    assert open_store(f"sqlite:///{new / 'mlflow.db'}").get_run(run_id).info.artifact_uri == (
+        run.info.artifact_uri
+    )  # a second open changes nothing

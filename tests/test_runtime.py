@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -64,15 +65,99 @@ def test_per_client_actors_equal_pooled_workers(ray_cluster):
     assert pooled.weights_digest == pinned.weights_digest
 
 
-def test_killed_worker_is_replaced_and_result_unchanged(ray_cluster):
-    cfg = tiny(rounds=5, delays={"kind": "half_normal", "sigma": 2.0})
-    clean = raysim.run(cfg)
-    faulty = raysim.run(cfg, ["faults.kill_worker.round=2", "faults.kill_worker.worker=0"])
+#: the run every fault test below must end identical to
+FAULTS = tiny(rounds=4, workers={"count": 1}, delays={"kind": "half_normal", "sigma": 2.0})
+
+
+@pytest.fixture(scope="module")
+def clean(ray_cluster):
+    """``FAULTS`` run once, undisturbed."""
+    return raysim.run(FAULTS)
+
+
+def test_killed_worker_is_replaced_and_result_unchanged(clean):
+    faulty = raysim.run(FAULTS, ["faults.kill_worker.round=2", "faults.kill_worker.worker=0"])
     assert faulty.weights_digest == clean.weights_digest
     assert accs(faulty) == accs(clean)
     # the restart leaves a trace: a per-round metric (and a warning in the console and MLflow)
     assert sum(h["worker_restarts"] for h in faulty.history) == 1
     assert sum(h["worker_restarts"] for h in clean.history) == 0
+
+
+def _replaced_once(client, result, resumed_at: str) -> None:
+    run = client.get_run(result.run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["raysim.coordinator_restarts"] == "1"
+    assert run.data.tags["raysim.resumed_at_round"] == resumed_at
+    history = client.get_metric_history(result.run_id, "accuracy")
+    assert [m.step for m in history] == list(range(4))  # one value per round, none twice
+
+
+def test_killed_coordinator_is_replaced_and_result_unchanged(clean, mlflow_uri):
+    """The driver starts another coordinator from the newest checkpoint, replays to where the
+    dead one was, and the run ends as if nothing happened: same weights, FINISHED, recorded."""
+    faulty = raysim.run(FAULTS, ["checkpoint.every=2", "faults.kill_coordinator.round=3"])
+    assert faulty.weights_digest == clean.weights_digest
+    assert accs(faulty) == accs(clean)
+    _replaced_once(MlflowClient(mlflow_uri), faulty, resumed_at="2")
+
+
+def test_coordinator_dying_at_start_up_leaves_one_run(clean, mlflow_uri, monkeypatch):
+    """A coordinator that dies after opening its MLflow run but before the driver heard of it:
+    the replacement finds that run by the session tag and reopens it at round 0 (no checkpoint);
+    no orphan is left. A death mid-run without a checkpoint replays from round 0 the same way
+    (benchmarks/reliability.py kills the process at random moments, with and without)."""
+    import ray
+
+    start = raysim.RunSession._start_coordinator
+    died: list[str] = []
+
+    def dies_once(self, source):
+        info = start(self, source)
+        if not died:
+            died.append(self.run_id)
+            ray.kill(self.actor, no_restart=True)
+            self.run_id = None
+            raise ray.exceptions.ActorDiedError()
+        return info
+
+    monkeypatch.setattr(raysim.RunSession, "_start_coordinator", dies_once)
+    res = raysim.run(FAULTS, ["tracking.experiment=dies-at-start-up"])
+    assert res.weights_digest == clean.weights_digest
+    client = MlflowClient(mlflow_uri)
+    (exp,) = [e for e in client.search_experiments() if e.name == "dies-at-start-up"]
+    (run,) = client.search_runs([exp.experiment_id])
+    assert run.info.run_id == res.run_id == died[0]
+    _replaced_once(client, res, resumed_at="0")
+
+
+def test_unwritable_artifact_store_loses_nothing(clean, mlflow_uri, tmp_path, monkeypatch):
+    """Artifacts that cannot be written mid-run: checkpoints are skipped with a warning, the run
+    finishes with the same weights, which the driver saves locally, and MLflow says FAILED."""
+    import shutil
+
+    from safetensors.numpy import load_file
+
+    monkeypatch.chdir(tmp_path)
+    session = raysim.RunSession(raysim.load_config(FAULTS, ["checkpoint.every=1"]))
+    try:
+        session.step()
+        client = MlflowClient(mlflow_uri)
+        artifacts = Path(client.get_run(session.run_id).info.artifact_uri.removeprefix("file://"))
+        shutil.rmtree(artifacts)
+        artifacts.write_text("not a directory")  # every write below it fails, even as root
+        for _ in session.rounds():
+            pass
+        res = session.finish()
+    finally:
+        session.close()
+    assert res.weights_digest == clean.weights_digest
+    assert "could not be written" in res.unsaved
+    saved = load_file(tmp_path / "raysim-unsaved" / res.run_id / "weights.safetensors")
+    assert np.concatenate([v.ravel() for v in saved.values()]).size == res.weights.size
+    run = client.get_run(res.run_id)
+    assert run.info.status == "FAILED" and "could not be written" in run.data.tags["raysim.error"]
+    assert [m.step for m in client.get_metric_history(res.run_id, "accuracy")] == list(range(4))
 
 
 def test_killed_worker_restarts_with_new_process(ray_cluster):

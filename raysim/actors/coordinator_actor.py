@@ -18,7 +18,7 @@ from raysim.algorithms.registry import get_method
 from raysim.config import config_from_wire, flatten
 from raysim.data import build_federated_dataset
 from raysim.runtime import data_spec, server_context
-from raysim.tracking import Tracker
+from raysim.tracking import SESSION_TAG, Tracker
 
 
 class Coordinator:
@@ -30,10 +30,22 @@ class Coordinator:
         pool_size: int,
         tracking_uri: str | None,
         resume: dict[str, Any] | None = None,
+        session: str | None = None,
+        restarts: int = 0,
     ) -> None:
+        """``session`` tags the MLflow run (the driver's ``SESSION_TAG``); ``restarts``: how many
+        coordinators of this run died before this one."""
         cfg = config_from_wire(config)
         self.cfg = cfg
-        saved = checkpoint.load(resume, cfg) if resume else None  # fail before taking anything
+        saved = None  # read before taking anything: a checkpoint that does not load fails here
+        if resume:
+            try:
+                saved = checkpoint.load(resume, cfg)
+            except checkpoint.ResumeError:
+                # a replacement for a coordinator that died before a usable checkpoint reopens
+                # the run at round 0 (every round is deterministic; the driver replays them)
+                if not resume.get("or_from_start"):
+                    raise
         dataset = build_federated_dataset(cfg.data, cfg.clients.num, cfg.seed)
         self.dataset_ref = ray.put(dataset)  # held for the whole run: restarted workers re-read it
         self.pool = RayWorkerPool(
@@ -65,16 +77,22 @@ class Coordinator:
                     "reference": method.reference,
                     "seed": str(cfg.seed),
                     **cfg.tracking.tags,
+                    **({SESSION_TAG: session} if session else {}),
                 },
                 parent_run_id=cfg.tracking.parent_run_id,
                 resume_run_id=resume.get("run_id") if resume else None,
             )
-            if saved is None:
+            if resume is None:
                 self.tracker.log_config(cfg.to_dict())
             else:
-                self.tracker.warnings = list(saved.get("warnings", []))
+                if saved is not None:
+                    self.tracker.warnings = list(saved.get("warnings", []))
                 self.tracker.client.set_tag(
                     self.tracker.run_id, "raysim.resumed_at_round", str(self.core.round)
+                )
+            if restarts:
+                self.tracker.client.set_tag(
+                    self.tracker.run_id, "raysim.coordinator_restarts", str(restarts)
                 )
             self.core.tracker = self.tracker
         self.checkpointer = (
@@ -91,7 +109,13 @@ class Coordinator:
     def step(self) -> dict[str, float]:
         metrics = self.core.step()
         if self.checkpointer is not None and self.checkpointer.due(self.core.round):
-            self.save_checkpoint()
+            try:
+                self.save_checkpoint()
+            except OSError as e:  # a full or read-only disk must not end the run
+                self.core.warn(
+                    f"checkpoint before round {self.core.round} not written ({e}); the run goes "
+                    "on and the next checkpoint tries again"
+                )
         return metrics
 
     def save_checkpoint(self) -> None:
@@ -133,15 +157,23 @@ class Coordinator:
             self.tracker.log_round(
                 self.cfg.rounds, {f"final_{k}": v for k, v in summary["metrics"].items()}
             )
-            self.tracker.log_final(
-                self.cfg.to_dict(),
-                self._layout.unflatten(core.weights),
-                summary["clients"],
-                core.history,
-                {"weights_digest": summary["weights_digest"], **summary["metrics"]},
-                self._final_states,
-            )
+            try:
+                self.tracker.log_final(
+                    self.cfg.to_dict(),
+                    self.named_weights(),
+                    summary["clients"],
+                    core.history,
+                    {"weights_digest": summary["weights_digest"], **summary["metrics"]},
+                    self._final_states,
+                )
+            except OSError as e:  # the driver saves the weights where the user is instead
+                summary["unsaved"] = f"the run's artifacts could not be written ({e})"
+                self.tracker.client.set_tag(self.tracker.run_id, "raysim.error", summary["unsaved"])
+                self.tracker.fail("FAILED")
         return summary
+
+    def named_weights(self) -> dict[str, Any]:
+        return self._layout.unflatten(self.core.weights)
 
     def _client_rows(self) -> list[dict[str, Any]]:
         """Per-client training counters joined with the last per-client evaluation."""

@@ -253,12 +253,13 @@ class CoordinatorCore:
         nothing: say so rather than let the experiment look clean by accident."""
         for f in self.cfg.faults.corrupt_updates:
             if f.round == k and f.client not in dispatched:
-                self._warn(
+                self.warn(
                     f"round {k}: faults.corrupt_updates names client {f.client}, which is not "
                     "dispatched this round; nothing was corrupted"
                 )
 
-    def _warn(self, message: str) -> None:
+    def warn(self, message: str) -> None:
+        """A console line, kept in the run's ``warnings.txt`` too."""
         if self.tracker is not None:
             self.tracker.warn(message)
         else:
@@ -338,7 +339,7 @@ class CoordinatorCore:
         if events:
             self.totals["worker_restarts"] = self.totals.get("worker_restarts", 0) + len(events)
             for event in events:
-                self._warn(f"round {k}: {event}")
+                self.warn(f"round {k}: {event}")
         m["worker_restarts"] = float(len(events))
         if log.tau_rounds:
             m["staleness_rounds_mean"] = float(np.mean(log.tau_rounds))

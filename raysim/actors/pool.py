@@ -44,7 +44,7 @@ class RayWorkerPool:
         self._fetched: dict[Any, list[ClientResult]] = {}
         self._remaining: dict[Any, int] = {}
         self._sizes = client_sizes
-        self._pids: dict[int, int] = {}
+        self._pids: dict[int, set[int]] = {}
         self._events: list[str] = []
 
     def put(self, weights: np.ndarray) -> Any:
@@ -90,13 +90,15 @@ class RayWorkerPool:
         return out
 
     def _note_pid(self, worker: int, pid: int) -> None:
-        before = self._pids.get(worker)
-        if pid and before is not None and pid != before:
+        """A process not seen before for this worker is a restart. (Results of jobs the old
+        process finished may still arrive after the new one's: they are no second restart.)"""
+        seen = self._pids.setdefault(worker, set())
+        if pid and seen and pid not in seen:
             self._events.append(
-                f"worker {worker} restarted (process {before} -> {pid}); its jobs ran again"
+                f"worker {worker} restarted (now process {pid}); its jobs ran again"
             )
         if pid:
-            self._pids[worker] = pid
+            seen.add(pid)
 
     def events(self) -> list[str]:
         """What happened to the workers since the last call (restarts), oldest first."""

@@ -363,8 +363,8 @@ def prepare_resume(
     meta = read_meta(files[META], where)
     stored = yaml.safe_load(files[CONFIG])
     cfg = given if given is not None else load_config(stored, overrides)
-    if config_hash(cfg) != meta["config_hash"]:
-        diff = config_diff(stored, cfg)
+    if not same_config(cfg, meta, files):
+        diff = config_diff(load_config(stored), cfg)
         raise ResumeError(
             f"{where}: the config differs from the checkpointed run's:\n  "
             + "\n  ".join(diff[:20] or ["(config hash differs)"])
@@ -398,6 +398,21 @@ def load(source: Mapping[str, Any], config: RunConfig) -> dict[str, Any]:
         if config.checkpoint.dir and (Path(config.checkpoint.dir) / PRIVATE).is_file():
             files[PRIVATE] = (Path(config.checkpoint.dir) / PRIVATE).read_bytes()
     meta, state = unpack(files, where)
-    if meta["config_hash"] != config_hash(config):
+    if not same_config(config, meta, files):
         raise ResumeError(f"{where}: the checkpoint was written by another config")
     return state
+
+
+def same_config(config: RunConfig, meta: Mapping[str, Any], files: Mapping[str, bytes]) -> bool:
+    """Whether ``config`` is the checkpointed run's. The checkpoint's own config is also read
+    through today's schema, so keys added to raysim since it was written (at their defaults) do
+    not make an older checkpoint another run's."""
+    if config_hash(config) == meta["config_hash"]:
+        return True
+    if CONFIG not in files:
+        return False
+    try:
+        then = load_config(yaml.safe_load(files[CONFIG]))
+    except ConfigError:
+        return False
+    return config_hash(then) == config_hash(config)

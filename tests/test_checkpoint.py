@@ -141,6 +141,22 @@ def test_resume_refuses_another_config_naming_the_keys(tmp_path):
         prepare_resume(tmp_path / "empty")
 
 
+def test_a_checkpoint_from_before_a_new_config_key_still_resumes(tmp_path):
+    """A key added to raysim after the checkpoint was written (at its default) is not a change
+    of config; a real change still is."""
+    cfg = load_config(
+        tiny(rounds=3, tracking={"enabled": False}, checkpoint={"dir": str(tmp_path)})
+    )
+    older = cfg.to_dict()
+    del older["faults"]["kill_coordinator"]  # the schema before faults.kill_coordinator
+    checkpoint.write_dir(tmp_path, checkpoint.pack({"x": np.arange(3.0)}, older, 1))
+    src = prepare_resume(tmp_path)
+    assert src.round == 1
+    np.testing.assert_array_equal(checkpoint.load(src.for_actor(), src.config)["x"], np.arange(3.0))
+    with pytest.raises(ResumeError, match="seed"):
+        prepare_resume(tmp_path, overrides=["seed=9"])
+
+
 # --------------------------------------------------------------------------- Ray + MLflow
 @pytest.mark.slow
 def test_sync_fedavg_crash_then_cli_resume_continues_the_mlflow_run(ray_cluster, mlflow_uri):

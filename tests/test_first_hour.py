@@ -4,6 +4,7 @@ named, runs that start together on a fresh store, and stops that say how to resu
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -144,9 +145,12 @@ def test_address_auto_resolves_like_ray_and_refuses_a_dead_cluster(monkeypatch):
 
 @pytest.mark.slow
 def test_stale_cluster_file_does_not_capture_a_plain_run(stale_cluster_file, tmp_path):
-    res = _cli(["run", QUICKSTART, "rounds=2", "tracking.enabled=false"], timeout=180)
+    """...and a plain `raysim run` prints its summary: the run id and the digest."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    res = _cli(["run", QUICKSTART, "rounds=2"], env={"MLFLOW_TRACKING_URI": uri}, timeout=180)
     assert res.returncode == 0, res.stderr[-2000:]
-    assert "weights sha256: " in res.stdout
+    assert "MLflow run id" in res.stdout and "rounds (virtual time)" in res.stdout
+    assert re.search(r"^weights sha256: [0-9a-f]{64}$", res.stdout, re.M)
 
 
 @pytest.mark.slow

@@ -1,0 +1,1 @@
+"""Ray Tune sweeps over raysim runs: the ``tune:`` config section and its search space."""

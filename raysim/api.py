@@ -157,6 +157,8 @@ class RunSession:
     ``raysim.checkpoint.prepare_resume``) restores the run's last checkpoint instead of starting
     afresh; ``cfg`` may then be None (the checkpoint's config is used) or must match it.
     ``force`` resumes a run whose status is still RUNNING (its driver died unannounced).
+    ``resources`` is what the run may use (default: the whole cluster; a Tune trial passes its
+    placement group's share).
     """
 
     def __init__(
@@ -166,6 +168,7 @@ class RunSession:
         *,
         resume: str | os.PathLike | ResumeSource | None = None,
         force: bool = False,
+        resources: Mapping[str, float] | None = None,
     ) -> None:
         import ray
 
@@ -185,11 +188,9 @@ class RunSession:
             self.tracking_uri = (resume.tracking_uri if resume else None) or (
                 cfg.tracking.uri or default_tracking_uri()
             )
-        if self.tracking_uri:
-            os.environ["MLFLOW_TRACKING_URI"] = (
-                self.tracking_uri
-            )  # before ray.init (ENVIRONMENT.md)
         if not ray.is_initialized():
+            if self.tracking_uri:  # before ray.init, for every Ray process (ENVIRONMENT.md)
+                os.environ["MLFLOW_TRACKING_URI"] = self.tracking_uri
             preflight(cfg, address)
         self._started_ray = ensure_ray(address)
         self.coordinator_restarts = 0
@@ -198,7 +199,7 @@ class RunSession:
         self.run_id: str | None = None
         self.round = resume.round if resume else 0
         try:
-            self.plan = plan_resources(cfg, ray.cluster_resources())
+            self.plan = plan_resources(cfg, dict(resources or ray.cluster_resources()))
             self.pool_size = self.plan.num_workers
             self._coordinator = ray.remote(Coordinator).options(
                 num_cpus=cfg.coordinator.num_cpus, num_gpus=cfg.coordinator.num_gpus
@@ -425,7 +426,11 @@ def run(
     elif config is None:
         raise ConfigError("run() needs a config (or resume=RUN_ID)")
     else:
-        cfg = config if isinstance(config, RunConfig) else load_config(config, overrides)
+        overrides = list(overrides)
+        if isinstance(config, RunConfig):  # overrides apply to a validated config too
+            cfg = load_config(config.to_dict(), overrides) if overrides else config
+        else:
+            cfg = load_config(config, overrides)
     session = RunSession(cfg, address=address, resume=resume)
     if on_start is not None:
         on_start(session)

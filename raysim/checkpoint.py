@@ -57,6 +57,7 @@ RESUME_FREE = (
     "tracking.run_name",
     "tracking.parent_run_id",
     "tracking.tags",
+    "tune",
 )
 _SAFETENSORS_DTYPES = {
     "bool",

@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Mapping
 from typing import Any
 
 from rich.console import Console
@@ -352,6 +353,61 @@ def _ui_landing(url: str, uri: str) -> str:
     return f"{url}/#/experiments/{newest[0].info.experiment_id}/runs?{UI_VIEW}"
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    """``raysim tune CONFIG [key=value ...]``: a Ray Tune sweep over the config's ``tune:`` space,
+    with a live trial table; ends with the table, the best config as YAML and the MLflow run."""
+    from rich.live import Live
+
+    from raysim.sweeps.tuner import best_config_yaml, tune
+
+    cfg = load_config(args.config, args.overrides)
+    metric = cfg.tune.metric if cfg.tune is not None else "accuracy"
+    rows: dict[str, dict[str, Any]] = {}
+
+    def table() -> Table:
+        t = Table(title="trials")
+        for col in ("trial", "round", metric, "MLflow run"):
+            t.add_column(col)
+        for name, r in sorted(rows.items()):
+            t.add_row(name, str(r["round"]), r["metric"], r["run"])
+        return t
+
+    with Live(table(), console=console, refresh_per_second=2, transient=True) as live:
+
+        def on_result(trial: str, result: Mapping[str, Any]) -> None:
+            value = result.get(metric)
+            rows[trial] = {
+                "round": int(result.get("round", 0)),
+                "metric": f"{value:.4f}" if isinstance(value, float) else "",
+                "run": str(result.get("run_id", ""))[:8],
+            }
+            live.update(table())
+
+        out = tune(
+            cfg,
+            address=args.address,
+            resume=args.resume,
+            storage=args.storage,
+            on_result=on_result,
+        )
+    done = Table(title=f"sweep · best {out.metric} = {out.best_metric:.4f} ({out.mode})")
+    cols = [c for c in out.table[0] if c != "weights_digest"]
+    for col in cols:
+        done.add_column(col)
+    for r in out.table:
+        done.add_row(*[f"{r[c]:.4g}" if isinstance(r[c], float) else str(r[c]) for c in cols])
+    console.print(done)
+    console.print("best config (raysim run it as it is):", style="bold")
+    console.print(best_config_yaml(out), markup=False, highlight=False, soft_wrap=True)
+    console.print(
+        f"MLflow parent run {out.parent_run_id}; Tune state in {out.path} "
+        f"(continue with `raysim tune {args.config} --resume {out.path}`)",
+        soft_wrap=True,
+        markup=False,
+    )
+    return 0
+
+
 def cmd_methods(args: argparse.Namespace) -> int:
     from raysim.algorithms.registry import get_method, method_names
 
@@ -449,6 +505,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=5000)
     p.add_argument("--check", action="store_true", help="start, wait until healthy, then stop")
     p.set_defaults(func=cmd_ui)
+    p = sub.add_parser("tune", help="a Ray Tune sweep over the config's tune: section")
+    p.add_argument("config", help="a YAML config with a tune: section")
+    p.add_argument("overrides", nargs="*", help="dotted key=value overrides")
+    p.add_argument("--address", default=None, help="a Ray cluster to join (default: private)")
+    p.add_argument("--resume", default=None, help="continue the sweep whose Tune state is DIR")
+    p.add_argument("--storage", default="tune", help="where Tune keeps its state (default ./tune)")
+    p.set_defaults(func=cmd_tune)
     p = sub.add_parser("methods", help="list registered methods and their parameters")
     p.set_defaults(func=cmd_methods)
     p = sub.add_parser(

@@ -29,6 +29,7 @@ from raysim.data import DataConfig
 from raysim.delays import DelayParams, NoDelayParams, parse_delay_params
 from raysim.models.registry import ModelConfig, model_names
 from raysim.schema import StrictModel
+from raysim.sweeps.space import TuneSection
 from raysim.training.loop import LocalTrainingConfig
 
 
@@ -236,6 +237,9 @@ class RunConfig(StrictModel):
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     faults: FaultsConfig = Field(default_factory=FaultsConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    tune: TuneSection | None = Field(
+        None, description="raysim tune: the search space and how trials run; ignored by a run"
+    )
 
     @field_validator("delays", mode="before")
     @classmethod

@@ -1,0 +1,70 @@
+"""One Tune trial is one raysim run: the base config with the sampled values as overrides,
+validated by the run's own schema, stepped round by round through ``RunSession``, reporting every
+round to Tune (so ASHA can stop it) and logging to its own MLflow run under the sweep's."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+#: what every trial reports besides the run's per-round metrics
+ROUND, RUN_ID, DIGEST = "round", "run_id", "weights_digest"
+
+
+def trial_overrides(params: Mapping[str, Any]) -> list[str]:
+    """``key=value`` overrides for sampled values (JSON is YAML, so types survive)."""
+    return [f"{key}={json.dumps(value)}" for key, value in sorted(params.items())]
+
+
+def trial_config(
+    base: Mapping[str, Any],
+    params: Mapping[str, Any],
+    parent_run_id: str | None = None,
+    trial: str | None = None,
+) -> Any:
+    """The trial's ``RunConfig``: ``base`` with ``params`` applied, a child of the sweep's run."""
+    from raysim.config import load_config
+
+    cfg = load_config(base, trial_overrides(params))
+    tags = dict(cfg.tracking.tags)
+    if parent_run_id:
+        tags["raysim.sweep"] = parent_run_id
+    if trial:
+        tags["raysim.trial"] = trial
+    name = f"{trial} · {cfg.run_name()}" if trial else cfg.run_name()
+    tracking = cfg.tracking.model_copy(
+        update={"parent_run_id": parent_run_id, "run_name": name, "tags": tags}
+    )
+    return cfg.model_copy(update={"tracking": tracking})
+
+
+def placement_share() -> dict[str, float] | None:
+    """What the run inside this trial may use: its placement group's bundles after the first,
+    which Tune gives the trial's own process (None outside a placement group)."""
+    from ray.util import get_current_placement_group
+
+    pg = get_current_placement_group()
+    if pg is None:
+        return None
+    rest = pg.bundle_specs[1:]
+    return {key: float(sum(b.get(key, 0.0) for b in rest)) for key in ("CPU", "GPU")}
+
+
+def run_trial(params: dict[str, Any], *, base: dict[str, Any], parent_run_id: str | None) -> None:
+    """The Tune function trainable."""
+    from ray import tune
+
+    from raysim.api import RunSession
+
+    ctx = tune.get_context()
+    cfg = trial_config(base, params, parent_run_id, ctx.get_trial_name())
+    session = RunSession(cfg, resources=placement_share())
+    try:
+        while not session.done:
+            metrics = dict(session.step())
+            if session.done:  # the last round: finish first, so the report carries the digest
+                metrics[DIGEST] = session.finish().weights_digest
+            tune.report({**metrics, ROUND: session.round, RUN_ID: session.run_id or ""})
+    finally:
+        session.close()

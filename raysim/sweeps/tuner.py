@@ -1,0 +1,321 @@
+"""``raysim tune``: a Ray Tune search over raysim runs, recorded in MLflow as one parent run (the
+space, the table, plots, the best config) with one child run per trial."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from ray.tune import Callback
+
+from raysim.config import ConfigError, RunConfig, load_config
+from raysim.sweeps.space import TuneSection
+from raysim.sweeps.trial import DIGEST, ROUND, RUN_ID, run_trial, trial_overrides
+
+#: CPU of the trial's own process (it only steps the coordinator and reports)
+TRIAL_CPU = 0.1
+#: written next to Tune's experiment state so that ``--resume DIR`` finds its sweep again
+SWEEP_FILE = "raysim_sweep.json"
+
+
+@dataclass
+class SweepSummary:
+    """What ``raysim.tune`` gives back."""
+
+    metric: str
+    mode: str
+    best_params: dict[str, Any]
+    best_config: dict[str, Any]
+    best_metric: float
+    table: list[dict[str, Any]]
+    parent_run_id: str | None
+    path: str
+    stopped_early: list[str] = field(default_factory=list)
+
+
+def sweep_section(cfg: RunConfig, space: Mapping[str, Any] | None = None) -> TuneSection:
+    """The config's ``tune:`` section (``space`` replaces its space); refused if there is none."""
+    if cfg.tune is None and space is None:
+        raise ConfigError("raysim tune needs a tune: section with a space (or space=...)")
+    raw = cfg.tune.model_dump() if cfg.tune is not None else {}
+    if space is not None:
+        raw["space"] = dict(space)
+    try:
+        return TuneSection.model_validate(raw)
+    except ValueError as e:
+        raise ConfigError(f"tune: {e}") from None
+
+
+def check_space(base: Mapping[str, Any], section: TuneSection) -> None:
+    """Every swept key, at values that stand for its domain, through the run's own schema:
+    a wrong key or value fails here, before Ray starts, naming the key."""
+    if section.metric in section.space:
+        raise ConfigError(f"tune.metric={section.metric!r} is also a swept key")
+    for key, domain in section.space.items():
+        for value in domain.representatives():
+            try:
+                load_config(base, trial_overrides({key: value}))
+            except ConfigError as e:
+                raise ConfigError(f"tune.space.{key} = {value!r}: {e}") from None
+
+
+def _base(cfg: RunConfig) -> dict[str, Any]:
+    d = cfg.to_dict()
+    d["tune"] = None
+    return d
+
+
+def tune(
+    config: str | Path | Mapping[str, Any] | RunConfig,
+    overrides: Iterable[str] = (),
+    *,
+    space: Mapping[str, Any] | None = None,
+    address: str | None = None,
+    resume: str | Path | None = None,
+    storage: str | Path = "tune",
+    on_result: Callable[[str, Mapping[str, Any]], None] | None = None,
+) -> SweepSummary:
+    """Run the sweep described by the config's ``tune:`` section; see ``docs`` and README."""
+    import ray
+    from ray import tune as rtune
+
+    from raysim.api import ensure_ray, preflight, ray_address
+    from raysim.resources import ResourceError, plan_resources
+
+    cfg = config if isinstance(config, RunConfig) else load_config(config, overrides)
+    section = sweep_section(cfg, space)
+    base = _base(cfg)
+    check_space(base, section)
+    if ray_address(address) == "local" and not ray.is_initialized():
+        preflight(cfg, address)
+    ensure_ray(address)
+    total = {k: float(v) for k, v in ray.cluster_resources().items()}
+    plan = plan_resources(cfg, total)
+    bundles = [{"CPU": TRIAL_CPU}, *plan.bundles()]
+    need = {r: sum(b.get(r, 0.0) for b in bundles) for r in ("CPU", "GPU")}
+    short = [r for r in need if need[r] > total.get(r, 0.0) + 1e-9]
+    if short:
+        raise ResourceError(
+            f"one trial needs {need['CPU']:g} CPUs / {need['GPU']:g} GPUs (its process, the "
+            f"coordinator and {plan.num_workers} worker(s)); the cluster has "
+            f"{total.get('CPU', 0):g} / {total.get('GPU', 0):g}: lower workers.count"
+        )
+    trainable_params: dict[str, Any] = {"base": base, "parent_run_id": None}
+    storage_path = Path(storage).expanduser().resolve()
+    name = f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    tracker = _SweepRun(cfg, section) if cfg.tracking.enabled else None
+    if resume is not None:
+        state = json.loads((Path(resume) / SWEEP_FILE).read_text())
+        trainable_params["parent_run_id"] = state["parent_run_id"]
+        if tracker is not None:
+            tracker.reopen(state["parent_run_id"])
+    elif tracker is not None:
+        trainable_params["parent_run_id"] = tracker.start(name)
+    trainable = rtune.with_resources(
+        rtune.with_parameters(run_trial, **trainable_params),
+        rtune.PlacementGroupFactory(bundles, strategy="PACK"),
+    )
+    callbacks = [_TrialRuns(tracker, cfg.rounds, on_result)]
+    try:
+        if resume is not None:
+            tuner = rtune.Tuner.restore(
+                str(Path(resume).resolve()),
+                trainable,
+                resume_unfinished=True,
+                resume_errored=True,
+                param_space=section.param_space(),
+            )
+            path = str(Path(resume).resolve())
+        else:
+            tuner = rtune.Tuner(
+                trainable,
+                param_space=section.param_space(),
+                tune_config=rtune.TuneConfig(
+                    metric=section.metric,
+                    mode=section.mode,
+                    num_samples=section.num_samples,
+                    max_concurrent_trials=section.max_concurrent_trials,
+                    scheduler=_scheduler(section, cfg.rounds),
+                ),
+                run_config=rtune.RunConfig(
+                    name=name,
+                    storage_path=str(storage_path),
+                    callbacks=callbacks,
+                    verbose=0,
+                ),
+            )
+            path = str(storage_path / name)
+            Path(path).mkdir(parents=True, exist_ok=True)
+            (Path(path) / SWEEP_FILE).write_text(
+                json.dumps({"parent_run_id": trainable_params["parent_run_id"]})
+            )
+        grid = tuner.fit()
+    except BaseException:
+        if tracker is not None:
+            tracker.end("KILLED")
+        raise
+    summary = _summarize(grid, section, base, cfg.rounds, trainable_params["parent_run_id"], path)
+    if tracker is not None:
+        tracker.finish(summary, grid)
+    return summary
+
+
+def _scheduler(section: TuneSection, rounds: int) -> Any:
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+
+    if section.scheduler == "fifo":
+        return FIFOScheduler()
+    a = section.asha
+    return ASHAScheduler(
+        time_attr=ROUND,
+        max_t=a.max_t or rounds,
+        grace_period=a.grace_period,
+        reduction_factor=a.reduction_factor,
+    )
+
+
+def _summarize(
+    grid: Any,
+    section: TuneSection,
+    base: Mapping[str, Any],
+    rounds: int,
+    parent: str | None,
+    path: str,
+) -> SweepSummary:
+    rows, stopped = [], []
+    for result in grid:
+        last = result.metrics or {}
+        params = {k: result.config.get(k) for k in section.space}
+        done = int(last.get(ROUND, 0))
+        status = "error" if result.error else ("finished" if done >= rounds else "stopped early")
+        if status == "stopped early":
+            stopped.append(last.get(RUN_ID, ""))
+        rows.append(
+            {
+                **params,
+                section.metric: last.get(section.metric, float("nan")),
+                "rounds": done,
+                "status": status,
+                "run_id": last.get(RUN_ID, ""),
+                DIGEST: last.get(DIGEST, ""),
+            }
+        )
+    finished = [
+        r for r in rows if r["status"] == "finished" and r[section.metric] == r[section.metric]
+    ]
+    if not finished:
+        raise RuntimeError(f"no trial finished with {section.metric!r}; see {path}")
+    sign = 1 if section.mode == "max" else -1
+    best = max(finished, key=lambda r: sign * r[section.metric])
+    best_params = {k: best[k] for k in section.space}
+    best_config = load_config(base, trial_overrides(best_params)).to_dict()
+    best_config.pop("tune", None)
+    return SweepSummary(
+        metric=section.metric,
+        mode=section.mode,
+        best_params=best_params,
+        best_config=best_config,
+        best_metric=float(best[section.metric]),
+        table=rows,
+        parent_run_id=parent,
+        path=path,
+        stopped_early=[s for s in stopped if s],
+    )
+
+
+class _SweepRun:
+    """The sweep's parent MLflow run, written by the driver (trials write their own runs)."""
+
+    def __init__(self, cfg: RunConfig, section: TuneSection) -> None:
+        from raysim.tracking import default_tracking_uri, open_store
+
+        self.cfg, self.section = cfg, section
+        self.uri = cfg.tracking.uri or default_tracking_uri()
+        self.client = open_store(self.uri)
+        self.run_id: str | None = None
+
+    def start(self, name: str) -> str:
+        from raysim.tracking import ensure_experiment
+
+        exp = ensure_experiment(self.client, self.cfg.tracking.experiment)
+        s = self.section
+        run = self.client.create_run(
+            exp, run_name=f"tune · {name}", tags={"raysim.kind": "sweep", **self.cfg.tracking.tags}
+        )
+        self.run_id = run.info.run_id
+        for key, value in {
+            "tune.space": json.dumps(
+                {k: d.model_dump(exclude_none=True) for k, d in s.space.items()}
+            ),
+            "tune.metric": s.metric,
+            "tune.mode": s.mode,
+            "tune.num_samples": s.num_samples,
+            "tune.scheduler": s.scheduler,
+            "tune.search": s.search,
+            "rounds": self.cfg.rounds,
+        }.items():
+            self.client.log_param(self.run_id, key, str(value)[:6000])
+        return self.run_id
+
+    def reopen(self, run_id: str | None) -> None:
+        self.run_id = run_id
+        if run_id:
+            self.client.update_run(run_id, status="RUNNING")
+
+    def mark_trial(self, run_id: str, status: str, stopped_early: bool) -> None:
+        if stopped_early:
+            self.client.set_tag(run_id, "raysim.stopped_early", "true")
+        if self.client.get_run(run_id).info.status == "RUNNING":
+            self.client.set_terminated(run_id, status)
+
+    def end(self, status: str) -> None:
+        if self.run_id:
+            self.client.set_terminated(self.run_id, status)
+
+    def finish(self, summary: SweepSummary, grid: Any) -> None:
+        import tempfile
+
+        from raysim.sweeps.report import write_report
+
+        with tempfile.TemporaryDirectory() as tmp:
+            write_report(Path(tmp), summary, grid)
+            self.client.log_artifacts(self.run_id, tmp)
+        self.client.log_metric(self.run_id, f"best_{summary.metric}", summary.best_metric)
+        self.client.set_terminated(self.run_id, "FINISHED")
+
+
+class _TrialRuns(Callback):
+    """Driver-side: a trial that ends before its last round (ASHA stopped it, or it failed)
+    leaves its MLflow run KILLED and tagged ``raysim.stopped_early``, or FAILED; never RUNNING."""
+
+    def __init__(
+        self,
+        tracker: _SweepRun | None,
+        rounds: int,
+        on_result: Callable[[str, Mapping[str, Any]], None] | None,
+    ) -> None:
+        self.tracker, self.rounds, self.on_result = tracker, rounds, on_result
+
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any):
+        if self.on_result is not None:
+            self.on_result(str(trial), result)
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any):
+        last = trial.last_result or {}
+        if self.tracker is not None and last.get(RUN_ID) and last.get(ROUND, 0) < self.rounds:
+            self.tracker.mark_trial(last[RUN_ID], "KILLED", stopped_early=True)
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any):
+        last = trial.last_result or {}
+        if self.tracker is not None and last.get(RUN_ID):
+            self.tracker.mark_trial(last[RUN_ID], "FAILED", stopped_early=False)
+
+
+def best_config_yaml(summary: SweepSummary) -> str:
+    """The best trial's whole config, ready for ``raysim run``."""
+    return yaml.safe_dump(summary.best_config, sort_keys=False)

@@ -1,0 +1,107 @@
+"""``raysim tune``: the ``tune:`` section, the search space through the run's own schema, and a
+real sweep on Ray with ASHA, MLflow parent and child runs, and no actor left behind."""
+
+from __future__ import annotations
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+import raysim
+from raysim.config import ConfigError, load_config
+from raysim.sweeps.space import TuneSection
+from raysim.sweeps.tuner import check_space, sweep_section
+from tests.conftest import tiny
+
+
+def section(**kw):
+    return TuneSection.model_validate({"space": {"local.lr": {"grid": [0.1]}}, **kw})
+
+
+@pytest.mark.parametrize(
+    ("raw", "needle"),
+    [
+        ({"space": {"local.lr": {"logunifrom": [1e-3, 1e-1]}}}, "did you mean 'loguniform'"),
+        ({"space": {"local.lr": {"uniform": [1, 1]}}}, "low < high"),
+        ({"space": {"local.lr": {"loguniform": [0, 1]}}}, "positive low bound"),
+        ({"space": {"local.lr": {"grid": [0.1], "choice": [0.2]}}}, "exactly one"),
+        ({"space": {"local.lr": {"uniform": [0.1, 1]}}, "search": "grid"}, "use search=random"),
+        ({"space": {"local.lr": {"grid": [0.1]}}, "metrc": "loss"}, "did you mean 'metric'"),
+        ({"space": {}}, "names no key"),
+    ],
+)
+def test_the_tune_section_is_strict(raw, needle):
+    with pytest.raises(ValueError, match=needle):
+        TuneSection.model_validate(raw)
+
+
+def test_a_config_tune_section_validates_with_the_run(tmp_path):
+    cfg = load_config(
+        tiny(tune={"space": {"local.lr": {"loguniform": [1e-3, 1e-1]}}, "scheduler": "asha"})
+    )
+    assert sweep_section(cfg).space["local.lr"].kind == "loguniform"
+    with pytest.raises(ConfigError, match="tune.*did you mean 'scheduler'"):
+        load_config(tiny(tune={"space": {"local.lr": {"grid": [0.1]}}, "schedular": "asha"}))
+    with pytest.raises(ConfigError, match="needs a tune: section"):
+        sweep_section(load_config(tiny()))
+    # the section never changes what a run computes: `raysim run` ignores it, resume too
+    from raysim.checkpoint import config_hash
+
+    assert config_hash(cfg) == config_hash(load_config(tiny()))
+
+
+@pytest.mark.parametrize(
+    ("space", "needle"),
+    [
+        ({"local.lrr": {"grid": [0.1]}}, r"tune.space.local.lrr = 0.1: .*did you mean 'lr'"),
+        ({"clients.per_round": {"randint": [5, 500]}}, r"clients.per_round = 499: .*exceeds"),
+        ({"algorithm.buffer_size": {"grid": [5]}}, "algorithm.buffer_size"),
+    ],
+)
+def test_a_swept_key_or_value_the_run_refuses_fails_before_anything_starts(space, needle):
+    base = load_config(tiny()).to_dict()
+    with pytest.raises(ConfigError, match=needle):
+        check_space(base, TuneSection.model_validate({"space": space}))
+
+
+# --------------------------------------------------------------------------- on Ray
+@pytest.mark.slow
+def test_a_sweep_runs_trials_as_raysim_runs(ray_cluster, mlflow_uri, tmp_path):
+    """Two trials under ASHA on the test cluster. Every trial is a raysim run with its own MLflow
+    run under the sweep's; none is left RUNNING; a finished trial's weights equal `raysim run`'s
+    with the same override; no actor outlives the sweep."""
+    import ray._private.state as ray_state  # the GCS actor table: ray.util.state needs a dashboard
+
+    cfg = tiny(
+        rounds=3,
+        clients={"num": 10, "per_round": 4},
+        workers={"count": 1, "num_cpus": 0.5},
+        tracking={"experiment": "tune-test"},
+        tune={
+            "space": {"local.lr": {"grid": [0.0001, 0.3]}},
+            "scheduler": "asha",
+            "asha": {"grace_period": 1, "reduction_factor": 2},
+        },
+    )
+    out = raysim.tune(cfg, storage=tmp_path / "tune")
+    assert len(out.table) == 2
+    assert {r["status"] for r in out.table} <= {"finished", "stopped early"}
+    assert out.best_params["local.lr"] == 0.3
+    assert out.best_config["local"]["lr"] == out.best_params["local.lr"]
+    client = MlflowClient(mlflow_uri)
+    parent = client.get_run(out.parent_run_id)
+    assert parent.info.status == "FINISHED"
+    names = {a.path for a in client.list_artifacts(out.parent_run_id)}
+    assert {"trials.csv", "trials.md", "best_config.yaml", "learning_curves.png"} <= names
+    for row in out.table:
+        run = client.get_run(row["run_id"])
+        assert run.data.tags["mlflow.parentRunId"] == out.parent_run_id
+        if row["status"] == "finished":
+            assert run.info.status == "FINISHED"
+        else:
+            assert run.info.status == "KILLED"
+            assert run.data.tags["raysim.stopped_early"] == "true"
+    best = next(r for r in out.table if r["local.lr"] == out.best_params["local.lr"])
+    alone = raysim.run(load_config(cfg), [f"local.lr={best['local.lr']}"])
+    assert best["weights_digest"] == alone.weights_digest
+    alive = [a["ActorClassName"] for a in ray_state.actors().values() if a["State"] == "ALIVE"]
+    assert not [a for a in alive if a in ("Coordinator", "Worker", "ImplicitFunc")], alive

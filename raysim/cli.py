@@ -358,7 +358,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     with a live trial table; ends with the table, the best config as YAML and the MLflow run."""
     from rich.live import Live
 
-    from raysim.sweeps.tuner import best_config_yaml, tune
+    from raysim.sweeps.tuner import BEST_FILE, SweepInterrupted, best_config_yaml, tune
 
     cfg = load_config(args.config, args.overrides)
     metric = cfg.tune.metric if cfg.tune is not None else "accuracy"
@@ -383,13 +383,20 @@ def cmd_tune(args: argparse.Namespace) -> int:
             }
             live.update(table())
 
-        out = tune(
-            cfg,
-            address=args.address,
-            resume=args.resume,
-            storage=args.storage,
-            on_result=on_result,
-        )
+        try:
+            out = tune(
+                cfg,
+                address=args.address,
+                resume=args.resume,
+                storage=args.storage,
+                on_result=on_result,
+            )
+        except SweepInterrupted as stop:
+            errors.print(
+                f"sweep stopped; continue it with `raysim tune {args.config} --resume {stop.path}`",
+                markup=False,
+            )
+            return EXIT_SIGINT
     done = Table(title=f"sweep · best {out.metric} = {out.best_metric:.4f} ({out.mode})")
     cols = [c for c in out.table[0] if c != "weights_digest"]
     for col in cols:
@@ -397,8 +404,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
     for r in out.table:
         done.add_row(*[f"{r[c]:.4g}" if isinstance(r[c], float) else str(r[c]) for c in cols])
     console.print(done)
-    console.print("best config (raysim run it as it is):", style="bold")
+    console.print("best config:", style="bold")
     console.print(best_config_yaml(out), markup=False, highlight=False, soft_wrap=True)
+    best_file = os.path.join(out.path, BEST_FILE)
+    console.print(f"run it: raysim run {best_file}", soft_wrap=True, markup=False)
     console.print(
         f"MLflow parent run {out.parent_run_id}; Tune state in {out.path} "
         f"(continue with `raysim tune {args.config} --resume {out.path}`)",

@@ -51,9 +51,24 @@ def placement_share() -> dict[str, float] | None:
     return {key: float(sum(b.get(key, 0.0) for b in rest)) for key in ("CPU", "GPU")}
 
 
-def run_trial(params: dict[str, Any], *, base: dict[str, Any], parent_run_id: str | None) -> None:
-    """The Tune function trainable."""
+def run_trial(
+    params: dict[str, Any],
+    *,
+    base: dict[str, Any],
+    parent_run_id: str | None,
+    metric: str,
+    cwd: str | None = None,
+) -> None:
+    """The Tune function trainable. It reports the rounds that measured ``metric`` (``eval.every``)
+    and the last one, which carries the run's final value of it and the weights digest. It runs
+    in ``cwd``, the sweep's directory where this node has it, so relative paths in the config
+    mean what they mean to ``raysim run`` (Tune starts trials in their own directories)."""
+    import os
+
     from ray import tune
+
+    if cwd and os.path.isdir(cwd):
+        os.chdir(cwd)
 
     from raysim.api import RunSession
 
@@ -64,7 +79,11 @@ def run_trial(params: dict[str, Any], *, base: dict[str, Any], parent_run_id: st
         while not session.done:
             metrics = dict(session.step())
             if session.done:  # the last round: finish first, so the report carries the digest
-                metrics[DIGEST] = session.finish().weights_digest
+                result = session.finish()
+                metrics[DIGEST] = result.weights_digest
+                metrics.setdefault(metric, result.metrics.get(metric, float("nan")))
+            elif metric not in metrics:
+                continue
             tune.report({**metrics, ROUND: session.round, RUN_ID: session.run_id or ""})
     finally:
         session.close()

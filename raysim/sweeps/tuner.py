@@ -4,6 +4,7 @@ space, the table, plots, the best config) with one child run per trial."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -21,6 +22,16 @@ from raysim.sweeps.trial import DIGEST, ROUND, RUN_ID, run_trial, trial_override
 TRIAL_CPU = 0.1
 #: written next to Tune's experiment state so that ``--resume DIR`` finds its sweep again
 SWEEP_FILE = "raysim_sweep.json"
+#: the best trial's config, next to the sweep's state
+BEST_FILE = "best_config.yaml"
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """The sweep stopped before every trial ended; ``path`` continues it (``resume=path``)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.path = path
 
 
 @dataclass
@@ -65,8 +76,14 @@ def check_space(base: Mapping[str, Any], section: TuneSection) -> None:
 
 
 def _base(cfg: RunConfig) -> dict[str, Any]:
+    """The trials' config: the sweep's without its ``tune:`` section, with the tracking store
+    resolved here, where the user started the sweep (a trial runs in another process)."""
+    from raysim.tracking import default_tracking_uri
+
     d = cfg.to_dict()
     d["tune"] = None
+    if cfg.tracking.enabled:
+        d["tracking"]["uri"] = cfg.tracking.uri or default_tracking_uri()
     return d
 
 
@@ -105,7 +122,12 @@ def tune(
             f"coordinator and {plan.num_workers} worker(s)); the cluster has "
             f"{total.get('CPU', 0):g} / {total.get('GPU', 0):g}: lower workers.count"
         )
-    trainable_params: dict[str, Any] = {"base": base, "parent_run_id": None}
+    trainable_params: dict[str, Any] = {
+        "base": base,
+        "parent_run_id": None,
+        "metric": section.metric,
+        "cwd": os.getcwd(),
+    }
     storage_path = Path(storage).expanduser().resolve()
     name = f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     tracker = _SweepRun(cfg, section) if cfg.tracking.enabled else None
@@ -120,7 +142,7 @@ def tune(
         rtune.with_parameters(run_trial, **trainable_params),
         rtune.PlacementGroupFactory(bundles, strategy="PACK"),
     )
-    callbacks = [_TrialRuns(tracker, cfg.rounds, on_result)]
+    callbacks = [_TrialRuns(tracker.uri if tracker else None, cfg.rounds, on_result)]
     try:
         if resume is not None:
             tuner = rtune.Tuner.restore(
@@ -159,10 +181,23 @@ def tune(
         if tracker is not None:
             tracker.end("KILLED")
         raise
-    summary = _summarize(grid, section, base, cfg.rounds, trainable_params["parent_run_id"], path)
+    if _unfinished(path):  # Ctrl-C: Tune saved its state and returned
+        if tracker is not None:
+            tracker.end("KILLED")
+        raise SweepInterrupted(path)
+    summary = _summarize(
+        grid, section, base, cfg.rounds, trainable_params["parent_run_id"], path, cfg.tracking.uri
+    )
     if tracker is not None:
         tracker.finish(summary, grid)
     return summary
+
+
+def _unfinished(path: str) -> bool:
+    """Whether the sweep's saved state has trials still to run (it was interrupted)."""
+    from ray.tune import ExperimentAnalysis
+
+    return any(t.status not in ("TERMINATED", "ERROR") for t in ExperimentAnalysis(path).trials)
 
 
 def _scheduler(section: TuneSection, rounds: int) -> Any:
@@ -186,6 +221,7 @@ def _summarize(
     rounds: int,
     parent: str | None,
     path: str,
+    tracking_uri: str | None,
 ) -> SweepSummary:
     rows, stopped = [], []
     for result in grid:
@@ -215,6 +251,8 @@ def _summarize(
     best_params = {k: best[k] for k in section.space}
     best_config = load_config(base, trial_overrides(best_params)).to_dict()
     best_config.pop("tune", None)
+    best_config["tracking"]["uri"] = tracking_uri  # as the user gave it (None: the default)
+    (Path(path) / BEST_FILE).write_text(yaml.safe_dump(best_config, sort_keys=False))
     return SweepSummary(
         metric=section.metric,
         mode=section.mode,
@@ -267,15 +305,17 @@ class _SweepRun:
         if run_id:
             self.client.update_run(run_id, status="RUNNING")
 
-    def mark_trial(self, run_id: str, status: str, stopped_early: bool) -> None:
-        if stopped_early:
-            self.client.set_tag(run_id, "raysim.stopped_early", "true")
-        if self.client.get_run(run_id).info.status == "RUNNING":
-            self.client.set_terminated(run_id, status)
-
     def end(self, status: str) -> None:
-        if self.run_id:
-            self.client.set_terminated(self.run_id, status)
+        """End the sweep's run, and any trial run its stopped trial left RUNNING."""
+        if not self.run_id:
+            return
+        exp = self.client.get_run(self.run_id).info.experiment_id
+        children = self.client.search_runs(
+            [exp], f"tags.`mlflow.parentRunId` = '{self.run_id}' and attributes.status = 'RUNNING'"
+        )
+        for child in children:
+            self.client.set_terminated(child.info.run_id, "KILLED")
+        self.client.set_terminated(self.run_id, status)
 
     def finish(self, summary: SweepSummary, grid: Any) -> None:
         import tempfile
@@ -291,15 +331,28 @@ class _SweepRun:
 
 class _TrialRuns(Callback):
     """Driver-side: a trial that ends before its last round (ASHA stopped it, or it failed)
-    leaves its MLflow run KILLED and tagged ``raysim.stopped_early``, or FAILED; never RUNNING."""
+    leaves its MLflow run KILLED and tagged ``raysim.stopped_early``, or FAILED; never RUNNING.
+    Tune pickles its callbacks with the sweep's state, so this holds only the store's URI."""
 
     def __init__(
         self,
-        tracker: _SweepRun | None,
+        uri: str | None,
         rounds: int,
         on_result: Callable[[str, Mapping[str, Any]], None] | None,
     ) -> None:
-        self.tracker, self.rounds, self.on_result = tracker, rounds, on_result
+        self.uri, self.rounds, self.on_result = uri, rounds, on_result
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "on_result": None}  # a live display does not pickle
+
+    def _mark(self, run_id: str, status: str, stopped_early: bool) -> None:
+        from raysim.tracking import open_store
+
+        client = open_store(self.uri)
+        if stopped_early:
+            client.set_tag(run_id, "raysim.stopped_early", "true")
+        if client.get_run(run_id).info.status == "RUNNING":
+            client.set_terminated(run_id, status)
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any):
         if self.on_result is not None:
@@ -307,13 +360,13 @@ class _TrialRuns(Callback):
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any):
         last = trial.last_result or {}
-        if self.tracker is not None and last.get(RUN_ID) and last.get(ROUND, 0) < self.rounds:
-            self.tracker.mark_trial(last[RUN_ID], "KILLED", stopped_early=True)
+        if self.uri and last.get(RUN_ID) and last.get(ROUND, 0) < self.rounds:
+            self._mark(last[RUN_ID], "KILLED", stopped_early=True)
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any):
         last = trial.last_result or {}
-        if self.tracker is not None and last.get(RUN_ID):
-            self.tracker.mark_trial(last[RUN_ID], "FAILED", stopped_early=False)
+        if self.uri and last.get(RUN_ID):
+            self._mark(last[RUN_ID], "FAILED", stopped_early=False)
 
 
 def best_config_yaml(summary: SweepSummary) -> str:

@@ -361,6 +361,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from raysim.sweeps.tuner import BEST_FILE, SweepInterrupted, best_config_yaml, tune
 
     cfg = load_config(args.config, args.overrides)
+    if args.dry_run:
+        line = tune(cfg, address=args.address, dry_run=True)
+        console.print(line, soft_wrap=True, markup=False, highlight=False)
+        return 0
     metric = cfg.tune.metric if cfg.tune is not None else "accuracy"
     rows: dict[str, dict[str, Any]] = {}
 
@@ -520,6 +524,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--address", default=None, help="a Ray cluster to join (default: private)")
     p.add_argument("--resume", default=None, help="continue the sweep whose Tune state is DIR")
     p.add_argument("--storage", default="tune", help="where Tune keeps its state (default ./tune)")
+    p.add_argument("--dry-run", action="store_true", help="check the sweep; start nothing")
     p.set_defaults(func=cmd_tune)
     p = sub.add_parser("methods", help="list registered methods and their parameters")
     p.set_defaults(func=cmd_methods)

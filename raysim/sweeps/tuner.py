@@ -96,13 +96,14 @@ def tune(
     resume: str | Path | None = None,
     storage: str | Path = "tune",
     on_result: Callable[[str, Mapping[str, Any]], None] | None = None,
-) -> SweepSummary:
-    """Run the sweep described by the config's ``tune:`` section; see ``docs`` and README."""
+    dry_run: bool = False,
+) -> SweepSummary | str:
+    """Run the sweep described by the config's ``tune:`` section (README "Sweeps"). With
+    ``dry_run`` everything is checked, nothing starts, and a one-line plan comes back."""
     import ray
     from ray import tune as rtune
 
-    from raysim.api import ensure_ray, preflight, ray_address
-    from raysim.resources import ResourceError, plan_resources
+    from raysim.api import ensure_ray, local_resources, preflight, ray_address
 
     cfg = config if isinstance(config, RunConfig) else load_config(config, overrides)
     section = sweep_section(cfg, space)
@@ -110,18 +111,16 @@ def tune(
     check_space(base, section)
     if ray_address(address) == "local" and not ray.is_initialized():
         preflight(cfg, address)
+    if dry_run:
+        local = ray_address(address) == "local" and not ray.is_initialized()
+        total = local_resources() if local else {}
+        if not total:
+            ensure_ray(address)
+            total = {k: float(v) for k, v in ray.cluster_resources().items()}
+        return describe_sweep(cfg, section, trial_bundles(cfg, total), total)
     ensure_ray(address)
     total = {k: float(v) for k, v in ray.cluster_resources().items()}
-    plan = plan_resources(cfg, total)
-    bundles = [{"CPU": TRIAL_CPU}, *plan.bundles()]
-    need = {r: sum(b.get(r, 0.0) for b in bundles) for r in ("CPU", "GPU")}
-    short = [r for r in need if need[r] > total.get(r, 0.0) + 1e-9]
-    if short:
-        raise ResourceError(
-            f"one trial needs {need['CPU']:g} CPUs / {need['GPU']:g} GPUs (its process, the "
-            f"coordinator and {plan.num_workers} worker(s)); the cluster has "
-            f"{total.get('CPU', 0):g} / {total.get('GPU', 0):g}: lower workers.count"
-        )
+    bundles = trial_bundles(cfg, total)
     trainable_params: dict[str, Any] = {
         "base": base,
         "parent_run_id": None,
@@ -191,6 +190,46 @@ def tune(
     if tracker is not None:
         tracker.finish(summary, grid)
     return summary
+
+
+def trial_bundles(cfg: RunConfig, total: Mapping[str, float]) -> list[dict[str, float]]:
+    """One trial's placement group: its own process (Tune runs the trial on the first bundle
+    with all of it), then the run's plan (the coordinator's bundle, one per worker). Refused,
+    saying why, when one trial does not fit ``total``."""
+    from raysim.resources import ResourceError, plan_resources
+
+    plan = plan_resources(cfg, dict(total))
+    bundles = [{"CPU": TRIAL_CPU}, *plan.bundles()]
+    need = {r: sum(b.get(r, 0.0) for b in bundles) for r in ("CPU", "GPU")}
+    if any(need[r] > total.get(r, 0.0) + 1e-9 for r in need):
+        raise ResourceError(
+            f"one trial needs {need['CPU']:g} CPUs / {need['GPU']:g} GPUs (its process, the "
+            f"coordinator and {plan.num_workers} worker(s)); the cluster has "
+            f"{total.get('CPU', 0):g} / {total.get('GPU', 0):g}: lower workers.count"
+        )
+    return bundles
+
+
+def describe_sweep(
+    cfg: RunConfig, section: TuneSection, bundles: list[dict[str, float]], total: Mapping
+) -> str:
+    """One line: how many trials, what each takes, how many fit side by side."""
+    grid = 1
+    for domain in section.space.values():
+        grid *= len(domain.args) if domain.kind == "grid" else 1
+    trials = grid * section.num_samples
+    cpu = sum(b.get("CPU", 0.0) for b in bundles)
+    gpu = sum(b.get("GPU", 0.0) for b in bundles)
+    fit = int(total.get("CPU", 0.0) // cpu) if cpu else trials
+    if gpu:
+        fit = min(fit, int(total.get("GPU", 0.0) // gpu))
+    if section.max_concurrent_trials:
+        fit = min(fit, section.max_concurrent_trials)
+    return (
+        f"dry run: {trials} trial(s) over {', '.join(section.space)} ({section.scheduler}, "
+        f"{section.metric} {section.mode}); each takes {cpu:g} CPUs / {gpu:g} GPUs in "
+        f"{len(bundles)} bundles, {max(1, min(fit, trials))} side by side; nothing started"
+    )
 
 
 def _unfinished(path: str) -> bool:

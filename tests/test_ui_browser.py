@@ -1,5 +1,6 @@
-"""The MLflow UI as a user sees it, in a real headless Chromium: ``raysim ui`` must land on a view
-that lists raysim's runs. Needs Debian's ``chromium`` (``make browser`` installs it; CI does)."""
+"""``raysim ui``: it serves the store on 127.0.0.1 only, and, in a real headless Chromium, lands on
+a view that lists raysim's runs. The browser test needs Debian's ``chromium`` (``make browser``
+installs it; CI does)."""
 
 from __future__ import annotations
 
@@ -30,10 +31,7 @@ FLAGS = [
 ]
 RUN_NAME = "ui-check · fedavg · digits α=0.3 · seed 0"
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(CHROMIUM is None, reason="no chromium here: `make browser` installs it"),
-]
+pytestmark = pytest.mark.slow
 
 
 def _free_port() -> int:
@@ -42,14 +40,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def ui(tmp_path):
+@pytest.fixture(scope="module")
+def ui(tmp_path_factory):
     """A store with one raysim run and one experiment made by plain MLflow; ``raysim ui`` on it."""
     from mlflow.tracking import MlflowClient
 
     from raysim.tracking import Tracker
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = f"sqlite:///{tmp_path_factory.mktemp('ui') / 'mlflow.db'}"
     t = Tracker(uri, "raysim-ui-check", RUN_NAME, {"local.lr": 0.1}, {})
     for k in range(3):
         t.log_round(k, {"accuracy": 0.5 + 0.1 * k})
@@ -74,6 +72,25 @@ def ui(tmp_path):
     proc.wait(timeout=30)
 
 
+def test_ui_serves_the_store_on_localhost_only(ui):
+    import urllib.request
+
+    url, exp_id = ui
+    base = url.split("#")[0].rstrip("/")
+    assert base.startswith("http://127.0.0.1:")
+    assert url.endswith(f"#/experiments/{exp_id}/runs?workflowType=machine_learning")
+    with urllib.request.urlopen(base + "/health", timeout=10) as r:
+        assert r.status == 200
+    port = int(base.rsplit(":", 1)[1])
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(("192.0.2.1", 9))  # no packet is sent: this picks the outward address
+        outward = probe.getsockname()[0]
+    assert not outward.startswith("127.")
+    with pytest.raises(OSError):  # not on the machine's other addresses
+        socket.create_connection((outward, port), timeout=2)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium here: `make browser` installs it")
 def test_the_printed_url_lists_the_runs_in_a_real_browser(ui):
     from playwright.sync_api import sync_playwright
 

@@ -58,6 +58,7 @@ def test_bad_method_fails_before_any_run(ray_cluster):
         leave_one_out(EXAMPLES / "fedoa" / "smoke.yaml", TINY, methods=["fedoaa"])
 
 
+@pytest.mark.matrix  # the same protocol code as leave-one-task-out, through the CLI
 def test_lodo_cli_runs_a_held_out_domain(ray_cluster, capsys):
     from raysim.cli import main
 

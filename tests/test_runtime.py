@@ -64,6 +64,7 @@ def test_same_result_with_one_or_three_workers(ray_cluster, delays):
     ]
 
 
+@pytest.mark.matrix  # slow (an actor per client); the 1-vs-3-workers test above runs by default
 def test_per_client_actors_equal_pooled_workers(ray_cluster):
     cfg = tiny(clients={"num": 4, "per_round": 3}, delays={"kind": "half_normal", "sigma": 2.0})
     pooled = raysim.run(cfg)
@@ -108,6 +109,7 @@ def test_killed_coordinator_is_replaced_and_result_unchanged(clean, mlflow_uri):
     _replaced_once(MlflowClient(mlflow_uri), faulty, resumed_at="2")
 
 
+@pytest.mark.matrix  # benchmarks/reliability.py also kills the coordinator while it starts
 def test_coordinator_dying_at_start_up_leaves_one_run(clean, mlflow_uri, monkeypatch):
     """A coordinator that dies after opening its MLflow run but before the driver heard of it:
     the replacement finds that run by the session tag and reopens it at round 0 (no checkpoint);
@@ -219,6 +221,7 @@ def test_impossible_resources_fail_clearly(ray_cluster, override, needle):
         raysim.run(tiny(), [override])
 
 
+@pytest.mark.matrix  # tests/test_regression.py runs the same example for the three methods
 @pytest.mark.parametrize("method", ["fedavg", "fedbuff", "fedasync"])
 def test_async_mini_example_runs(ray_cluster, method):
     res = raysim.run(

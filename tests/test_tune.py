@@ -105,3 +105,17 @@ def test_a_sweep_runs_trials_as_raysim_runs(ray_cluster, mlflow_uri, tmp_path):
     assert best["weights_digest"] == alone.weights_digest
     alive = [a["ActorClassName"] for a in ray_state.actors().values() if a["State"] == "ALIVE"]
     assert not [a for a in alive if a in ("Coordinator", "Worker", "ImplicitFunc")], alive
+
+
+def test_a_trial_that_cannot_fit_is_refused_saying_what_it_needs():
+    from raysim.resources import ResourceError
+    from raysim.sweeps.tuner import TRIAL_CPU, describe_sweep, trial_bundles
+
+    cfg = load_config(tiny(workers={"count": 2, "num_cpus": 1.0}))
+    bundles = trial_bundles(cfg, {"CPU": 4.0})
+    assert bundles[0] == {"CPU": TRIAL_CPU} and bundles[2:] == [{"CPU": 1.0}] * 2
+    with pytest.raises(ResourceError, match=r"one trial needs 2\.10?1? CPUs"):
+        trial_bundles(cfg, {"CPU": 2.0})
+    space = TuneSection.model_validate({"space": {"local.lr": {"grid": [0.1, 0.2, 0.3]}}})
+    assert "3 trial(s)" in describe_sweep(cfg, space, bundles, {"CPU": 4.0})
+    assert "1 side by side" in describe_sweep(cfg, space, bundles, {"CPU": 4.0})

@@ -72,7 +72,7 @@ def test_a_sweep_runs_trials_as_raysim_runs(ray_cluster, mlflow_uri, tmp_path):
     import ray._private.state as ray_state  # the GCS actor table: ray.util.state needs a dashboard
 
     cfg = tiny(
-        rounds=3,
+        rounds=2,
         clients={"num": 10, "per_round": 4},
         workers={"count": 1, "num_cpus": 0.5},
         tracking={"experiment": "tune-test"},

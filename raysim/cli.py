@@ -376,6 +376,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
             t.add_row(name, str(r["round"]), r["metric"], r["run"])
         return t
 
+    terminated: list[int] = []
+
+    def _terminate(signum: int, frame: Any) -> None:
+        # `kill PID` stops the sweep as Ctrl-C does: Tune saves its state and ends the trials
+        terminated.append(signum)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    previous = signal.signal(signal.SIGTERM, _terminate)
     with Live(table(), console=console, refresh_per_second=2, transient=True) as live:
 
         def on_result(trial: str, result: Mapping[str, Any]) -> None:
@@ -400,7 +408,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
                 f"sweep stopped; continue it with `raysim tune {args.config} --resume {stop.path}`",
                 markup=False,
             )
-            return EXIT_SIGINT
+            return EXIT_SIGTERM if terminated else EXIT_SIGINT
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     done = Table(title=f"sweep · best {out.metric} = {out.best_metric:.4f} ({out.mode})")
     cols = [c for c in out.table[0] if c != "weights_digest"]
     for col in cols:

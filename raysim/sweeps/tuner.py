@@ -105,10 +105,16 @@ def tune(
 
     from raysim.api import ensure_ray, local_resources, preflight, ray_address
 
-    cfg = config if isinstance(config, RunConfig) else load_config(config, overrides)
+    overrides = list(overrides)
+    if isinstance(config, RunConfig):
+        cfg = load_config(config.to_dict(), overrides) if overrides else config
+    else:
+        cfg = load_config(config, overrides)
     section = sweep_section(cfg, space)
     base = _base(cfg)
     check_space(base, section)
+    if resume is not None and not (Path(resume) / SWEEP_FILE).is_file():
+        raise ConfigError(f"{resume} is not a raysim sweep's directory (no {SWEEP_FILE})")
     if ray_address(address) == "local" and not ray.is_initialized():
         preflight(cfg, address)
     if dry_run:
@@ -198,7 +204,9 @@ def trial_bundles(cfg: RunConfig, total: Mapping[str, float]) -> list[dict[str, 
     saying why, when one trial does not fit ``total``."""
     from raysim.resources import ResourceError, plan_resources
 
-    plan = plan_resources(cfg, dict(total))
+    # what the run may plan on: all but the trial's own bundle (and the coordinator's minimum)
+    share = {**total, "CPU": max(0.0, total.get("CPU", 0.0) - TRIAL_CPU - 0.001)}
+    plan = plan_resources(cfg, share)
     bundles = [{"CPU": TRIAL_CPU}, *plan.bundles()]
     need = {r: sum(b.get(r, 0.0) for b in bundles) for r in ("CPU", "GPU")}
     if any(need[r] > total.get(r, 0.0) + 1e-9 for r in need):

@@ -426,11 +426,7 @@ def run(
     elif config is None:
         raise ConfigError("run() needs a config (or resume=RUN_ID)")
     else:
-        overrides = list(overrides)
-        if isinstance(config, RunConfig):  # overrides apply to a validated config too
-            cfg = load_config(config.to_dict(), overrides) if overrides else config
-        else:
-            cfg = load_config(config, overrides)
+        cfg = load_config(config, overrides)
     session = RunSession(cfg, address=address, resume=resume)
     if on_start is not None:
         on_start(session)

@@ -338,7 +338,7 @@ def prepare_resume(
     with one, it must match the checkpoint's except for ``RESUME_FREE`` keys."""
     given = None
     if config is not None:
-        given = config if isinstance(config, RunConfig) else load_config(config, overrides)
+        given = load_config(config, overrides)
         overrides = ()
     path = Path(os.fspath(resume)).expanduser()
     run = None

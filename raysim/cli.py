@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
@@ -10,7 +11,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from rich.console import Console
@@ -38,6 +39,20 @@ EXIT_USAGE, EXIT_SIGINT, EXIT_SIGTERM = 2, 130, 143
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised in the main thread so the run ends like Ctrl-C (marked KILLED)."""
+
+
+@contextlib.contextmanager
+def on_sigterm(handler: Any) -> Iterator[None]:
+    """``handler`` takes SIGTERM (``kill PID``) while the block runs, in the main thread only;
+    the previous handler comes back after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def error(message: str) -> int:
@@ -115,20 +130,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         if first:  # a second SIGTERM must not cut short the clean-up the first one started
             raise Terminated
 
-    main_thread = threading.current_thread() is threading.main_thread()
-    if main_thread:  # from the start: a SIGTERM during imports or ray.init also stops cleanly
-        previous = signal.getsignal(signal.SIGTERM)
-        signal.signal(signal.SIGTERM, _terminate)
     started: list[Any] = []  # the RunSession, once it has started
+    # from the start: a SIGTERM during imports or ray.init also stops cleanly
     try:
-        return _run_command(args, started)
+        with on_sigterm(_terminate):
+            return _run_command(args, started)
     except KeyboardInterrupt:
         _stopped(args, started[0] if started else None)
         # by the flag, not the exception: code on the way (Ray's) may re-raise a plain one
         return EXIT_SIGTERM if terminated else EXIT_SIGINT
-    finally:
-        if main_thread:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def _run_command(args: argparse.Namespace, started: list[Any]) -> int:
@@ -287,7 +297,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
     from raysim.tracking import default_tracking_uri, open_store
 
     uri = args.uri or default_tracking_uri()
-    open_store(uri)  # a copied project's store reads its own artifacts
+    client = open_store(uri)  # a copied project's store reads its own artifacts
     env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
     cmd = [
         sys.executable,
@@ -307,20 +317,19 @@ def cmd_ui(args: argparse.Namespace) -> int:
     def _terminate(signum: int, frame: Any) -> None:  # `kill PID` stops the server too
         raise Terminated
 
-    previous = signal.signal(signal.SIGTERM, _terminate)
-    proc = subprocess.Popen(cmd, env=env)
-    try:
-        return _serve_ui(proc, f"http://127.0.0.1:{args.port}", uri, args.check)
-    except KeyboardInterrupt:
-        return 0
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            proc.wait(timeout=30)
-        signal.signal(signal.SIGTERM, previous)
+    with on_sigterm(_terminate):
+        proc = subprocess.Popen(cmd, env=env)
+        try:
+            return _serve_ui(proc, f"http://127.0.0.1:{args.port}", uri, client, args.check)
+        except KeyboardInterrupt:
+            return 0
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(timeout=30)
 
 
-def _serve_ui(proc: subprocess.Popen, url: str, uri: str, check: bool) -> int:
+def _serve_ui(proc: subprocess.Popen, url: str, uri: str, client: Any, check: bool) -> int:
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:
         try:
@@ -333,7 +342,7 @@ def _serve_ui(proc: subprocess.Popen, url: str, uri: str, check: bool) -> int:
         console.print(f"[red]mlflow server exited with code {proc.returncode}[/red]")
         return 1
     console.print(
-        f"MLflow UI for {uri} at [bold]{_ui_landing(url, uri)}[/bold] (pid {proc.pid}); "
+        f"MLflow UI for {uri} at [bold]{_ui_landing(url, client)}[/bold] (pid {proc.pid}); "
         "Ctrl-C stops it",
         soft_wrap=True,
     )
@@ -341,11 +350,8 @@ def _serve_ui(proc: subprocess.Popen, url: str, uri: str, check: bool) -> int:
     return 0 if check else proc.wait()
 
 
-def _ui_landing(url: str, uri: str) -> str:
+def _ui_landing(url: str, client: Any) -> str:
     """The runs table of the experiment with the newest run, in the model-training view."""
-    from raysim.tracking import open_store
-
-    client = open_store(uri)
     exps = [e.experiment_id for e in client.search_experiments()]
     newest = client.search_runs(exps, order_by=["attributes.start_time DESC"], max_results=1)
     if not newest:
@@ -383,8 +389,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
         terminated.append(signum)
         os.kill(os.getpid(), signal.SIGINT)
 
-    previous = signal.signal(signal.SIGTERM, _terminate)
-    with Live(table(), console=console, refresh_per_second=2, transient=True) as live:
+    with (
+        on_sigterm(_terminate),
+        Live(table(), console=console, refresh_per_second=2, transient=True) as live,
+    ):
 
         def on_result(trial: str, result: Mapping[str, Any]) -> None:
             value = result.get(metric)
@@ -409,8 +417,6 @@ def cmd_tune(args: argparse.Namespace) -> int:
                 markup=False,
             )
             return EXIT_SIGTERM if terminated else EXIT_SIGINT
-        finally:
-            signal.signal(signal.SIGTERM, previous)
     done = Table(title=f"sweep · best {out.metric} = {out.best_metric:.4f} ({out.mode})")
     cols = [c for c in out.table[0] if c != "weights_digest"]
     for col in cols:

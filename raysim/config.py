@@ -357,8 +357,16 @@ def _format(error: ValidationError) -> str:
     return "invalid config:\n  " + "\n  ".join(lines)
 
 
-def load_config(source: str | Path | Mapping[str, Any], overrides: Iterable[str] = ()) -> RunConfig:
-    """Read a YAML path or a dict, apply overrides and validate; raises ``ConfigError``."""
+def load_config(
+    source: str | Path | Mapping[str, Any] | RunConfig, overrides: Iterable[str] = ()
+) -> RunConfig:
+    """Read a YAML path, a dict or a ``RunConfig``, apply overrides and validate; raises
+    ``ConfigError``. A ``RunConfig`` without overrides comes back as it is."""
+    overrides = list(overrides)
+    if isinstance(source, RunConfig):
+        if not overrides:
+            return source
+        source = source.to_dict()
     if isinstance(source, Mapping):
         raw = dict(source)
     else:

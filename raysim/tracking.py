@@ -73,6 +73,29 @@ def _store_home(uri: str) -> Path | None:
     return Path(uri.removeprefix("sqlite:///")).resolve().parent
 
 
+#: where MLflow's sqlite store keeps artifact locations
+_ARTIFACT_COLUMNS = (
+    ("experiments", "artifact_location"),
+    ("runs", "artifact_uri"),
+    ("logged_models", "artifact_location"),
+)
+
+
+def _moved_from(recorded: str | None, path: str, home: Path) -> str | None:
+    """The directory an experiment's artifacts live under, if the store has since moved from it
+    to ``home``: the recorded home; for an experiment without one, the directory above a
+    ``mlruns/`` that is gone there and present here. None when nothing moved."""
+    old = recorded
+    if old is None:
+        if not path.startswith("/") or "/mlruns/" not in path or Path(path).exists():
+            return None
+        old, tail = path.split("/mlruns/", 1)
+        if not (home / "mlruns" / tail).exists():
+            return None
+    old = old.rstrip("/")
+    return None if old == str(home) or not path.startswith(old + "/") else old
+
+
 def relocate_store(uri: str) -> list[str]:
     """Repoint artifact paths of a sqlite store that was copied or moved to another directory.
 
@@ -84,37 +107,24 @@ def relocate_store(uri: str) -> list[str]:
     same ``mlruns/...`` path exists here. Returns one note per experiment repointed.
     """
     import sqlite3
+    from contextlib import closing
 
     home = _store_home(uri)
     if home is None or not (home / Path(uri).name).exists():
         return []
     notes = []
-    with sqlite3.connect(home / Path(uri).name, timeout=60) as db:
-        tags = dict(
-            db.execute(
-                "SELECT experiment_id, value FROM experiment_tags WHERE key = ?", (STORE_HOME,)
-            )
-        )
+    with closing(sqlite3.connect(home / Path(uri).name, timeout=60)) as db, db:
+        query = "SELECT experiment_id, value FROM experiment_tags WHERE key = ?"
+        recorded = dict(db.execute(query, (STORE_HOME,)))
         for exp_id, location in list(
             db.execute("SELECT experiment_id, artifact_location FROM experiments")
         ):
-            path = location.removeprefix("file://")
-            old = tags.get(exp_id)
+            old = _moved_from(recorded.get(exp_id), location.removeprefix("file://"), home)
             if old is None:
-                if not path.startswith("/") or Path(path).exists() or "/mlruns/" not in path:
-                    continue
-                old, tail = path.split("/mlruns/", 1)
-                if not (home / "mlruns" / tail).exists():
-                    continue
-            if old == str(home) or not path.startswith(old.rstrip("/") + "/"):
                 continue
-            for table, column in (
-                ("experiments", "artifact_location"),
-                ("runs", "artifact_uri"),
-                ("logged_models", "artifact_location"),
-            ):
+            for table, column in _ARTIFACT_COLUMNS:
                 for scheme in ("", "file://"):
-                    prefix = scheme + old.rstrip("/") + "/"
+                    prefix = f"{scheme}{old}/"
                     db.execute(
                         f"UPDATE {table} SET {column} = ? || substr({column}, ?) "
                         f"WHERE experiment_id = ? AND substr({column}, 1, ?) = ?",

@@ -79,3 +79,13 @@ def test_cli_rejects_bad_key_before_ray(capsys, monkeypatch):
     code = main(["run", str(EXAMPLES / "quickstart.yaml"), "delays.sigmaa=3"])
     assert code == 2
     assert "sigmaa" in capsys.readouterr().err
+
+
+def test_overrides_apply_to_a_validated_config_too():
+    """A ``RunConfig`` passed where a path or dict could go (``raysim.run``, ``raysim.tune``,
+    resume) takes its overrides; they were once dropped without a word."""
+    cfg = load_config(EXAMPLES / "quickstart.yaml")
+    assert load_config(cfg) is cfg
+    assert load_config(cfg, ["local.lr=0.3"]).local.lr == 0.3
+    with pytest.raises(ConfigError, match="did you mean 'lr'"):
+        load_config(cfg, ["local.lrr=0.3"])

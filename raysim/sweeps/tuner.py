@@ -105,28 +105,23 @@ def tune(
 
     from raysim.api import ensure_ray, local_resources, preflight, ray_address
 
-    overrides = list(overrides)
-    if isinstance(config, RunConfig):
-        cfg = load_config(config.to_dict(), overrides) if overrides else config
-    else:
-        cfg = load_config(config, overrides)
+    cfg = load_config(config, overrides)
     section = sweep_section(cfg, space)
     base = _base(cfg)
     check_space(base, section)
     if resume is not None and not (Path(resume) / SWEEP_FILE).is_file():
         raise ConfigError(f"{resume} is not a raysim sweep's directory (no {SWEEP_FILE})")
-    if ray_address(address) == "local" and not ray.is_initialized():
+    private = ray_address(address) == "local" and not ray.is_initialized()
+    if private:
         preflight(cfg, address)
-    if dry_run:
-        local = ray_address(address) == "local" and not ray.is_initialized()
-        total = local_resources() if local else {}
-        if not total:
-            ensure_ray(address)
-            total = {k: float(v) for k, v in ray.cluster_resources().items()}
-        return describe_sweep(cfg, section, trial_bundles(cfg, total), total)
-    ensure_ray(address)
-    total = {k: float(v) for k, v in ray.cluster_resources().items()}
+    if dry_run and private:  # what this machine has, without starting Ray
+        total = local_resources()
+    else:
+        ensure_ray(address)
+        total = {k: float(v) for k, v in ray.cluster_resources().items()}
     bundles = trial_bundles(cfg, total)
+    if dry_run:
+        return describe_sweep(cfg, section, bundles, total)
     trainable_params: dict[str, Any] = {
         "base": base,
         "parent_run_id": None,

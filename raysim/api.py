@@ -121,7 +121,8 @@ def ensure_ray(address: str | None = None, **init_kwargs: Any) -> bool:
     if ray.is_initialized():
         return False
     target = ray_address(address)
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if target == "local":  # a private Ray needs no token; a named cluster's token is kept
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": "WARNING"}
     kwargs.update(init_kwargs)
     main = threading.current_thread() is threading.main_thread()
@@ -173,6 +174,7 @@ class RunSession:
         import ray
 
         from raysim.actors.coordinator_actor import Coordinator
+        from raysim.placement import check_store_outlives_job, coordinator_options
         from raysim.resources import plan_resources
 
         if resume is not None and not isinstance(resume, ResumeSource):
@@ -188,6 +190,7 @@ class RunSession:
             self.tracking_uri = (resume.tracking_uri if resume else None) or (
                 cfg.tracking.uri or default_tracking_uri()
             )
+        check_store_outlives_job(self.tracking_uri)
         if not ray.is_initialized():
             if self.tracking_uri:  # before ray.init, for every Ray process (ENVIRONMENT.md)
                 os.environ["MLFLOW_TRACKING_URI"] = self.tracking_uri
@@ -202,7 +205,7 @@ class RunSession:
             self.plan = plan_resources(cfg, dict(resources or ray.cluster_resources()))
             self.pool_size = self.plan.num_workers
             self._coordinator = ray.remote(Coordinator).options(
-                num_cpus=cfg.coordinator.num_cpus, num_gpus=cfg.coordinator.num_gpus
+                **coordinator_options(cfg, self.tracking_uri)
             )
             try:
                 self._start_coordinator(self._first_source)

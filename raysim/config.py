@@ -159,6 +159,12 @@ class WorkersConfig(StrictModel):
 class CoordinatorConfig(StrictModel):
     num_cpus: float = Field(0.0, ge=0)
     num_gpus: float = Field(0.0, ge=0)
+    node: Literal["store", "any"] = Field(
+        "store",
+        description="store: with a tracking store only this node reaches (a sqlite or file path, "
+        "or a server on localhost) the coordinator runs on the driver's node, beside it; any: "
+        "wherever Ray places it (a store path on a filesystem every node mounts)",
+    )
 
 
 class EvalConfig(StrictModel):

@@ -29,6 +29,34 @@ def default_tracking_uri(cwd: str | Path | None = None) -> str:
 EXPERIMENT_KIND, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
 
 
+#: hosts that name this machine only
+LOOPBACK = ("localhost", "::1")
+
+
+def node_local(uri: str) -> bool:
+    """True for a store only this node reaches: a sqlite or file path, or a server (tracking,
+    database) on a loopback address. Another node that opens the same URI opens another store."""
+    from urllib.parse import urlparse
+
+    parsed = urlparse(uri)
+    if uri.split(":")[0] in ("databricks", "databricks-uc"):
+        return False
+    if parsed.scheme in ("", "file", "sqlite"):
+        return True
+    host = parsed.hostname or ""
+    return not host or host in LOOPBACK or host.startswith("127.")
+
+
+def store_path(uri: str) -> Path | None:
+    """Where a local store lives on disk: the sqlite file, or the file store's directory; None
+    for a server."""
+    if uri.startswith("sqlite:///"):
+        return Path(uri.removeprefix("sqlite:///"))
+    if uri.startswith("file:") or ("://" not in uri and not uri.startswith("databricks")):
+        return Path(uri.removeprefix("file://").removeprefix("file:"))
+    return None
+
+
 def store_lock(uri: str) -> Any:
     """An inter-process lock for a local store (sqlite file or file store), so that runs that
     start together do not race on its creation; a no-op for a tracking server."""
@@ -36,12 +64,11 @@ def store_lock(uri: str) -> Any:
 
     from filelock import FileLock
 
-    if uri.startswith("sqlite:///"):
-        path = Path(uri.removeprefix("sqlite:///"))
-    elif uri.startswith("file:") or "://" not in uri:
-        path = Path(uri.removeprefix("file://").removeprefix("file:")) / ".raysim"
-    else:
+    path = store_path(uri)
+    if path is None:
         return contextlib.nullcontext()
+    if not uri.startswith("sqlite:"):
+        path = path / ".raysim"  # a file store is a directory
     path.parent.mkdir(parents=True, exist_ok=True)
     return FileLock(str(path) + ".lock", timeout=300)
 
@@ -62,6 +89,9 @@ def open_store(uri: str) -> Any:
 
 #: Run tag: the driver session that opened the run (a replacement coordinator finds it by this)
 SESSION_TAG = "raysim.session"
+
+#: Run tag: the Ray node the coordinator ran on (where a node-local store must be)
+NODE_TAG = "raysim.coordinator_node"
 
 #: Experiment tag: the directory of the sqlite store the experiment was created in
 STORE_HOME = "raysim.store_home"
@@ -235,6 +265,16 @@ class Tracker:
         self.client.log_text(
             self.run_id, yaml.safe_dump(dict(config), sort_keys=False), "config.yaml"
         )
+
+    def log_placement(self, coordinator_node: str, workers: Sequence[Mapping[str, Any]]) -> None:
+        """Where the run's actors are: ``placement.json`` (the coordinator's node; each worker's
+        node and GPU ids) and a ``raysim.nodes`` tag, the number of nodes its workers use."""
+        keys = ("worker", "node_id", "gpu_ids", "cuda_visible_devices")
+        rows = [{k: w.get(k) for k in keys} for w in workers]
+        self.client.log_dict(
+            self.run_id, {"coordinator_node": coordinator_node, "workers": rows}, "placement.json"
+        )
+        self.client.set_tag(self.run_id, "raysim.nodes", str(len({r["node_id"] for r in rows})))
 
     def log_checkpoint(self, files: Mapping[str, bytes], next_round: int) -> None:
         """Replace the run's ``checkpoint/`` artifacts; ``meta.json`` goes last."""

@@ -36,7 +36,10 @@ ELSEWHERE = {
     "examples/fedoa/RESULTS.md",
     "raysim tune examples/tune-async.yaml": "a 12-trial sweep; tests/test_tune.py runs a sweep",
     "raysim tune examples/tune-async.yaml --resume tune/tune-async-DATE": "a stopped sweep's "
-    "directory; tried by hand (Ctrl-C, then --resume), no test yet: issue 10 is open",
+    "directory; tests/test_tune.py interrupts a sweep and resumes it",
+    "ray job submit --runtime-env cluster/runtime_env.yaml -- raysim run "
+    "examples/quickstart.yaml workers.num_gpus=0.25": "a cluster; tests/test_cluster.py submits "
+    "it to a two-node `ray start` cluster with a logical GPU",
 }
 
 

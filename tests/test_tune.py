@@ -65,11 +65,22 @@ def test_a_swept_key_or_value_the_run_refuses_fails_before_anything_starts(space
 
 # --------------------------------------------------------------------------- on Ray
 @pytest.mark.slow
-def test_a_sweep_runs_trials_as_raysim_runs(ray_cluster, mlflow_uri, tmp_path):
-    """Two trials under ASHA on the test cluster. Every trial is a raysim run with its own MLflow
-    run under the sweep's; none is left RUNNING; a finished trial's weights equal `raysim run`'s
-    with the same override; no actor outlives the sweep."""
+def test_a_sweep_runs_trials_as_raysim_runs_and_resumes_after_ctrl_c(
+    ray_cluster, mlflow_uri, tmp_path
+):
+    """Two trials under ASHA on the test cluster, one at a time. Ctrl-C (a SIGINT) after the
+    first round: Tune saves its state and the sweep's run is KILLED. ``resume=`` then finishes
+    the sweep under the same parent run, with the live display back. Every trial is a raysim
+    run with its own MLflow run under the sweep's; none is left RUNNING; a finished trial's
+    weights equal `raysim run`'s with the same override; no actor outlives the sweep."""
+    import json
+    import os
+    import signal
+    from pathlib import Path
+
     import ray._private.state as ray_state  # the GCS actor table: ray.util.state needs a dashboard
+
+    from raysim.sweeps.tuner import SWEEP_FILE, SweepInterrupted
 
     cfg = tiny(
         rounds=2,
@@ -80,26 +91,43 @@ def test_a_sweep_runs_trials_as_raysim_runs(ray_cluster, mlflow_uri, tmp_path):
             "space": {"local.lr": {"grid": [0.0001, 0.3]}},
             "scheduler": "asha",
             "asha": {"grace_period": 1, "reduction_factor": 2},
+            "max_concurrent_trials": 1,
         },
     )
-    out = raysim.tune(cfg, storage=tmp_path / "tune")
+
+    def ctrl_c(trial: str, result: dict) -> None:
+        os.kill(os.getpid(), signal.SIGINT)  # what Ctrl-C sends; Tune's handler takes it
+
+    with pytest.raises(SweepInterrupted) as stop:
+        raysim.tune(cfg, storage=tmp_path / "tune", on_result=ctrl_c)
+    parent = json.loads((Path(stop.value.path) / SWEEP_FILE).read_text())["parent_run_id"]
+    client = MlflowClient(mlflow_uri)
+    assert client.get_run(parent).info.status == "KILLED"
+
+    shown: list[int] = []
+    out = raysim.tune(cfg, resume=stop.value.path, on_result=lambda t, r: shown.append(r["round"]))
+    assert shown  # the live display sees the resumed sweep
+    assert out.parent_run_id == parent
     assert len(out.table) == 2
     assert {r["status"] for r in out.table} <= {"finished", "stopped early"}
     assert out.best_params["local.lr"] == 0.3
     assert out.best_config["local"]["lr"] == out.best_params["local.lr"]
-    client = MlflowClient(mlflow_uri)
-    parent = client.get_run(out.parent_run_id)
-    assert parent.info.status == "FINISHED"
-    names = {a.path for a in client.list_artifacts(out.parent_run_id)}
+    parent_run = client.get_run(parent)
+    assert parent_run.info.status == "FINISHED"
+    names = {a.path for a in client.list_artifacts(parent)}
     assert {"trials.csv", "trials.md", "best_config.yaml", "learning_curves.png"} <= names
     for row in out.table:
         run = client.get_run(row["run_id"])
-        assert run.data.tags["mlflow.parentRunId"] == out.parent_run_id
+        assert run.data.tags["mlflow.parentRunId"] == parent
         if row["status"] == "finished":
             assert run.info.status == "FINISHED"
         else:
             assert run.info.status == "KILLED"
             assert run.data.tags["raysim.stopped_early"] == "true"
+    children = client.search_runs(
+        [parent_run.info.experiment_id], f"tags.`mlflow.parentRunId` = '{parent}'"
+    )  # a trial that Ctrl-C cut short ran again on resume: its first run is not left RUNNING
+    assert {c.info.status for c in children} <= {"FINISHED", "KILLED"}
     best = next(r for r in out.table if r["local.lr"] == out.best_params["local.lr"])
     alone = raysim.run(load_config(cfg), [f"local.lr={best['local.lr']}"])
     assert best["weights_digest"] == alone.weights_digest

@@ -18,7 +18,7 @@ from raysim.algorithms.registry import get_method
 from raysim.config import config_from_wire, flatten
 from raysim.data import build_federated_dataset
 from raysim.runtime import data_spec, server_context
-from raysim.tracking import SESSION_TAG, Tracker
+from raysim.tracking import NODE_TAG, SESSION_TAG, Tracker
 
 
 class Coordinator:
@@ -66,6 +66,7 @@ class Coordinator:
         if saved is not None:
             self.core.load_state_dict({**saved["core"], "strategy_private": saved["private"]})
         self.tracker = None
+        node = ray.get_runtime_context().get_node_id()
         if cfg.tracking.enabled and tracking_uri:
             self.tracker = Tracker(
                 tracking_uri,
@@ -78,6 +79,7 @@ class Coordinator:
                     "seed": str(cfg.seed),
                     **cfg.tracking.tags,
                     **({SESSION_TAG: session} if session else {}),
+                    NODE_TAG: node,
                 },
                 parent_run_id=cfg.tracking.parent_run_id,
                 resume_run_id=resume.get("run_id") if resume else None,
@@ -94,6 +96,7 @@ class Coordinator:
                 self.tracker.client.set_tag(
                     self.tracker.run_id, "raysim.coordinator_restarts", str(restarts)
                 )
+            self.tracker.log_placement(node, self.pool.describe())
             self.core.tracker = self.tracker
         self.checkpointer = (
             checkpoint.Checkpointer(cfg, self.tracker) if cfg.checkpoint.every else None

@@ -8,8 +8,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-#: what every trial reports besides the run's per-round metrics
-ROUND, RUN_ID, DIGEST = "round", "run_id", "weights_digest"
+#: what every trial reports besides the run's per-round metrics (the last report also carries
+#: the digest and when the run's artifacts were written, as epoch seconds)
+ROUND, RUN_ID, DIGEST, FINISHED_AT = "round", "run_id", "weights_digest", "finished_at"
 
 
 def trial_overrides(params: Mapping[str, Any]) -> list[str]:
@@ -64,6 +65,7 @@ def run_trial(
     in ``cwd``, the sweep's directory where this node has it, so relative paths in the config
     mean what they mean to ``raysim run`` (Tune starts trials in their own directories)."""
     import os
+    import time
 
     from ray import tune
 
@@ -81,6 +83,7 @@ def run_trial(
             if session.done:  # the last round: finish first, so the report carries the digest
                 result = session.finish()
                 metrics[DIGEST] = result.weights_digest
+                metrics[FINISHED_AT] = time.time()
                 metrics.setdefault(metric, result.metrics.get(metric, float("nan")))
             elif metric not in metrics:
                 continue

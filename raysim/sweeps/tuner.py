@@ -104,11 +104,19 @@ def tune(
     from ray import tune as rtune
 
     from raysim.api import ensure_ray, local_resources, preflight, ray_address
+    from raysim.placement import check_outlives_job, check_store_outlives_job, trial_pin
 
     cfg = load_config(config, overrides)
     section = sweep_section(cfg, space)
     base = _base(cfg)
     check_space(base, section)
+    check_store_outlives_job(base["tracking"]["uri"] if cfg.tracking.enabled else None)
+    storage_path = Path(storage).expanduser().resolve()
+    check_outlives_job(
+        Path(resume) if resume is not None else storage_path,
+        "the sweep's state",
+        "give --storage a path outside it, e.g. --storage ~/raysim-store/tune",
+    )
     if resume is not None and not (Path(resume) / SWEEP_FILE).is_file():
         raise ConfigError(f"{resume} is not a raysim sweep's directory (no {SWEEP_FILE})")
     private = ray_address(address) == "local" and not ray.is_initialized()
@@ -122,13 +130,14 @@ def tune(
     bundles = trial_bundles(cfg, total)
     if dry_run:
         return describe_sweep(cfg, section, bundles, total)
+    pin = trial_pin(cfg, base["tracking"]["uri"])  # the trial and its coordinator: by the store
+    bundles = [{**b, **pin} if i < 2 else b for i, b in enumerate(bundles)]
     trainable_params: dict[str, Any] = {
         "base": base,
         "parent_run_id": None,
         "metric": section.metric,
         "cwd": os.getcwd(),
     }
-    storage_path = Path(storage).expanduser().resolve()
     name = f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     tracker = _SweepRun(cfg, section) if cfg.tracking.enabled else None
     if resume is not None:
@@ -142,7 +151,8 @@ def tune(
         rtune.with_parameters(run_trial, **trainable_params),
         rtune.PlacementGroupFactory(bundles, strategy="PACK"),
     )
-    callbacks = [_TrialRuns(tracker.uri if tracker else None, cfg.rounds, on_result)]
+    callbacks = [_TrialRuns(tracker.uri if tracker else None, cfg.rounds)]
+    _TrialRuns.display = on_result  # not in the callback's state: Tune pickles that
     try:
         if resume is not None:
             tuner = rtune.Tuner.restore(
@@ -181,6 +191,8 @@ def tune(
         if tracker is not None:
             tracker.end("KILLED")
         raise
+    finally:
+        _TrialRuns.display = None
     if _unfinished(path):  # Ctrl-C: Tune saved its state and returned
         if tracker is not None:
             tracker.end("KILLED")
@@ -374,18 +386,14 @@ class _SweepRun:
 class _TrialRuns(Callback):
     """Driver-side: a trial that ends before its last round (ASHA stopped it, or it failed)
     leaves its MLflow run KILLED and tagged ``raysim.stopped_early``, or FAILED; never RUNNING.
-    Tune pickles its callbacks with the sweep's state, so this holds only the store's URI."""
+    Tune pickles its callbacks with the sweep's state and a resumed sweep gets them back from
+    there, so the instance holds only the store's URI; the live display (``tune``'s
+    ``on_result``) is the class's ``display`` while a sweep runs, resumed ones included."""
 
-    def __init__(
-        self,
-        uri: str | None,
-        rounds: int,
-        on_result: Callable[[str, Mapping[str, Any]], None] | None,
-    ) -> None:
-        self.uri, self.rounds, self.on_result = uri, rounds, on_result
+    display: Callable[[str, Mapping[str, Any]], None] | None = None
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "on_result": None}  # a live display does not pickle
+    def __init__(self, uri: str | None, rounds: int) -> None:
+        self.uri, self.rounds = uri, rounds
 
     def _mark(self, run_id: str, status: str, stopped_early: bool) -> None:
         from raysim.tracking import open_store
@@ -397,8 +405,8 @@ class _TrialRuns(Callback):
             client.set_terminated(run_id, status)
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any):
-        if self.on_result is not None:
-            self.on_result(str(trial), result)
+        if _TrialRuns.display is not None:
+            _TrialRuns.display(str(trial), result)
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any):
         last = trial.last_result or {}

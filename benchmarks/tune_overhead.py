@@ -1,0 +1,156 @@
+"""Per-trial overhead of a Tune sweep against a plain ``raysim run`` of the same config.
+
+Both sides run the same config (``examples/tune-async.yaml`` cut to a few rounds, one worker) on
+one private Ray that stays up throughout, interleaved, ``--repeats`` times:
+
+- the plain run: ``raysim.RunSession`` stepped to the end, then ``close()``;
+- the sweep: ``raysim.tune`` with a one-point space (one trial, the same values).
+
+Measured on each side:
+
+- ``start_s``: from the call to the end of the first round (the first ``step()`` returning; for
+  the trial, the first ``on_result``, which each round sends since ``eval.every=1``);
+- ``release_s``: from the run's end (``finish()`` returned: its artifacts are written; the
+  trial's last report says when) to the moment no Coordinator, Worker or trial actor is alive,
+  seen by a thread polling Ray's actor table every 20 ms;
+- ``steady_s``: the median wall of rounds 2..N (the trial's from its reports' spacing).
+
+Last lines: ``ratio.start`` and ``ratio.release`` = sweep / plain (medians over repeats).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from common import ROOT, machine, report
+
+WATCHED = ("Coordinator", "Worker", "ImplicitFunc")
+POLL_S = 0.02
+
+
+class ActorWatch(threading.Thread):
+    """Records the last time any watched actor was seen alive."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.last_alive = 0.0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        import ray._private.state as state
+
+        while not self.stop.is_set():
+            alive = [
+                a for a in state.actors().values()
+                if a["State"] == "ALIVE" and a["ActorClassName"] in WATCHED
+            ]  # fmt: skip
+            if alive:
+                self.last_alive = time.time()
+            time.sleep(POLL_S)
+
+
+def base_config(rounds: int) -> dict:
+    import yaml
+
+    cfg = yaml.safe_load((ROOT / "examples/tune-async.yaml").read_text())
+    cfg.update(rounds=rounds, eval={"every": 1})
+    cfg["workers"] = {"count": 1, "num_cpus": 0.5}
+    cfg["tracking"]["experiment"] = "bench-tune-overhead"
+    cfg["tune"].update(num_samples=1, scheduler="fifo")
+    cfg["tune"]["space"] = {"algorithm.buffer_size": {"grid": [10]}}
+    return cfg
+
+
+def plain(cfg: dict) -> dict[str, float]:
+    import raysim
+
+    watch = ActorWatch()
+    watch.start()
+    t0 = time.perf_counter()
+    session = raysim.RunSession(raysim.load_config(cfg, ["algorithm.buffer_size=10"]))
+    marks = []
+    try:
+        while not session.done:
+            session.step()
+            marks.append(time.perf_counter())
+        session.finish()
+        finished_at = time.time()
+    finally:
+        session.close()
+    return _measures(t0, marks, finished_at, watch)
+
+
+def sweep(cfg: dict, storage: Path) -> dict[str, float]:
+    import raysim
+    from raysim.sweeps.trial import FINISHED_AT
+
+    watch = ActorWatch()
+    watch.start()
+    marks: list[float] = []
+    last: dict = {}
+
+    def on_result(trial: str, result: dict) -> None:
+        marks.append(time.perf_counter())
+        last.update(result)
+
+    t0 = time.perf_counter()
+    raysim.tune(cfg, storage=storage, on_result=on_result)
+    return _measures(t0, marks, last[FINISHED_AT], watch)
+
+
+def _measures(
+    t0: float, marks: list[float], finished_at: float, watch: ActorWatch
+) -> dict[str, float]:
+    time.sleep(0.5)  # let the watcher see the end
+    watch.stop.set()
+    watch.join()
+    steps = [b - a for a, b in zip(marks, marks[1:], strict=False)]
+    return {
+        "start_s": marks[0] - t0,
+        "release_s": max(0.0, watch.last_alive - finished_at),
+        "steady_s": statistics.median(steps) if steps else float("nan"),
+    }
+
+
+def main() -> None:
+    import ray
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=6)
+    args = parser.parse_args()
+    print(f"machine: {machine()}")
+    with tempfile.TemporaryDirectory() as tmp:
+        import os
+
+        os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp}/mlflow.db"
+        ray.init(include_dashboard=False, logging_level="ERROR")
+        cfg = base_config(args.rounds)
+        sweep(cfg, Path(tmp) / "warm")  # first-use costs (imports, store schema) out of the way
+        sides: dict[str, list[dict[str, float]]] = {"plain": [], "sweep": []}
+        for i in range(args.repeats):
+            sides["plain"].append(plain(cfg))
+            sides["sweep"].append(sweep(cfg, Path(tmp) / f"tune{i}"))
+        ray.shutdown()
+    medians = {
+        side: {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        for side, runs in sides.items()
+    }
+    for side, values in medians.items():
+        report(side, **values)
+    report("watch", poll_s=POLL_S)  # release_s below this is "at once"
+    report(
+        "ratio",
+        start=medians["sweep"]["start_s"] / medians["plain"]["start_s"],
+        release=medians["sweep"]["release_s"] / max(medians["plain"]["release_s"], 1e-3),
+        steady=medians["sweep"]["steady_s"] / medians["plain"]["steady_s"],
+    )
+
+
+if __name__ == "__main__":
+    main()

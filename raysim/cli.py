@@ -419,10 +419,17 @@ def cmd_tune(args: argparse.Namespace) -> int:
             return EXIT_SIGTERM if terminated else EXIT_SIGINT
     done = Table(title=f"sweep · best {out.metric} = {out.best_metric:.4f} ({out.mode})")
     cols = [c for c in out.table[0] if c != "weights_digest"]
-    for col in cols:
-        done.add_column(col)
+    short = [c.rsplit(".", 1)[-1] for c in cols]  # buffer_size, not algorithm.buffer_size
+    for col, name in zip(cols, short, strict=True):
+        done.add_column(name if short.count(name) == 1 else col, overflow="fold")
+
+    def cell(col: str, value: Any) -> str:
+        if col == "run_id":
+            return str(value)[:8]  # whole in trials.csv, in the sweep's MLflow run
+        return f"{value:.4g}" if isinstance(value, float) else str(value)
+
     for r in out.table:
-        done.add_row(*[f"{r[c]:.4g}" if isinstance(r[c], float) else str(r[c]) for c in cols])
+        done.add_row(*[cell(c, r[c]) for c in cols])
     console.print(done)
     console.print("best config:", style="bold")
     console.print(best_config_yaml(out), markup=False, highlight=False, soft_wrap=True)

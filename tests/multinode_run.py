@@ -1,6 +1,7 @@
 """Run by tests/test_multinode.py in a fresh process: a 2-node in-process Ray cluster
-(``ray.cluster_utils.Cluster``), one CPU per node. A run, then a two-trial Tune sweep, both with a
-node-local sqlite store: the coordinators must sit on the driver's node (the head)."""
+(``ray.cluster_utils.Cluster``), one CPU per node. A run, then a two-trial Tune sweep (one trial
+is that run again), both with a node-local sqlite store: the coordinators must sit on the
+driver's node (the head)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def main(store: str) -> None:
             session.close()
         sweep = raysim.tune(
             tiny(
-                rounds=2,
+                rounds=3,
                 workers={"count": 1, "num_cpus": 0.5},  # two trials side by side
                 tracking={"uri": store, "experiment": "mn-sweep"},
                 tune={"space": {"local.lr": {"grid": [0.05, 0.1]}}, "metric": "accuracy"},
@@ -52,6 +53,7 @@ def main(store: str) -> None:
                     "digest": result.weights_digest,
                     "run_id": result.run_id,
                     "parent": sweep.parent_run_id,
+                    "trials": {str(r["local.lr"]): r["weights_digest"] for r in sweep.table},
                 }
             )
         )

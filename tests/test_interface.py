@@ -416,21 +416,6 @@ def test_registering_a_different_method_under_a_taken_name_fails():
         register(Method(name="fedavg", strategy=Other))
 
 
-# --------------------------------------------------------------------------- BatchNorm on Ray
-@pytest.mark.slow
-def test_batchnorm_cnn_same_result_with_one_and_three_workers(ray_cluster):
-    cfg = tiny(
-        model={"name": "cnn", "channels": [4, 8], "hidden": [16], "batch_norm": True},
-        rounds=3,
-        delays={"kind": "half_normal", "sigma": 1.0},
-        tracking={"enabled": False},
-    )
-    one = raysim.run(cfg, ["workers.count=1"])
-    three = raysim.run(cfg, ["workers.count=3", "workers.num_cpus=0.5"])
-    assert one.weights_digest == three.weights_digest
-    assert [h["accuracy"] for h in one.history] == [h["accuracy"] for h in three.history]
-
-
 # --------------------------------------------------------------------------- resources
 def test_plan_resources_gives_the_bundles_every_launcher_uses():
     from raysim.resources import ResourceError, plan_resources

@@ -1,6 +1,7 @@
 """A two-node Ray cluster (``ray.cluster_utils.Cluster``): a run spreads its workers over both
-nodes and gives the single-node weights; a Tune sweep runs there; with a sqlite store (local to
-the driver's node) every coordinator is kept on the driver's node and every run lands in it."""
+nodes and gives the single-node weights; a Tune sweep runs there, and its trial with the run's
+values gives them too; with a sqlite store (local to the driver's node) every coordinator is kept
+on the driver's node and every run lands in it."""
 
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ def test_two_node_cluster_run_and_sweep(ray_cluster, tmp_path):
     assert len(out["nodes"]) == 2  # one worker (1 CPU) per node
     local = raysim.run(tiny(rounds=3, tracking={"enabled": False}))
     assert out["digest"] == local.weights_digest
+    # the trial with the run's own values (lr 0.1) is that run: Tune changes nothing it computes
+    assert out["trials"]["0.1"] == local.weights_digest != out["trials"]["0.05"]
 
     client = MlflowClient(store)
     run = client.get_run(out["run_id"])
@@ -45,4 +48,4 @@ def test_two_node_cluster_run_and_sweep(ray_cluster, tmp_path):
     for child in children:
         assert child.info.status == "FINISHED"
         assert child.data.tags[NODE_TAG] == out["head"]  # pinned beside the store
-        assert len(client.get_metric_history(child.info.run_id, "accuracy")) == 2
+        assert len(client.get_metric_history(child.info.run_id, "accuracy")) == 3

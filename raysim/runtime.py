@@ -85,6 +85,7 @@ def server_context(cfg: RunConfig, dataset: FederatedDataset, layout: Layout) ->
         data=server_data(dataset),
         local=cfg.local,
         model_factory=lambda: server_model(cfg, spec),
+        clients_per_round=cfg.clients.per_round,
     )
 
 

@@ -61,8 +61,11 @@ class ServerContext:
         local: LocalTrainingConfig | None = None,
         model_factory: Callable[[], tuple[ModelHandle, Task]] | None = None,
         log: Callable[[str, float], None] | None = None,
+        clients_per_round: int | None = None,
     ) -> None:
         self.seed = seed
+        #: S, the clients dispatched per round (None where the run does not say)
+        self.clients_per_round = clients_per_round
         self.layout = layout
         self.num_clients = num_clients
         self.client_sizes = client_sizes

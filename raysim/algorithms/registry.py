@@ -39,6 +39,7 @@ BUILTIN_MODULES = (
     "raysim.algorithms.fedft",
     "raysim.algorithms.hfcl",
     "raysim.algorithms.feddf",
+    "raysim.algorithms.feddle",
     "raysim.algorithms.fedit",
     "raysim.algorithms.fedoa",
     "raysim.algorithms.ditto",

@@ -1,0 +1,215 @@
+"""Feddle-ID (feddle.md §3) against its §7.2 invariants I-6 … I-11, in process (no Ray)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from raysim.actors.local import local_core
+from raysim.algorithms.feddle_atlas import Atlas
+from raysim.algorithms.feddle_search import SearchConfig, coefficient_gradient, mean_loss, search
+from raysim.training.tasks import ClassificationTask
+from tests.test_feddle_baselines import cfg_for, run
+
+
+def searched(atlas: Atlas, scores) -> None:
+    atlas.record_search(np.asarray(scores, dtype=np.float64))
+
+
+# --------------------------------------------------------------------------- I-7
+def test_a_full_atlas_replaces_the_least_important_searched_anchor():
+    atlas = Atlas(3)
+    for j in range(3):
+        assert atlas.insert(np.full(4, j + 1.0), 0, j, 0) == j
+    searched(atlas, [0.5, 0.1, 0.1])  # a tie between slots 1 and 2: the older goes
+    assert atlas.insert(np.ones(4), 1, 7, 0) == 1
+    # the new anchor is protected until searched: the next arrival takes slot 2, not slot 1
+    assert atlas.insert(np.ones(4), 1, 8, 0) == 2
+    assert len(atlas) == 3 and atlas.evictions == 2
+    # more than M arrivals in one round: only then may an unsearched anchor go
+    assert atlas.insert(np.ones(4), 1, 9, 0) == 0
+    assert atlas.insert(np.ones(4), 1, 10, 0) in (1, 2)
+    assert len(atlas) == 3
+
+
+def test_fifo_and_literal_inherit_eviction():
+    fifo = Atlas(2, eviction="fifo")
+    for j in range(2):
+        fifo.insert(np.ones(3) * (j + 1), 0, j, 0)
+    searched(fifo, [9.0, 0.0])  # importance is ignored: the oldest goes
+    assert fifo.insert(np.ones(3), 1, 5, 0) == 0
+    assert fifo.insert(np.ones(3), 1, 6, 0) == 1
+    literal = Atlas(2, new_anchor_score="inherit")
+    for j in range(2):
+        literal.insert(np.ones(3), 0, j, 0)
+    searched(literal, [0.3, 0.2])
+    assert literal.insert(np.ones(3), 1, 5, 0) == 1  # inherits 0.2, stays the minimum ...
+    assert literal.insert(np.ones(3), 1, 6, 0) == 1  # ... so the next arrival evicts it (A6)
+
+
+def test_negligible_deltas_are_not_anchors():
+    atlas = Atlas(2)
+    assert atlas.insert(np.zeros(5), 0, 0, 0) == -1 and len(atlas) == 0
+
+
+# --------------------------------------------------------------------------- I-8
+def test_normalised_anchors_have_the_median_norm_and_keep_their_directions():
+    rng = np.random.default_rng(0)
+    raw = rng.normal(size=(4, 50)) * np.array([[1.0], [2.0], [5.0], [9.0]])
+    atlas = Atlas(4)
+    for j, a in enumerate(raw):
+        atlas.insert(a, 0, j, 0)
+    anchors, rho = atlas.normalized()
+    norms = np.linalg.norm(raw.astype(np.float32).astype(np.float64), axis=1)
+    assert rho == pytest.approx(np.mean(np.sort(norms)[1:3]))  # even |A|: the two middle ones
+    np.testing.assert_allclose(np.linalg.norm(anchors, axis=1), rho, rtol=1e-6)
+    np.testing.assert_allclose(
+        anchors / np.linalg.norm(anchors, axis=1, keepdims=True),
+        raw / norms[:, None],
+        rtol=1e-5,
+        atol=1e-6,
+    )
+    scaled = Atlas(4)
+    for j, a in enumerate(raw * 7.0):
+        scaled.insert(a, 0, j, 0)
+    anchors7, rho7 = scaled.normalized()
+    np.testing.assert_allclose(anchors7 / rho7, anchors / rho, rtol=1e-5, atol=1e-6)
+    one = Atlas(3)
+    one.insert(raw[2], 0, 0, 0)
+    np.testing.assert_allclose(one.normalized()[0][0], raw[2].astype(np.float32))
+    raw_anchors, _ = atlas.normalized("none")
+    np.testing.assert_allclose(raw_anchors, raw.astype(np.float32))
+
+
+# --------------------------------------------------------------------------- I-9
+def test_the_stop_gradient_coefficient_gradient_is_the_chain_rule():
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3))
+    module = module.double()
+    params = list(module.parameters())
+    d = sum(p.numel() for p in params)
+    base = torch.nn.utils.parameters_to_vector(params).detach().clone()
+    anchors = torch.randn(4, d, dtype=torch.float64) * 0.1
+    c = torch.randn(4, dtype=torch.float64)
+    batch = (torch.randn(16, 5, dtype=torch.float64), torch.randint(0, 3, (16,)))
+    task = ClassificationTask()
+    grad, _ = coefficient_gradient(module, params, task, batch, base, anchors, c)
+
+    names = [n for n, _ in module.named_parameters()]
+    shapes = [p.shape for p in params]
+
+    def loss_of(coef: torch.Tensor) -> torch.Tensor:
+        flat = base + anchors.T @ coef
+        tensors, offset = {}, 0
+        for name, shape in zip(names, shapes, strict=True):
+            k = int(np.prod(shape))
+            tensors[name] = flat[offset : offset + k].view(shape)
+            offset += k
+        logits = torch.func.functional_call(module, tensors, (batch[0],))
+        return torch.nn.functional.cross_entropy(logits, batch[1])
+
+    want = torch.func.grad(loss_of)(c)
+    torch.testing.assert_close(grad, want, rtol=0, atol=1e-10)
+
+
+# --------------------------------------------------------------------------- I-10, I-11
+def toy():
+    """Softmax regression on separable-ish data: a convex search problem."""
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(64, 6, generator=gen)
+    y = (x[:, 0] + 0.5 * x[:, 1] > 0).long()
+    module = torch.nn.Linear(6, 2)
+    torch.nn.init.zeros_(module.weight)
+    torch.nn.init.zeros_(module.bias)
+    params = list(module.parameters())
+    base = torch.nn.utils.parameters_to_vector(params).detach().clone()
+    anchors = torch.randn(3, base.numel(), generator=gen)
+    return module, params, (x, y), base, anchors
+
+
+def test_full_batch_descent_on_c_never_raises_the_server_loss():
+    module, params, data, base, anchors = toy()
+    task, c = ClassificationTask(), torch.zeros(3)
+    cfg = SearchConfig(lr=0.05, epochs=1, batch_size=64, optimizer="sgd")
+    losses = []
+    for _ in range(30):  # SGD keeps no state: 30 calls are 30 steps of one descent
+        c = search(module, params, task, data, base, anchors, c, c * 0, cfg, torch.Generator())
+        losses.append(mean_loss(module, task, data, 64))
+    assert losses[-1] < losses[0]
+    assert all(b <= a + 1e-7 for a, b in zip(losses, losses[1:], strict=False))
+
+
+def test_a_huge_lambda_keeps_the_fallback_coefficients():
+    module, params, data, base, anchors = toy()
+    task, c_fb = ClassificationTask(), torch.tensor([0.3, -0.2, 0.1])
+    cfg = SearchConfig(lr=1e-6, epochs=3, batch_size=16, optimizer="sgd", lam=1e6)
+    gen = torch.Generator().manual_seed(0)
+    c = search(module, params, task, data, base, anchors, c_fb, c_fb, cfg, gen)
+    torch.testing.assert_close(c, c_fb, rtol=0, atol=1e-5)
+    free = SearchConfig(lr=0.05, epochs=3, batch_size=16, optimizer="sgd", lam=0.0)
+    moved = search(module, params, task, data, base, anchors, c_fb, c_fb, free, gen)
+    assert float((moved - c_fb).abs().max()) > 1e-2  # the control: without λ the search moves c
+
+
+# --------------------------------------------------------------------------- I-6, I-10, runs
+FEDDLE = {"name": "feddle", "server_epochs": 0, "fallback_lr": 0.5}
+
+
+@pytest.mark.parametrize("normalize", ["median", "none"])
+def test_feddle_without_a_search_is_fedbuff_per_round(normalize):
+    """I-6: E_g = 0 with the FedBuff fallback gives fedbuff_per_round's model every round."""
+    delays = {"kind": "half_normal", "sigma": 2.0}
+    feddle = cfg_for({**FEDDLE, "normalize": normalize}, rounds=5, delays=delays)
+    fedbuff = cfg_for({"name": "fedbuff_per_round", "server_lr": 0.5}, rounds=5, delays=delays)
+    a_hist, b_hist = [], []
+    run(feddle, lambda core: a_hist.append(core.strategy.weights.copy()))
+    run(fedbuff, lambda core: b_hist.append(core.strategy.weights.copy()))
+    assert len(a_hist) == 5
+    for a, b in zip(a_hist, b_hist, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(a_hist[-1], a_hist[0])  # it did move
+
+
+def test_zero_init_without_a_search_leaves_the_model_alone():
+    core = local_core(cfg_for({**FEDDLE, "fallback_init": "zero"}, rounds=3))
+    start = core.strategy.weights.copy()
+    while not core.done:
+        core.step()
+    assert len(core.strategy.atlas) > 0  # updates arrived; the zero start ignored them
+    np.testing.assert_array_equal(core.strategy.weights, start)
+
+
+def test_a_feddle_run_searches_on_the_server_set_and_reports_it():
+    cfg = cfg_for({"name": "feddle", "server_epochs": 1, "server_lr": 1e-2}, rounds=3, id_size=64)
+    core = run(cfg)
+    m = core.strategy.metrics()
+    assert m["feddle_atlas_size"] == min(3 * 5, 10)  # M = 2·S = 10
+    assert np.isfinite(m["server_loss_before"]) and np.isfinite(m["server_loss_after"])
+    assert m["server_loss_after"] < m["server_loss_before"]
+    assert 0.0 <= m["feddle_coef_negative_fraction"] <= 1.0
+    again = run(cfg)
+    np.testing.assert_array_equal(again.strategy.weights, core.strategy.weights)  # deterministic
+    with pytest.raises(ValueError, match="data.server.id_size"):
+        run(cfg_for({"name": "feddle", "server_epochs": 1}, rounds=1))
+
+
+def test_a_feddle_run_resumes_bit_identically_from_a_checkpoint(tmp_path):
+    """The atlas (anchors, scores, ages) comes back with the strategy's state (I-16)."""
+    from raysim import checkpoint
+
+    delays = {"kind": "half_normal", "sigma": 1.5}
+    cfg = cfg_for({"name": "feddle", "server_epochs": 1}, rounds=4, id_size=32, delays=delays)
+    ref = run(cfg)
+    crashed = local_core(cfg)
+    for _ in range(2):
+        crashed.step()
+    checkpoint.write_dir(tmp_path, checkpoint.pack({"core": crashed.state_dict()}, cfg, 2))
+    saved = crashed.strategy.atlas
+    del crashed
+    resumed = local_core(cfg)
+    resumed.load_state_dict(checkpoint.unpack(checkpoint.read_dir(tmp_path))[1]["core"])
+    assert [s.seq for s in resumed.strategy.atlas.slots] == [s.seq for s in saved.slots]
+    while not resumed.done:
+        resumed.step()
+    assert resumed.digest() == ref.digest()

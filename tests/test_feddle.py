@@ -213,3 +213,69 @@ def test_a_feddle_run_resumes_bit_identically_from_a_checkpoint(tmp_path):
     while not resumed.done:
         resumed.step()
     assert resumed.digest() == ref.digest()
+
+
+# --------------------------------------------------------------------------- I-12 (OOD)
+def test_ood_mechanics_probe_fits_head_gets_no_gradient_yet_moves():
+    from raysim.algorithms.feddle_ood import ProbeTask, features, fit_probe, head_of, new_probe
+
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(
+        torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3)
+    ).double()
+    head = head_of(module)
+    assert head is module[2]
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 6, generator=gen, dtype=torch.float64)
+    y = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()  # 3 OOD labels
+    probe = new_probe(8, 3, 5, x)
+    feats = features(module, head, x).detach()
+
+    def probe_grad() -> float:
+        loss = torch.nn.functional.cross_entropy(probe(feats), y)
+        return max(float(g.norm()) for g in torch.autograd.grad(loss, list(probe.parameters())))
+
+    start = probe_grad()
+    fit_probe(probe, module, head, (x, y), epochs=300, lr=0.05, batch_size=64, generator=gen)
+    assert probe_grad() < 0.02 * start  # θ* (Eq. 9): a convex problem, nearly solved
+    theta = [q.detach().clone() for q in probe.parameters()]
+
+    params = list(module.parameters())
+    base = torch.nn.utils.parameters_to_vector(params).detach().clone()
+    anchors = torch.randn(3, base.numel(), generator=gen, dtype=torch.float64)
+    task = ProbeTask(probe, head)
+    for q in probe.parameters():
+        q.requires_grad_(False)
+    c = torch.tensor([0.1, -0.1, 0.05], dtype=torch.float64)
+    cfg = SearchConfig(lr=1e-2, epochs=2, batch_size=16)
+    c_hat = search(module, params, task, (x, y), base, anchors, c, c, cfg, gen)
+    for before, after in zip(theta, probe.parameters(), strict=True):
+        torch.testing.assert_close(after, before, rtol=0, atol=0)  # θ frozen by the c-steps
+    # h ignores the head's coordinates: their gradient is exactly 0 ...
+    torch.nn.utils.vector_to_parameters(base + anchors.T @ c_hat, params)
+    module.zero_grad()
+    task.loss(module, (x, y)).backward()
+    assert all(p.grad is None or not p.grad.any() for p in head.parameters())
+    # ... yet the step moves the head with the body-derived coefficients
+    head_coords = slice(base.numel() - sum(p.numel() for p in head.parameters()), None)
+    moved = (anchors.T @ c_hat)[head_coords]
+    assert float(moved.abs().max()) > 0
+
+
+def test_a_feddle_ood_run_fits_its_probe_and_searches_on_the_ood_pool():
+    cfg = cfg_for(
+        {"name": "feddle_ood", "server_epochs": 1, "server_lr": 1e-2, "ood_samples_per_round": 64},
+        rounds=3,
+        id_size=64,
+    ).model_dump(mode="json")
+    cfg["data"]["server"]["ood"] = [{"name": "shapes", "size": 200}]
+    from raysim.config import load_config
+
+    core = run(load_config(cfg))
+    m = core.strategy.metrics()
+    assert core.strategy.params.tie == 0.01  # the OOD default λ (§3.5)
+    assert np.isfinite(m["feddle_probe_loss"]) and -1.0 <= m["feddle_grad_cosine"] <= 1.0
+    assert set(core.strategy.theta) == {"weight", "bias"}
+    assert core.strategy.theta["weight"].shape == (4, 16)  # 4 shape labels × 16 features
+    again = run(load_config(cfg))
+    np.testing.assert_array_equal(again.strategy.weights, core.strategy.weights)

@@ -1,4 +1,4 @@
-"""Feddle-ID (feddle.md §3): the server searches for the best combination of recent client deltas
+"""Feddle (feddle.md §3): the server searches for the best combination of recent client deltas
 (the *atlas*) on its in-distribution data, starting from, and tied to, FedBuff's step.
 
 Every round end (§3.8): this round's arrivals enter the atlas (§3.2); the anchors are normalised
@@ -8,7 +8,8 @@ the server loss plus ``(λ/2)‖c − c'‖²`` over ``c`` with a fresh optimise
 moves by ``Σ ĉ_m ā_m`` and every anchor's importance becomes ``|ĉ_m|``. BatchNorm buffers stay out
 of the anchors and follow ``bn_buffers`` (§3.1, A14). Every interpretation is a switch with the
 spec's default; Table 3's ablation rows are ``normalize`` × ``eviction`` × ``fallback_init`` × λ
-(§3.9). The OOD search (§3.5) is not here yet.
+(§3.9). ``mode: ood`` searches on the OOD surrogate instead (§3.5, ``feddle_ood.py``): a linear
+probe θ on the body's features, refitted each round at the start point, then frozen.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from ..models.layout import BUFFERS, SHARED
 from .base import Method, MethodParams, Strategy, Update
 from .context import ServerContext
 from .feddle_atlas import Atlas
-from .feddle_search import SearchConfig, mean_loss, search
+from .feddle_ood import ProbeTask, fit_probe, head_of, load_probe, new_probe, probe_state
+from .feddle_search import SearchConfig, full_gradient, mean_loss, search
 from .registry import register
 from .server_training import id_pool
 
@@ -43,7 +45,20 @@ class FeddleParams(MethodParams):
     fallback_norm_correction: bool = Field(True, description="c' in the normalised basis (§3.6)")
     fallback_lr: float = Field(1.0, gt=0, description="η_fb, FedBuff's server lr (§3.6)")
     staleness_weight: Literal["none", "inv_sqrt"] = Field("none", description="w(τ), A9")
-    lam: float = Field(0.0, ge=0, description="λ, tie to c' (Eq. 11): 0 for ID (§3.4)")
+    mode: Literal["id", "ood"] = Field("id", description="the server's data: §3.4 or §3.5")
+    lam: float | None = Field(
+        None, ge=0, description="λ, tie to c' (Eq. 11); default 0 for ID (§3.4), 0.01 for OOD"
+    )
+    ood_pool: str | None = Field(None, description="which data.server.ood pool (default: first)")
+    ood_samples_per_round: int | None = Field(
+        1000, ge=1, description="a fresh random subset each round; None: the whole pool (A12)"
+    )
+    theta_init: Literal["warm", "fresh"] = Field("warm", description="the probe θ (A13)")
+    theta_epochs: int = Field(1, ge=1, description="probe epochs per round (A13)")
+    theta_lr: float = Field(1e-3, gt=0, description="probe Adam lr (A13)")
+    log_gradient_cosine: bool = Field(
+        True, description="cos(∇_c h, ∇_c ℓ) when OOD and ID server data both exist (Fig. 7)"
+    )
     server_lr: float = Field(1e-3, gt=0, description="η_g (§3.7)")
     server_epochs: int = Field(10, ge=0, description="E_g; 0 = no search (I-6)")
     server_batch_size: int = Field(32, ge=1, description="A11")
@@ -54,6 +69,11 @@ class FeddleParams(MethodParams):
     )
     log_server_loss: bool = Field(True, description="server loss before and after the search")
 
+    @property
+    def tie(self) -> float:
+        """λ, with the spec's per-mode default (§3.4: 0 for ID; §3.5: 0.01 for OOD)."""
+        return self.lam if self.lam is not None else (0.0 if self.mode == "id" else 0.01)
+
 
 class Feddle(Strategy):
     params: FeddleParams
@@ -63,6 +83,7 @@ class Feddle(Strategy):
         super().__init__(params, initial_weights, num_clients)
         self.pending: list[Update] = []
         self.atlas: Atlas | None = None
+        self.theta: dict[str, np.ndarray] | None = None  # the OOD probe, warm across rounds
         self.last: dict[str, float] = {}
 
     def setup(self, ctx: ServerContext) -> None:
@@ -138,43 +159,96 @@ class Feddle(Strategy):
     def _search(
         self, round_index: int, anchors: np.ndarray, c0: np.ndarray, c_fb: np.ndarray
     ) -> tuple[np.ndarray, dict[str, float]]:
+        """§3.7: the search from ``c0`` on the ID set (§3.4) or the OOD surrogate (§3.5)."""
         p = self.params
         if p.server_epochs == 0:
             return c0, {}
         handle, task = self.ctx.model()
         handle.set_global(self.weights)
         params = handle.global_parameters()
-        device, dtype = params[0].device, params[0].dtype
-        pool = id_pool(self.ctx, "feddle")
-        base = torch.tensor(self.weights[self.shared], device=device, dtype=dtype)
-        a = torch.tensor(anchors, device=device, dtype=dtype)
         module = handle.module
-        losses: dict[str, float] = {}
+        like = params[0]
+
+        def t(x: np.ndarray) -> torch.Tensor:
+            return torch.tensor(x, device=like.device, dtype=like.dtype)
+
+        base, a, c_start = t(self.weights[self.shared]), t(anchors), t(c0)
+        with torch.no_grad():
+            torch.nn.utils.vector_to_parameters(base + a.T @ c_start, params)
+        diag: dict[str, float] = {}
+        if p.mode == "id":
+            data, objective = id_pool(self.ctx, "feddle").data, task
+        else:
+            data, objective = self._ood_objective(round_index, module, like, diag)
+            if p.log_gradient_cosine and self.ctx.data.id is not None:
+                bs = p.server_batch_size
+                g_h = full_gradient(module, params, objective, data, base, a, c_start, bs)
+                g_l = full_gradient(
+                    module, params, task, self.ctx.data.id.data, base, a, c_start, bs
+                )
+                denom = float(g_h.norm() * g_l.norm())
+                diag["feddle_grad_cosine"] = float(g_h @ g_l) / denom if denom else float("nan")
         if p.log_server_loss:
             module.eval()
-            with torch.no_grad():
-                c = torch.tensor(c0, device=device, dtype=dtype)
-                torch.nn.utils.vector_to_parameters(base + a.T @ c, params)
-            losses["server_loss_before"] = mean_loss(module, task, pool.data, p.server_batch_size)
+            diag["server_loss_before"] = mean_loss(module, objective, data, p.server_batch_size)
         c_hat = search(
             module,
             params,
-            task,
-            pool.data,
+            objective,
+            data,
             base,
             a,
-            torch.tensor(c0, device=device, dtype=dtype),
-            torch.tensor(c_fb, device=device, dtype=dtype),
+            c_start,
+            t(c_fb),
             SearchConfig(
-                p.server_lr, p.server_epochs, p.server_batch_size, p.coef_optimizer, p.lam
+                p.server_lr, p.server_epochs, p.server_batch_size, p.coef_optimizer, p.tie
             ),
             self.ctx.torch_generator(f"feddle/search/{round_index}"),
         )
         if p.log_server_loss:
             module.eval()
-            losses["server_loss_after"] = mean_loss(module, task, pool.data, p.server_batch_size)
+            diag["server_loss_after"] = mean_loss(module, objective, data, p.server_batch_size)
             module.train()
-        return c_hat.cpu().double().numpy(), losses
+        return c_hat.cpu().double().numpy(), diag
+
+    def _ood_objective(
+        self, round_index: int, module: torch.nn.Module, like: torch.Tensor, diag: dict
+    ) -> tuple[tuple[torch.Tensor, torch.Tensor], ProbeTask]:
+        """This round's OOD sample and ``h`` with the probe refitted at the start point (Eq. 9);
+        θ is then frozen for the search (Eq. 10)."""
+        p = self.params
+        pools = self.ctx.data.ood
+        if not pools:
+            raise ValueError("feddle with mode=ood needs an OOD pool: set data.server.ood")
+        name = p.ood_pool or next(iter(pools))
+        if name not in pools:
+            raise ValueError(f"feddle: no OOD pool {name!r}; data.server.ood has {sorted(pools)}")
+        pool = pools[name]
+        x, y = pool.data
+        if p.ood_samples_per_round is not None and p.ood_samples_per_round < len(y):
+            rng = self.ctx.rng(f"feddle/ood/{round_index}")
+            pick = torch.as_tensor(np.sort(rng.choice(len(y), p.ood_samples_per_round, False)))
+            x, y = x[pick], y[pick]
+        head = head_of(module)
+        fresh = p.theta_init == "fresh" or self.theta is None
+        stream = f"feddle/theta/{round_index}" if p.theta_init == "fresh" else "feddle/theta"
+        probe = new_probe(head.in_features, pool.num_classes, self.ctx.stream_seed(stream), like)
+        if not fresh:
+            load_probe(probe, self.theta)
+        diag["feddle_probe_loss"] = fit_probe(
+            probe,
+            module,
+            head,
+            (x, y),
+            epochs=p.theta_epochs,
+            lr=p.theta_lr,
+            batch_size=p.server_batch_size,
+            generator=self.ctx.torch_generator(f"feddle/theta/{round_index}"),
+        )
+        self.theta = probe_state(probe)
+        for q in probe.parameters():
+            q.requires_grad_(False)
+        return (x, y), ProbeTask(probe, head)
 
     def _update_buffers(self, arrivals: list[Update]) -> bool:
         """Non-trainable buffers (BN statistics), outside the anchors (§3.1, A14)."""
@@ -201,5 +275,19 @@ METHOD = register(
         strategy=Feddle,
         params=FeddleParams,
         reference="Feddle (federated dual learning), in-domain server data; feddle.md §3",
+    )
+)
+
+
+class FeddleOODParams(FeddleParams):
+    mode: Literal["id", "ood"] = "ood"
+
+
+METHOD_OOD = register(
+    Method(
+        name="feddle_ood",
+        strategy=Feddle,
+        params=FeddleOODParams,
+        reference="Feddle with out-of-domain server data (a probe surrogate); feddle.md §3.5",
     )
 )

@@ -52,6 +52,28 @@ def coefficient_gradient(
     return anchors @ g, float(loss.detach())
 
 
+def full_gradient(
+    module: torch.nn.Module,
+    params: Sequence[torch.nn.Parameter],
+    task: Task,
+    data: Any,
+    base: torch.Tensor,
+    anchors: torch.Tensor,
+    c: torch.Tensor,
+    batch_size: int,
+) -> torch.Tensor:
+    """``∂ℓ(data)/∂c`` over all of ``data`` (example-weighted mean of the batch gradients)."""
+    n = task.num_examples(data)
+    total = torch.zeros_like(c)
+    for start in range(0, n, batch_size):
+        idx = torch.arange(start, min(n, start + batch_size))
+        grad, _ = coefficient_gradient(
+            module, params, task, task.batch(data, idx), base, anchors, c
+        )
+        total += grad * len(idx)
+    return total / max(n, 1)
+
+
 def mean_loss(module: torch.nn.Module, task: Task, data: Any, batch_size: int) -> float:
     """The loss over all of ``data`` (example-weighted), without gradients."""
     n = task.num_examples(data)

@@ -188,6 +188,11 @@ def test_a_feddle_run_searches_on_the_server_set_and_reports_it():
     assert np.isfinite(m["server_loss_before"]) and np.isfinite(m["server_loss_after"])
     assert m["server_loss_after"] < m["server_loss_before"]
     assert 0.0 <= m["feddle_coef_negative_fraction"] <= 1.0
+    d = int(core.strategy.shared.sum())
+    assert m["feddle_cache_bytes"] == 2 * 10 * d * 4  # raw and normalised anchors, float32
+    # 64 samples / batch 32 = 2 steps; each at least a forward and backward of the MLP on 32
+    mlp_macs = 32 * sum(p.numel() for p in core.strategy.ctx.model()[0].module.parameters())
+    assert m["server_gflops"] * 1e9 >= 2 * (2 * mlp_macs + 4 * 10 * d)
     again = run(cfg)
     np.testing.assert_array_equal(again.strategy.weights, core.strategy.weights)  # deterministic
     with pytest.raises(ValueError, match="data.server.id_size"):

@@ -26,7 +26,7 @@ from .base import Method, MethodParams, Strategy, Update
 from .context import ServerContext
 from .feddle_atlas import Atlas
 from .feddle_ood import ProbeTask, fit_probe, head_of, load_probe, new_probe, probe_state
-from .feddle_search import SearchConfig, full_gradient, mean_loss, search
+from .feddle_search import SearchConfig, full_gradient, mean_loss, search, search_flops
 from .registry import register
 from .server_training import id_pool
 
@@ -68,6 +68,7 @@ class FeddleParams(MethodParams):
         "fallback_mean", description="§3.1, A14"
     )
     log_server_loss: bool = Field(True, description="server loss before and after the search")
+    log_flops: bool = Field(True, description="the search's FLOPs per round (Table 6)")
 
     @property
     def tie(self) -> float:
@@ -152,6 +153,12 @@ class Feddle(Strategy):
             "feddle_evictions": float(atlas.evictions),
             "feddle_atlas_age_mean": float(np.mean(ages)),
             "feddle_atlas_age_max": float(np.max(ages)),
+            # Table 6: what the server keeps (raw anchors, the normalised matrix, the probe)
+            "feddle_cache_bytes": float(
+                sum(slot.delta.nbytes for slot in atlas.slots)
+                + anchors.nbytes
+                + sum(v.nbytes for v in (self.theta or {}).values())
+            ),
             **losses,
         }
         return True
@@ -191,6 +198,12 @@ class Feddle(Strategy):
         if p.log_server_loss:
             module.eval()
             diag["server_loss_before"] = mean_loss(module, objective, data, p.server_batch_size)
+        config = SearchConfig(
+            p.server_lr, p.server_epochs, p.server_batch_size, p.coef_optimizer, p.tie
+        )
+        if p.log_flops:
+            flops = search_flops(module, params, objective, data, base, a, c_start, config)
+            diag["server_gflops"] = flops / 1e9
         c_hat = search(
             module,
             params,
@@ -200,9 +213,7 @@ class Feddle(Strategy):
             a,
             c_start,
             t(c_fb),
-            SearchConfig(
-                p.server_lr, p.server_epochs, p.server_batch_size, p.coef_optimizer, p.tie
-            ),
+            config,
             self.ctx.torch_generator(f"feddle/search/{round_index}"),
         )
         if p.log_server_loss:

@@ -74,6 +74,30 @@ def full_gradient(
     return total / max(n, 1)
 
 
+def search_flops(
+    module: torch.nn.Module,
+    params: Sequence[torch.nn.Parameter],
+    task: Task,
+    data: Any,
+    base: torch.Tensor,
+    anchors: torch.Tensor,
+    c: torch.Tensor,
+    config: SearchConfig,
+) -> float:
+    """FLOPs of one round's search (Table 6): one step counted by torch's ``FlopCounterMode``
+    (forward and backward on one batch), plus ``Āᵀc`` and ``Ā g`` (2·|A|·d multiply-adds each),
+    times the number of steps."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    n = task.num_examples(data)
+    batch = task.batch(data, torch.arange(min(n, config.batch_size)))
+    counter = FlopCounterMode(display=False)
+    with counter:
+        coefficient_gradient(module, params, task, batch, base, anchors, c)
+    steps = config.epochs * -(-n // config.batch_size)
+    return float(steps * (counter.get_total_flops() + 4 * anchors.numel()))
+
+
 def mean_loss(module: torch.nn.Module, task: Task, data: Any, batch_size: int) -> float:
     """The loss over all of ``data`` (example-weighted), without gradients."""
     n = task.num_examples(data)

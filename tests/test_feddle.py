@@ -284,3 +284,32 @@ def test_a_feddle_ood_run_fits_its_probe_and_searches_on_the_ood_pool():
     assert core.strategy.theta["weight"].shape == (4, 16)  # 4 shape labels × 16 features
     again = run(load_config(cfg))
     np.testing.assert_array_equal(again.strategy.weights, core.strategy.weights)
+
+
+class SquaredError:
+    """A quadratic loss for I-11: mean squared error of a linear model's output."""
+
+    def num_examples(self, data):
+        return len(data[1])
+
+    def batch(self, data, index):
+        return data[0][index], data[1][index]
+
+    def loss(self, module, batch):
+        return ((module(batch[0]).squeeze(-1) - batch[1]) ** 2).mean()
+
+
+def test_on_a_quadratic_the_search_converges_to_least_squares():
+    """I-11: c minimising ‖X(ω + Āᵀc) − y‖² is the least-squares solution of (XĀᵀ) c = y − Xω."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(40, 5, generator=gen, dtype=torch.float64)
+    y = torch.randn(40, generator=gen, dtype=torch.float64)
+    module = torch.nn.Linear(5, 1, bias=False).double()
+    params = list(module.parameters())
+    base = torch.randn(5, generator=gen, dtype=torch.float64)
+    anchors = torch.randn(3, 5, generator=gen, dtype=torch.float64)
+    cfg = SearchConfig(lr=0.05, epochs=3000, batch_size=40, optimizer="sgd")
+    c0 = torch.zeros(3, dtype=torch.float64)
+    c = search(module, params, SquaredError(), (x, y), base, anchors, c0, c0, cfg, gen)
+    want = torch.linalg.lstsq(x @ anchors.T, y - x @ base).solution
+    torch.testing.assert_close(c, want, rtol=0, atol=1e-8)

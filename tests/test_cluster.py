@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import subprocess
 import sys
@@ -156,8 +157,8 @@ def test_coordinator_node_is_a_switch_that_leaves_results_alone():
 
 # --------------------------------------------------------------------------- a real cluster
 def _mlflow_server(port: int, store: Path, env: dict[str, str]) -> subprocess.Popen:
-    """The head's MLflow server, as cluster/start-head.sh starts it."""
-    proc = subprocess.Popen(
+    """The head's MLflow server, as cluster/start-head.sh starts it (``_healthy`` waits)."""
+    return subprocess.Popen(
         [str(Path(sys.executable).with_name("mlflow")), "server", "--host", "127.0.0.1",
          "--port", str(port), "--workers", "1", "--backend-store-uri",
          f"sqlite:///{store / 'mlflow.db'}", "--artifacts-destination",
@@ -165,11 +166,14 @@ def _mlflow_server(port: int, store: Path, env: dict[str, str]) -> subprocess.Po
         env={**env, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
+
+
+def _healthy(proc: subprocess.Popen, port: int) -> None:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                return proc
+                return
         except OSError:
             time.sleep(0.5)
     proc.kill()
@@ -182,11 +186,12 @@ def test_jobs_on_a_multi_process_cluster_land_in_the_heads_mlflow(ray_cluster, t
 
     from tests.loopback import RAY, free_port, loopback_cluster
 
-    with loopback_cluster(head_cpus=2, worker_cpus=2, worker_gpus=1) as cluster:
-        port = free_port()
-        server = _mlflow_server(port, tmp_path, cluster.env)
-        uri = f"http://127.0.0.1:{port}"
-        try:
+    port = free_port()
+    server = _mlflow_server(port, tmp_path, dict(os.environ))  # starts while the cluster does
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        with loopback_cluster(head_cpus=2, worker_cpus=2, worker_gpus=1) as cluster:
+            _healthy(server, port)
 
             def submit(*entrypoint: str) -> subprocess.CompletedProcess:
                 for _ in range(30):  # the head's job agent may still be starting
@@ -216,13 +221,14 @@ def test_jobs_on_a_multi_process_cluster_land_in_the_heads_mlflow(ray_cluster, t
             assert len(placed["workers"]) == 4  # 4 × 0.25 of the one GPU, all on its node
             (gpu_node,) = {w["node_id"] for w in placed["workers"]}
             assert {tuple(w["gpu_ids"]) for w in placed["workers"]} == {("0",)}
+            assert all(w["cuda_visible_devices"] == "0" for w in placed["workers"])
             # the coordinator is on the other node, the head: beside the store it writes
             assert placed["coordinator_node"] != gpu_node
             assert run.data.tags["raysim.nodes"] == "1"
 
             sweep = submit(
                 "raysim", "tune", "examples/tune-async.yaml", *small, "clients.num=10",
-                "workers.count=2", "eval.every=1", "tune.num_samples=1", "tune.scheduler=fifo",
+                "workers.count=1", "eval.every=1", "tune.num_samples=1", "tune.scheduler=fifo",
                 "tune.space={algorithm.buffer_size: {grid: [2, 4]}}",
                 "tracking.experiment=loopback-sweep", "--address", "auto",
                 "--storage", str(tmp_path / "tune"),
@@ -245,8 +251,8 @@ def test_jobs_on_a_multi_process_cluster_land_in_the_heads_mlflow(ray_cluster, t
             assert lost.returncode != 0
             assert "would vanish with the job" in lost.stdout
             assert "Traceback" not in lost.stdout
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
     # only what the test started was stopped: the test session's own Ray still answers
     assert ray_cluster.get(ray_cluster.remote(lambda: 7).remote()) == 7

@@ -10,6 +10,7 @@ from raysim.actors.local import local_core
 from raysim.algorithms.feddle_atlas import Atlas
 from raysim.algorithms.feddle_search import SearchConfig, coefficient_gradient, mean_loss, search
 from raysim.training.tasks import ClassificationTask
+from tests.conftest import EXAMPLES
 from tests.test_feddle_baselines import cfg_for, run
 
 
@@ -313,3 +314,13 @@ def test_on_a_quadratic_the_search_converges_to_least_squares():
     c = search(module, params, SquaredError(), (x, y), base, anchors, c0, c0, cfg, gen)
     want = torch.linalg.lstsq(x @ anchors.T, y - x @ base).solution
     torch.testing.assert_close(c, want, rtol=0, atol=1e-8)
+
+
+@pytest.mark.parametrize("path", sorted((EXAMPLES / "feddle").glob("*.yaml")), ids=str)
+def test_feddle_example_configs_validate(path):
+    from raysim.config import load_config
+
+    cfg = load_config(path)
+    assert cfg.algorithm.name.startswith("feddle")
+    ood = load_config(path, ["algorithm.name=feddle_ood"])
+    assert ood.data.server.ood  # the OOD variant has its pool

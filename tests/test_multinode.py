@@ -13,13 +13,14 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 import raysim
+from raysim.actors.local import local_core
 from raysim.tracking import NODE_TAG
 from tests.conftest import ROOT, tiny
 
 pytestmark = pytest.mark.slow
 
 
-def test_two_node_cluster_run_and_sweep(ray_cluster, tmp_path):
+def test_two_node_cluster_run_and_sweep(tmp_path):
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     proc = subprocess.run(
         [sys.executable, "-m", "tests.multinode_run", store],
@@ -31,10 +32,12 @@ def test_two_node_cluster_run_and_sweep(ray_cluster, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert len(out["nodes"]) == 2  # one worker (1 CPU) per node
-    local = raysim.run(tiny(rounds=3, tracking={"enabled": False}))
-    assert out["digest"] == local.weights_digest
+    local = local_core(raysim.load_config(tiny(rounds=3, tracking={"enabled": False})))
+    while not local.done:  # the same run in this one process, no Ray
+        local.step()
+    assert out["digest"] == local.digest()
     # the trial with the run's own values (lr 0.1) is that run: Tune changes nothing it computes
-    assert out["trials"]["0.1"] == local.weights_digest != out["trials"]["0.05"]
+    assert out["trials"]["0.1"] == local.digest() != out["trials"]["0.05"]
 
     client = MlflowClient(store)
     run = client.get_run(out["run_id"])

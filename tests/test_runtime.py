@@ -203,6 +203,7 @@ def test_non_finite_update_is_rejected_and_run_continues(ray_cluster, mlflow_uri
     assert "warnings.txt" in names
 
 
+@pytest.mark.matrix  # tests/test_cluster.py places 4 × 0.25-GPU workers on a two-node cluster
 def test_fractional_gpu_workers_see_their_logical_gpu(ray_cluster):
     session = raysim.RunSession(
         raysim.load_config(tiny(rounds=1, workers={"count": 4, "num_cpus": 0.25, "num_gpus": 0.25}))

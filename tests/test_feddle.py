@@ -324,3 +324,24 @@ def test_feddle_example_configs_validate(path):
     assert cfg.algorithm.name.startswith("feddle")
     ood = load_config(path, ["algorithm.name=feddle_ood"])
     assert ood.data.server.ood  # the OOD variant has its pool
+
+
+def test_label_disjoint_ood_pool_takes_its_labels_away_from_the_clients():
+    """feddle.md §8.1's second OOD option: clients see digits 0–4, the server's probe 5–9."""
+    from raysim.config import load_config
+    from raysim.data import build_federated_dataset
+
+    raw = cfg_for({"name": "feddle_ood"}, id_size=30).model_dump(mode="json")
+    raw["data"]["server"]["ood"] = [{"name": "upper", "kind": "label_disjoint", "size": 300}]
+    cfg = load_config(raw)
+    ds = build_federated_dataset(cfg.data, cfg.clients.num, cfg.seed)
+    assert set(np.unique(ds.y_train)) == {0, 1, 2, 3, 4}
+    assert set(np.unique(ds.y_test)) <= {0, 1, 2, 3, 4}
+    assert set(np.unique(ds.server_id[1])) <= {0, 1, 2, 3, 4}
+    x, y, classes = ds.server_ood["upper"]
+    assert classes == 5 and len(y) == 300 and set(np.unique(y)) == {0, 1, 2, 3, 4}  # 5..9 → 0..4
+    assert sum(len(p) for p in np.split(ds.client_indices, ds.client_offsets[1:-1])) == len(
+        ds.y_train
+    )
+    core = run(cfg)  # Feddle-OOD runs on it
+    assert core.strategy.theta["weight"].shape[0] == 5

@@ -11,7 +11,13 @@ from pydantic import Field, model_validator
 from raysim.data.builtin import BUILTIN_LOADERS, RawData
 from raysim.data.hf import HFConfig, load_hf
 from raysim.data.partition import PartitionConfig, pack, partition
-from raysim.data.server import ServerDataConfig, carve_id_split, shapes_pool
+from raysim.data.server import (
+    ServerDataConfig,
+    carve_id_split,
+    shapes_pool,
+    split_off_labels,
+    subsample,
+)
 from raysim.data.text import build_vocab, encode
 from raysim.data.text_tasks import (
     TEXT_TASK_DATASETS,
@@ -235,15 +241,22 @@ def build_federated_dataset(
         kind = "dense"
     y_train = _check_labels(train.y, raw.num_classes, "train")
     y_test = _check_labels(test.y, raw.num_classes, "test")
+    ood = {}
+    for pool in cfg.server.ood:
+        if pool.kind == "label_disjoint":  # the server's labels leave the clients and the test
+            (x_train, y_train), (x_held, y_held) = split_off_labels(x_train, y_train, pool.labels)
+            (x_test, y_test), _ = split_off_labels(x_test, y_test, pool.labels)
+            x, y = subsample(x_held, y_held, pool.size, seed)
+            ood[pool.name] = (x, y, len(pool.labels))
     server_id = None
     if cfg.server.id_size:
         srv, rest = carve_id_split(len(y_test), cfg.server.id_size, seed)
         server_id = (x_test[srv], y_test[srv])
         x_test, y_test = x_test[rest], y_test[rest]
-    ood = {}
     for pool in cfg.server.ood:
-        x, y = shapes_pool(pool, tuple(x_train.shape[1:]), seed)
-        ood[pool.name] = (x, y, 4)
+        if pool.kind == "shapes":
+            x, y = shapes_pool(pool, tuple(x_train.shape[1:]), seed)
+            ood[pool.name] = (x, y, 4)
     rng = np.random.default_rng([seed, PARTITION_TAG])
     parts = partition(cfg.partition, y_train, num_clients, rng, ids=train.client_ids)
     indices, offsets = pack(parts)

@@ -16,13 +16,19 @@ SERVER_OOD_TAG = 4
 
 
 class OODPoolConfig(StrictModel):
-    """A generated OOD pool. ``shapes``: square images of a horizontal bar, a vertical bar, a
-    diagonal or a box at a random place with additive uniform noise, 4 labels (feddle.md §8.1)."""
+    """An OOD pool (feddle.md §8.1). ``shapes``: generated square images of a horizontal bar, a
+    vertical bar, a diagonal or a box at a random place with additive uniform noise, 4 labels.
+    ``label_disjoint``: the dataset's own images of ``labels``, relabelled 0..len-1; the clients,
+    the ID server set and the evaluation then see only the other labels (digits: clients 0–4,
+    the server's probe 5–9)."""
 
     name: str = "shapes"
-    kind: Literal["shapes"] = "shapes"
-    size: int = Field(1000, ge=1)
-    noise: float = Field(0.2, ge=0, description="amplitude of the additive uniform noise")
+    kind: Literal["shapes", "label_disjoint"] = "shapes"
+    size: int = Field(1000, ge=1, description="pool size (label_disjoint: at most this many)")
+    noise: float = Field(0.2, ge=0, description="shapes: amplitude of the additive noise")
+    labels: list[int] = Field(
+        default_factory=lambda: [5, 6, 7, 8, 9], description="label_disjoint: the server's labels"
+    )
 
 
 class ServerDataConfig(StrictModel):
@@ -68,3 +74,21 @@ def shapes_pool(cfg: OODPoolConfig, feature_shape: tuple[int, ...], seed: int) -
     img += rng.uniform(0, cfg.noise, size=img.shape).astype(np.float32)
     x = np.clip(img, 0, 1).reshape(cfg.size, *feature_shape).astype(np.float32)
     return x, y.astype(np.int64)
+
+
+def split_off_labels(
+    x: np.ndarray, y: np.ndarray, labels: list[int]
+) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """``((x, y) without ``labels``, (x, y) of ``labels`` relabelled 0..len-1)``."""
+    held = np.isin(y, labels)
+    remap = {label: i for i, label in enumerate(labels)}
+    y_held = np.array([remap[int(v)] for v in y[held]], dtype=np.int64)
+    return (x[~held], y[~held]), (x[held], y_held)
+
+
+def subsample(x: np.ndarray, y: np.ndarray, size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """At most ``size`` rows, picked uniformly (seeded), in their original order."""
+    if len(y) <= size:
+        return x, y
+    pick = np.sort(np.random.default_rng([seed, SERVER_OOD_TAG]).permutation(len(y))[:size])
+    return x[pick], y[pick]

@@ -297,8 +297,10 @@ class Tracker:
         history: Sequence[Mapping[str, float]],
         summary: Mapping[str, Any],
         client_states: Mapping[int, Mapping[str, np.ndarray]] | None = None,
+        tables: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
     ) -> None:
-        """Resolved config, weights (safetensors), per-client table, accuracy plot, summary."""
+        """Resolved config, weights (safetensors), per-client table, accuracy plot, summary,
+        and the strategy's own tables (``strategy/NAME.csv``)."""
         from safetensors.numpy import save_file
 
         with tempfile.TemporaryDirectory() as tmp:
@@ -319,6 +321,10 @@ class Tracker:
             if self.warnings:
                 (d / "warnings.txt").write_text("\n".join(self.warnings) + "\n")
             plot_curves(history, d / "accuracy.png")
+            if tables:
+                (d / "strategy").mkdir()
+                for name, rows in tables.items():
+                    (d / "strategy" / f"{name}.csv").write_text(_csv(rows))
             self.client.log_artifacts(self.run_id, str(d))
         self.client.set_terminated(self.run_id, "FINISHED")
         self.ended = True

@@ -189,6 +189,11 @@ def test_a_feddle_run_searches_on_the_server_set_and_reports_it():
     assert np.isfinite(m["server_loss_before"]) and np.isfinite(m["server_loss_after"])
     assert m["server_loss_after"] < m["server_loss_before"]
     assert 0.0 <= m["feddle_coef_negative_fraction"] <= 1.0
+    rows = core.strategy.tables()["coefficients"]
+    assert len(rows) == 5 + 10 + 10  # |A| per round: 5, then the atlas is full (M = 10)
+    assert {r["round"] for r in rows} == {0, 1, 2}
+    last = rows[-10:]  # the last search's coefficients became the anchors' importance scores
+    assert [abs(r["coefficient"]) for r in last] == [s.score for s in core.strategy.atlas.slots]
     d = int(core.strategy.shared.sum())
     assert m["feddle_cache_bytes"] == 2 * 10 * d * 4  # raw and normalised anchors, float32
     # 64 samples / batch 32 = 2 steps; each at least a forward and backward of the MLP on 32
@@ -345,3 +350,73 @@ def test_label_disjoint_ood_pool_takes_its_labels_away_from_the_clients():
     )
     core = run(cfg)  # Feddle-OOD runs on it
     assert core.strategy.theta["weight"].shape[0] == 5
+
+
+# --------------------------------------------------------------------------- on Ray
+SMOKE = [
+    ({"name": "feddle", "server_epochs": 1}, True),
+    ({"name": "feddle_ood", "server_epochs": 1, "ood_samples_per_round": 50}, False),
+    ({"name": "feddf", "server_epochs": 1}, False),
+]
+
+
+def smoke_config(algorithm: dict):
+    from raysim.config import load_config
+
+    raw = cfg_for(algorithm, rounds=3, id_size=32).model_dump(mode="json")
+    raw["data"]["server"]["ood"] = [{"name": "shapes", "size": 100}]
+    raw["tracking"] = {"experiment": "feddle-smoke"}
+    return load_config(raw)
+
+
+def in_process_digest(cfg) -> str:
+    core = local_core(cfg)
+    while not core.done:
+        core.step()
+    return core.digest()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("algorithm", "kill"), SMOKE, ids=lambda a: getattr(a, "get", str)("name"))
+def test_server_methods_through_raysim_run_on_two_workers(algorithm, kill, ray_cluster, mlflow_uri):
+    """The CI smoke: ``raysim run`` on Ray with 2 workers (Feddle-ID with one of them killed
+    mid-run) ends on the digest of the 1-process run; Feddle's diagnostics reach MLflow."""
+    from mlflow.tracking import MlflowClient
+
+    import raysim
+
+    cfg = smoke_config(algorithm)
+    faults = ["faults.kill_worker.round=1", "faults.kill_worker.worker=1"] if kill else []
+    res = raysim.run(cfg, ["workers.count=2", *faults])
+    assert res.weights_digest == in_process_digest(cfg)
+    assert sum(h["worker_restarts"] for h in res.history) == int(kill)
+    if algorithm["name"].startswith("feddle"):
+        client = MlflowClient(mlflow_uri)
+        assert {"feddle_rho", "server_gflops"} <= set(client.get_run(res.run_id).data.metrics)
+        names = {a.path for a in client.list_artifacts(res.run_id, "strategy")}
+        assert names == {"strategy/coefficients.csv"}
+
+
+@pytest.mark.matrix  # slow: a coordinator replaced mid-run; the in-process resume test runs in CI
+@pytest.mark.parametrize("algorithm", [a for a, _ in SMOKE], ids=lambda a: a["name"])
+def test_server_methods_survive_a_killed_worker_and_a_coordinator_resumed_from_a_checkpoint(
+    algorithm, ray_cluster, mlflow_uri
+):
+    from mlflow.tracking import MlflowClient
+
+    import raysim
+
+    cfg = smoke_config(algorithm)
+    faulty = raysim.run(
+        cfg,
+        [
+            "workers.count=2",
+            "faults.kill_worker.round=1",
+            "faults.kill_worker.worker=1",
+            "checkpoint.every=1",
+            "faults.kill_coordinator.round=2",
+        ],
+    )
+    assert faulty.weights_digest == in_process_digest(cfg)
+    run = MlflowClient(mlflow_uri).get_run(faulty.run_id)
+    assert run.data.tags["raysim.coordinator_restarts"] == "1"

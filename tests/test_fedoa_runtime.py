@@ -11,6 +11,7 @@ import raysim
 from raysim.actors.coordinator_core import CoordinatorCore
 from raysim.actors.evaluation import WorkerEvaluator
 from raysim.actors.executor import InProcessExecutor
+from raysim.actors.local import local_core
 from raysim.actors.worker import ClientRunner
 from raysim.algorithms import get_method
 from raysim.config import load_config
@@ -110,17 +111,17 @@ def test_evaluation_routing():
 def test_smoke_end_to_end_with_mlflow(ray_cluster, mlflow_uri):
     """Tier T1: FedIT and FedOA(λ=0.5) end to end; losses fall; I2 across the runs (λ = 0 and
     λ = 2 are checked in-process above and in test_fedoa.py)."""
-    runs = {}
-    for label, ov in {"fedit": ["algorithm={name: fedit}"], "fedoa": []}.items():
-        runs[label] = raysim.run(SMOKE, ov)
-    res = runs["fedoa"]
+    res = raysim.run(SMOKE)
+    fedit = local_core(raysim.load_config(SMOKE, ["algorithm={name: fedit}"]), evaluate=True)
+    while not fedit.done:  # in this process: the same computation as on Ray, without a start-up
+        fedit.step()
     losses = [h["train_loss"] for h in res.history]
     assert losses[-1] < losses[0]
     for key in ("ood_loss", "ood_rouge1", "id_rouge1", "ood_rouge1_global", "ood_loss_global"):
         assert key in res.metrics and np.isfinite(res.metrics[key]), key
     assert res.metrics["clients_evaluated"] == 6
-    assert runs["fedit"].weights_digest == res.weights_digest
-    assert runs["fedit"].metrics["ood_loss"] == pytest.approx(res.metrics["ood_loss_global"])
+    assert fedit.digest() == res.weights_digest
+    assert fedit.final_metrics()["ood_loss"] == pytest.approx(res.metrics["ood_loss_global"])
     assert "ood_rouge1" in res.clients[0] and res.clients[0]["evaluated_with"] == "personal"
     client = MlflowClient(mlflow_uri)
     run = client.get_run(res.run_id)
@@ -153,15 +154,18 @@ def test_fedoa_same_result_on_one_worker_or_two_with_one_killed(ray_cluster):
     """I20: identical metrics, weights and personal adapters whatever the parallelism, even when
     a worker is killed mid-run and replaced (personal state lives in the object store)."""
     ov = [*SMALL, "tracking.enabled=false", "rounds=3", "eval.rouge=never"]
-    one = raysim.run(SMOKE, [*ov, "workers.count=1"])
+    one = local_core(raysim.load_config(SMOKE, ov), evaluate=True)  # one process, one "worker"
+    while not one.done:
+        one.step()
+    states = one.materialized_states()
     faulty = raysim.run(
         SMOKE,
         [*ov, "workers.count=2", "faults.kill_worker.round=1", "faults.kill_worker.worker=1"],
     )
     assert sum(h["worker_restarts"] for h in faulty.history) == 1
-    assert faulty.weights_digest == one.weights_digest
-    assert sorted(faulty.client_states) == sorted(one.client_states) == list(range(6))
-    for j, state in one.client_states.items():
+    assert faulty.weights_digest == one.digest()
+    assert sorted(faulty.client_states) == sorted(states) == list(range(6))
+    for j, state in states.items():
         for k, v in state.items():
             np.testing.assert_array_equal(faulty.client_states[j][k], v)
-    assert faulty.metrics["ood_loss"] == one.metrics["ood_loss"]
+    assert faulty.metrics["ood_loss"] == one.final_metrics()["ood_loss"]

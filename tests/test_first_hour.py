@@ -203,6 +203,7 @@ sys.exit(main(["run", sys.argv[1], "rounds=2"]))
 """
 
 
+@pytest.mark.matrix  # rare (a SIGTERM inside ray.init); benchmarks/reliability.py sends it too
 def test_sigterm_during_ray_init_stops_cleanly(tmp_path):
     """ray.init installs a handler that exits with code 15 and no word; the CLI's stop wins."""
     proc = subprocess.run(

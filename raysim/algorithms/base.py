@@ -159,6 +159,11 @@ class Strategy(Stateful):
         """Server-side diagnostics to log after each round."""
         return {}
 
+    def tables(self) -> dict[str, list[dict[str, float]]]:
+        """Named tables the run saves at its end as ``strategy/NAME.csv`` artifacts (per-round
+        detail that does not fit one scalar per round, e.g. Feddle's coefficients)."""
+        return {}
+
 
 @dataclass
 class ClientContext:

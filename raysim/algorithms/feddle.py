@@ -86,6 +86,7 @@ class Feddle(Strategy):
         self.atlas: Atlas | None = None
         self.theta: dict[str, np.ndarray] | None = None  # the OOD probe, warm across rounds
         self.last: dict[str, float] = {}
+        self.coefficients: list[dict[str, float]] = []  # per round and anchor (tables())
 
     def setup(self, ctx: ServerContext) -> None:
         super().setup(ctx)
@@ -141,6 +142,19 @@ class Feddle(Strategy):
         weights = self.weights.copy()
         weights[self.shared] = weights[self.shared] + step
         self.weights = weights
+        self.coefficients += [
+            {
+                "round": round_index,
+                "anchor": slot.seq,
+                "client": slot.client_id,
+                "inserted_round": slot.inserted_round,
+                "tau_rounds": slot.tau_rounds,
+                "norm": float(norm),
+                "fallback": float(c_fb[m]),
+                "coefficient": float(c_hat[m]),
+            }
+            for m, (slot, norm) in enumerate(zip(atlas.slots, atlas.norms(), strict=True))
+        ]
         atlas.record_search(c_hat)
         self._update_buffers(arrivals)  # after the search, which used ω^k's statistics
         ages = atlas.ages(round_index)
@@ -278,6 +292,11 @@ class Feddle(Strategy):
 
     def metrics(self) -> dict[str, float]:
         return dict(self.last)
+
+    def tables(self) -> dict[str, list[dict[str, float]]]:
+        """``strategy/coefficients.csv``: every anchor's ĉ, c′ and raw norm, every round (§7.1
+        item 13; the sign pattern of Fig. 6)."""
+        return {"coefficients": list(self.coefficients)}
 
 
 METHOD = register(

@@ -182,6 +182,9 @@ class ComposedStrategy(Strategy):
             out.update(m.metrics())
         return out
 
+    def tables(self) -> dict[str, list[dict[str, float]]]:
+        return self.base.tables()
+
     def state_dict(self) -> dict[str, Any]:
         return {"base": self.base.state_dict(), "mixers": [m.state_dict() for m in self.mixers]}
 

@@ -8,7 +8,7 @@ import torch
 
 from raysim.actors.local import local_core
 from raysim.algorithms.feddle_atlas import Atlas
-from raysim.algorithms.feddle_search import SearchConfig, coefficient_gradient, mean_loss, search
+from raysim.algorithms.feddle_search import Objective, SearchConfig, mean_loss, search
 from raysim.training.tasks import ClassificationTask
 from tests.conftest import EXAMPLES
 from tests.test_feddle_baselines import cfg_for, run
@@ -95,7 +95,7 @@ def test_the_stop_gradient_coefficient_gradient_is_the_chain_rule():
     c = torch.randn(4, dtype=torch.float64)
     batch = (torch.randn(16, 5, dtype=torch.float64), torch.randint(0, 3, (16,)))
     task = ClassificationTask()
-    grad, _ = coefficient_gradient(module, params, task, batch, base, anchors, c)
+    grad, _ = Objective(module, params, task, None, base, anchors).gradient(batch, c)
 
     names = [n for n, _ in module.named_parameters()]
     shapes = [p.shape for p in params]
@@ -131,11 +131,11 @@ def toy():
 
 def test_full_batch_descent_on_c_never_raises_the_server_loss():
     module, params, data, base, anchors = toy()
-    task, c = ClassificationTask(), torch.zeros(3)
+    task, c, gen = ClassificationTask(), torch.zeros(3), torch.Generator()
     cfg = SearchConfig(lr=0.05, epochs=1, batch_size=64, optimizer="sgd")
     losses = []
     for _ in range(30):  # SGD keeps no state: 30 calls are 30 steps of one descent
-        c = search(module, params, task, data, base, anchors, c, c * 0, cfg, torch.Generator())
+        c = search(Objective(module, params, task, data, base, anchors), c, c * 0, cfg, gen)
         losses.append(mean_loss(module, task, data, 64))
     assert losses[-1] < losses[0]
     assert all(b <= a + 1e-7 for a, b in zip(losses, losses[1:], strict=False))
@@ -146,10 +146,11 @@ def test_a_huge_lambda_keeps_the_fallback_coefficients():
     task, c_fb = ClassificationTask(), torch.tensor([0.3, -0.2, 0.1])
     cfg = SearchConfig(lr=1e-6, epochs=3, batch_size=16, optimizer="sgd", lam=1e6)
     gen = torch.Generator().manual_seed(0)
-    c = search(module, params, task, data, base, anchors, c_fb, c_fb, cfg, gen)
+    obj = Objective(module, params, task, data, base, anchors)
+    c = search(obj, c_fb, c_fb, cfg, gen)
     torch.testing.assert_close(c, c_fb, rtol=0, atol=1e-5)
     free = SearchConfig(lr=0.05, epochs=3, batch_size=16, optimizer="sgd", lam=0.0)
-    moved = search(module, params, task, data, base, anchors, c_fb, c_fb, free, gen)
+    moved = search(obj, c_fb, c_fb, free, gen)
     assert float((moved - c_fb).abs().max()) > 1e-2  # the control: without λ the search moves c
 
 
@@ -259,7 +260,7 @@ def test_ood_mechanics_probe_fits_head_gets_no_gradient_yet_moves():
         q.requires_grad_(False)
     c = torch.tensor([0.1, -0.1, 0.05], dtype=torch.float64)
     cfg = SearchConfig(lr=1e-2, epochs=2, batch_size=16)
-    c_hat = search(module, params, task, (x, y), base, anchors, c, c, cfg, gen)
+    c_hat = search(Objective(module, params, task, (x, y), base, anchors), c, c, cfg, gen)
     for before, after in zip(theta, probe.parameters(), strict=True):
         torch.testing.assert_close(after, before, rtol=0, atol=0)  # θ frozen by the c-steps
     # h ignores the head's coordinates: their gradient is exactly 0 ...
@@ -316,7 +317,8 @@ def test_on_a_quadratic_the_search_converges_to_least_squares():
     anchors = torch.randn(3, 5, generator=gen, dtype=torch.float64)
     cfg = SearchConfig(lr=0.05, epochs=3000, batch_size=40, optimizer="sgd")
     c0 = torch.zeros(3, dtype=torch.float64)
-    c = search(module, params, SquaredError(), (x, y), base, anchors, c0, c0, cfg, gen)
+    obj = Objective(module, params, SquaredError(), (x, y), base, anchors)
+    c = search(obj, c0, c0, cfg, gen)
     want = torch.linalg.lstsq(x @ anchors.T, y - x @ base).solution
     torch.testing.assert_close(c, want, rtol=0, atol=1e-8)
 

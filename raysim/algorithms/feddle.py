@@ -15,6 +15,7 @@ probe θ on the body's features, refitted each round at the start point, then fr
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Literal
 
 import numpy as np
@@ -26,7 +27,7 @@ from .base import Method, MethodParams, Strategy, Update
 from .context import ServerContext
 from .feddle_atlas import Atlas
 from .feddle_ood import ProbeTask, fit_probe, head_of, load_probe, new_probe, probe_state
-from .feddle_search import SearchConfig, full_gradient, mean_loss, search, search_flops
+from .feddle_search import Objective, SearchConfig, search
 from .registry import register
 from .server_training import id_pool
 
@@ -187,53 +188,38 @@ class Feddle(Strategy):
         handle, task = self.ctx.model()
         handle.set_global(self.weights)
         params = handle.global_parameters()
-        module = handle.module
-        like = params[0]
+        module, like = handle.module, params[0]
 
         def t(x: np.ndarray) -> torch.Tensor:
             return torch.tensor(x, device=like.device, dtype=like.dtype)
 
         base, a, c_start = t(self.weights[self.shared]), t(anchors), t(c0)
-        with torch.no_grad():
-            torch.nn.utils.vector_to_parameters(base + a.T @ c_start, params)
-        diag: dict[str, float] = {}
+        bs, diag = p.server_batch_size, {}
         if p.mode == "id":
-            data, objective = id_pool(self.ctx, "feddle").data, task
+            obj = Objective(module, params, task, id_pool(self.ctx, "feddle").data, base, a)
         else:
-            data, objective = self._ood_objective(round_index, module, like, diag)
+            obj = Objective(module, params, task, None, base, a)
+            obj.place(c_start)  # the probe is fitted at the start point (Eq. 9)
+            data, probe_task = self._ood_objective(round_index, module, like, diag)
             if p.log_gradient_cosine and self.ctx.data.id is not None:
-                bs = p.server_batch_size
-                g_h = full_gradient(module, params, objective, data, base, a, c_start, bs)
-                g_l = full_gradient(
-                    module, params, task, self.ctx.data.id.data, base, a, c_start, bs
-                )
+                on_id = replace(obj, data=self.ctx.data.id.data)
+                g_l = on_id.full_gradient(c_start, bs)
+                g_h = replace(obj, task=probe_task, data=data).full_gradient(c_start, bs)
                 denom = float(g_h.norm() * g_l.norm())
                 diag["feddle_grad_cosine"] = float(g_h @ g_l) / denom if denom else float("nan")
+            obj = replace(obj, task=probe_task, data=data)
+        module.eval()
         if p.log_server_loss:
-            module.eval()
-            diag["server_loss_before"] = mean_loss(module, objective, data, p.server_batch_size)
-        config = SearchConfig(
-            p.server_lr, p.server_epochs, p.server_batch_size, p.coef_optimizer, p.tie
-        )
+            diag["server_loss_before"] = obj.loss(c_start, bs)
+        config = SearchConfig(p.server_lr, p.server_epochs, bs, p.coef_optimizer, p.tie)
         if p.log_flops:
-            flops = search_flops(module, params, objective, data, base, a, c_start, config)
-            diag["server_gflops"] = flops / 1e9
-        c_hat = search(
-            module,
-            params,
-            objective,
-            data,
-            base,
-            a,
-            c_start,
-            t(c_fb),
-            config,
-            self.ctx.torch_generator(f"feddle/search/{round_index}"),
-        )
+            diag["server_gflops"] = obj.flops(c_start, config) / 1e9
+        generator = self.ctx.torch_generator(f"feddle/search/{round_index}")
+        c_hat = search(obj, c_start, t(c_fb), config, generator)
         if p.log_server_loss:
             module.eval()
-            diag["server_loss_after"] = mean_loss(module, objective, data, p.server_batch_size)
-            module.train()
+            diag["server_loss_after"] = obj.loss(c_hat, bs)
+        module.train()
         return c_hat.cpu().double().numpy(), diag
 
     def _ood_objective(

@@ -29,73 +29,63 @@ class SearchConfig:
     lam: float = 0.0
 
 
-def coefficient_gradient(
-    module: torch.nn.Module,
-    params: Sequence[torch.nn.Parameter],
-    task: Task,
-    batch: Any,
-    base: torch.Tensor,
-    anchors: torch.Tensor,
-    c: torch.Tensor,
-) -> tuple[torch.Tensor, float]:
-    """``(∂ℓ(batch; base + anchorsᵀ c)/∂c, loss)`` by Eqs. 16–17 (I-9 checks it against autograd
-    through the anchors). ``params`` are the module's tensors that ``base`` flattens."""
-    with torch.no_grad():
-        vector_to_parameters(base + anchors.T @ c, params)
-    for p in params:
-        p.grad = None
-    loss = task.loss(module, batch)
-    loss.backward()
-    g = parameters_to_vector(
-        [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-    )
-    return anchors @ g, float(loss.detach())
+@dataclass(frozen=True)
+class Objective:
+    """What a search runs on: the model (``params`` are its tensors that ``base`` flattens), the
+    loss (``task``) on ``data``, and the anchor matrix Ā (|A| × d) on the same device."""
 
+    module: torch.nn.Module
+    params: Sequence[torch.nn.Parameter]
+    task: Task
+    data: Any
+    base: torch.Tensor
+    anchors: torch.Tensor
 
-def full_gradient(
-    module: torch.nn.Module,
-    params: Sequence[torch.nn.Parameter],
-    task: Task,
-    data: Any,
-    base: torch.Tensor,
-    anchors: torch.Tensor,
-    c: torch.Tensor,
-    batch_size: int,
-) -> torch.Tensor:
-    """``∂ℓ(data)/∂c`` over all of ``data`` (example-weighted mean of the batch gradients)."""
-    n = task.num_examples(data)
-    total = torch.zeros_like(c)
-    for start in range(0, n, batch_size):
-        idx = torch.arange(start, min(n, start + batch_size))
-        grad, _ = coefficient_gradient(
-            module, params, task, task.batch(data, idx), base, anchors, c
+    def place(self, c: torch.Tensor) -> None:
+        """Materialise ``ω' = base + Āᵀc`` into the model (no graph)."""
+        with torch.no_grad():
+            vector_to_parameters(self.base + self.anchors.T @ c, self.params)
+
+    def gradient(self, batch: Any, c: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """``(∂ℓ(batch; ω')/∂c, loss)`` by Eqs. 16–17 (I-9 checks it against autograd through
+        the anchors)."""
+        self.place(c)
+        for p in self.params:
+            p.grad = None
+        loss = self.task.loss(self.module, batch)
+        loss.backward()
+        g = parameters_to_vector(
+            [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         )
-        total += grad * len(idx)
-    return total / max(n, 1)
+        return self.anchors @ g, float(loss.detach())
 
+    def full_gradient(self, c: torch.Tensor, batch_size: int) -> torch.Tensor:
+        """``∂ℓ(data)/∂c`` over all of the data (example-weighted mean of batch gradients)."""
+        n = self.task.num_examples(self.data)
+        total = torch.zeros_like(c)
+        for start in range(0, n, batch_size):
+            idx = torch.arange(start, min(n, start + batch_size))
+            total += self.gradient(self.task.batch(self.data, idx), c)[0] * len(idx)
+        return total / max(n, 1)
 
-def search_flops(
-    module: torch.nn.Module,
-    params: Sequence[torch.nn.Parameter],
-    task: Task,
-    data: Any,
-    base: torch.Tensor,
-    anchors: torch.Tensor,
-    c: torch.Tensor,
-    config: SearchConfig,
-) -> float:
-    """FLOPs of one round's search (Table 6): one step counted by torch's ``FlopCounterMode``
-    (forward and backward on one batch), plus ``Āᵀc`` and ``Ā g`` (2·|A|·d multiply-adds each),
-    times the number of steps."""
-    from torch.utils.flop_counter import FlopCounterMode
+    def loss(self, c: torch.Tensor, batch_size: int) -> float:
+        """The loss at ``c`` over all of the data, without gradients."""
+        self.place(c)
+        return mean_loss(self.module, self.task, self.data, batch_size)
 
-    n = task.num_examples(data)
-    batch = task.batch(data, torch.arange(min(n, config.batch_size)))
-    counter = FlopCounterMode(display=False)
-    with counter:
-        coefficient_gradient(module, params, task, batch, base, anchors, c)
-    steps = config.epochs * -(-n // config.batch_size)
-    return float(steps * (counter.get_total_flops() + 4 * anchors.numel()))
+    def flops(self, c: torch.Tensor, config: SearchConfig) -> float:
+        """FLOPs of one round's search (Table 6): one step counted by torch's
+        ``FlopCounterMode`` (forward and backward on one batch), plus ``Āᵀc`` and ``Ā g``
+        (2·|A|·d multiply-adds each), times the number of steps."""
+        from torch.utils.flop_counter import FlopCounterMode
+
+        n = self.task.num_examples(self.data)
+        batch = self.task.batch(self.data, torch.arange(min(n, config.batch_size)))
+        counter = FlopCounterMode(display=False)
+        with counter:
+            self.gradient(batch, c)
+        steps = config.epochs * -(-n // config.batch_size)
+        return float(steps * (counter.get_total_flops() + 4 * self.anchors.numel()))
 
 
 def mean_loss(module: torch.nn.Module, task: Task, data: Any, batch_size: int) -> float:
@@ -110,12 +100,7 @@ def mean_loss(module: torch.nn.Module, task: Task, data: Any, batch_size: int) -
 
 
 def search(
-    module: torch.nn.Module,
-    params: Sequence[torch.nn.Parameter],
-    task: Task,
-    data: Any,
-    base: torch.Tensor,
-    anchors: torch.Tensor,
+    objective: Objective,
     c_init: torch.Tensor,
     c_fallback: torch.Tensor,
     config: SearchConfig,
@@ -123,7 +108,8 @@ def search(
 ) -> torch.Tensor:
     """Run the search from ``c_init``; the final coefficients ĉ. The module is in ``eval()`` mode
     throughout (§3.7: BatchNorm uses its running statistics, dropout is off) and is left holding
-    ``base + anchorsᵀ ĉ``."""
+    ``base + Āᵀĉ``."""
+    module = objective.module
     was_training = module.training
     module.eval()
     c = c_init.detach().clone().requires_grad_(True)
@@ -131,19 +117,17 @@ def search(
         opt: torch.optim.Optimizer = torch.optim.Adam([c], lr=config.lr)
     else:
         opt = torch.optim.SGD([c], lr=config.lr)
+    task, data = objective.task, objective.data
     n = task.num_examples(data)
     try:
         for _ in range(config.epochs):
             order = torch.randperm(n, generator=generator)
             for start in range(0, n, config.batch_size):
                 batch = task.batch(data, order[start : start + config.batch_size])
-                grad, _ = coefficient_gradient(
-                    module, params, task, batch, base, anchors, c.detach()
-                )
+                grad, _ = objective.gradient(batch, c.detach())
                 c.grad = grad + config.lam * (c.detach() - c_fallback)
                 opt.step()
-        with torch.no_grad():
-            vector_to_parameters(base + anchors.T @ c.detach(), params)
+        objective.place(c.detach())
     finally:
         module.train(was_training)
     return c.detach()

@@ -21,6 +21,7 @@ Last lines: ``ratio.start`` and ``ratio.release`` = sweep / plain (medians over 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import threading
@@ -126,8 +127,6 @@ def main() -> None:
     args = parser.parse_args()
     print(f"machine: {machine()}")
     with tempfile.TemporaryDirectory() as tmp:
-        import os
-
         os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp}/mlflow.db"
         ray.init(include_dashboard=False, logging_level="ERROR")
         cfg = base_config(args.rounds)

@@ -104,10 +104,10 @@ def trial_pin(cfg: RunConfig, tracking_uri: str | None) -> dict[str, float]:
     another node."""
     import ray
 
+    here = store_node(cfg, tracking_uri)
     nodes = [n for n in ray.nodes() if n.get("Alive")]
-    if store_node(cfg, tracking_uri) is None or len(nodes) < 2:
+    if here is None or len(nodes) < 2:
         return {}
-    here = ray.get_runtime_context().get_node_id()
     node = next((n for n in nodes if n["NodeID"] == here), {})
     if HEAD_RESOURCE in node.get("Resources", {}):
         return {HEAD_RESOURCE: 0.001}

@@ -98,9 +98,8 @@ STORE_HOME = "raysim.store_home"
 
 
 def _store_home(uri: str) -> Path | None:
-    if not uri.startswith("sqlite:///"):
-        return None
-    return Path(uri.removeprefix("sqlite:///")).resolve().parent
+    path = store_path(uri) if uri.startswith("sqlite:") else None
+    return None if path is None else path.resolve().parent
 
 
 #: where MLflow's sqlite store keeps artifact locations

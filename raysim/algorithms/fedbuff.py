@@ -17,11 +17,18 @@ from pydantic import Field
 from .base import Method, MethodParams, Strategy, Update, WeightedMean
 from .registry import register
 
+StalenessWeight = Literal["none", "inv_sqrt"]
+
+
+def staleness_weight(rule: StalenessWeight, update: Update) -> float:
+    """FedBuff's ``w(τ)``: 1, or ``1/√(1+τ_versions)`` (feddle.md A9)."""
+    return 1.0 / math.sqrt(1.0 + update.tau_versions) if rule == "inv_sqrt" else 1.0
+
 
 class FedBuffParams(MethodParams):
     buffer_size: int = Field(10, ge=1, description="K, updates per flush")
     server_lr: float = Field(1.0, gt=0, description="η")
-    staleness_weight: Literal["none", "inv_sqrt"] = "none"
+    staleness_weight: StalenessWeight = "none"
     per_round: bool = False
 
 
@@ -33,14 +40,10 @@ class FedBuff(Strategy):
         self.buffer: list[Update] = []
         self.flushes = 0
 
-    def _weight(self, u: Update) -> float:
-        if self.params.staleness_weight == "inv_sqrt":
-            return 1.0 / math.sqrt(1.0 + u.tau_versions)
-        return 1.0
-
     def _flush(self) -> None:
         k, eta = len(self.buffer), self.params.server_lr
-        weights = [eta * self._weight(u) / k for u in self.buffer]
+        rule = self.params.staleness_weight
+        weights = [eta * staleness_weight(rule, u) / k for u in self.buffer]
         self.weights = self.weights + WeightedMean.combine([u.delta for u in self.buffer], weights)
         self.buffer = []
         self.flushes += 1

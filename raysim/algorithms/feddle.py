@@ -14,7 +14,6 @@ probe θ on the body's features, refitted each round at the start point, then fr
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from typing import Literal
 
@@ -25,6 +24,7 @@ from pydantic import Field
 from ..models.layout import BUFFERS, SHARED
 from .base import Method, MethodParams, Strategy, Update
 from .context import ServerContext
+from .fedbuff import StalenessWeight, staleness_weight
 from .feddle_atlas import Atlas
 from .feddle_ood import ProbeTask, fit_probe, head_of, load_probe, new_probe, probe_state
 from .feddle_search import Objective, SearchConfig, search
@@ -45,7 +45,7 @@ class FeddleParams(MethodParams):
     )
     fallback_norm_correction: bool = Field(True, description="c' in the normalised basis (§3.6)")
     fallback_lr: float = Field(1.0, gt=0, description="η_fb, FedBuff's server lr (§3.6)")
-    staleness_weight: Literal["none", "inv_sqrt"] = Field("none", description="w(τ), A9")
+    staleness_weight: StalenessWeight = Field("none", description="w(τ), A9")
     mode: Literal["id", "ood"] = Field("id", description="the server's data: §3.4 or §3.5")
     lam: float | None = Field(
         None, ge=0, description="λ, tie to c' (Eq. 11); default 0 for ID (§3.4), 0.01 for OOD"
@@ -102,11 +102,6 @@ class Feddle(Strategy):
         return False
 
     # ------------------------------------------------------------------ §3.6
-    def _w(self, u: Update) -> float:
-        if self.params.staleness_weight == "inv_sqrt":
-            return 1.0 / math.sqrt(1.0 + u.tau_versions)
-        return 1.0
-
     def fallback(
         self, new: dict[int, Update], arrived: int, norms: np.ndarray, rho: float
     ) -> np.ndarray:
@@ -119,7 +114,7 @@ class Feddle(Strategy):
         if p.fallback_scope == "whole_atlas":
             return p.fallback_lr * scale / len(norms)
         for m, u in new.items():
-            c[m] = p.fallback_lr * self._w(u) * scale[m] / arrived
+            c[m] = p.fallback_lr * staleness_weight(p.staleness_weight, u) * scale[m] / arrived
         return c
 
     # ------------------------------------------------------------------ §3.8
@@ -136,12 +131,12 @@ class Feddle(Strategy):
             self.last = {"feddle_atlas_size": float(len(atlas))}
             return self._update_buffers(arrivals)
         anchors, rho = atlas.normalized(self.params.normalize)
-        c_fb = self.fallback(new, len(arrivals), atlas.norms(), rho)
+        norms = atlas.norms()
+        c_fb = self.fallback(new, len(arrivals), norms, rho)
         c0 = c_fb if self.params.fallback_init == "fedbuff" else np.zeros_like(c_fb)
         c_hat, losses = self._search(round_index, anchors, c0, c_fb)
-        step = (c_hat.astype(np.float64) @ anchors.astype(np.float64)).astype(np.float32)
         weights = self.weights.copy()
-        weights[self.shared] = weights[self.shared] + step
+        weights[self.shared] += c_hat.astype(np.float32) @ anchors
         self.weights = weights
         self.coefficients += [
             {
@@ -154,7 +149,7 @@ class Feddle(Strategy):
                 "fallback": float(c_fb[m]),
                 "coefficient": float(c_hat[m]),
             }
-            for m, (slot, norm) in enumerate(zip(atlas.slots, atlas.norms(), strict=True))
+            for m, (slot, norm) in enumerate(zip(atlas.slots, norms, strict=True))
         ]
         atlas.record_search(c_hat)
         self._update_buffers(arrivals)  # after the search, which used ω^k's statistics

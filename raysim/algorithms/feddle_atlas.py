@@ -20,16 +20,13 @@ class Slot:
     """One anchor: the raw delta over the trainable coordinates and its bookkeeping (§3.1)."""
 
     delta: np.ndarray
+    norm: float  #: ‖delta‖₂, taken once at insertion (the delta never changes)
     score: float
     inserted_round: int
     seq: int
     client_id: int
     tau_rounds: int
     searched: bool = False
-
-    @property
-    def norm(self) -> float:
-        return float(np.linalg.norm(self.delta.astype(np.float64)))
 
 
 class Atlas:
@@ -68,10 +65,11 @@ class Atlas:
 
     def insert(self, delta: np.ndarray, round_index: int, client_id: int, tau_rounds: int) -> int:
         """Add one arrival's delta; the index of its slot, or -1 if its norm is negligible."""
-        delta = np.asarray(delta, dtype=np.float32)
-        if float(np.linalg.norm(delta.astype(np.float64))) < MIN_ANCHOR_NORM:
+        delta = np.array(delta, dtype=np.float32)
+        norm = float(np.linalg.norm(delta.astype(np.float64)))
+        if norm < MIN_ANCHOR_NORM:
             return -1
-        slot = Slot(delta.copy(), np.inf, round_index, self.next_seq, client_id, tau_rounds)
+        slot = Slot(delta, norm, np.inf, round_index, self.next_seq, client_id, tau_rounds)
         self.next_seq += 1
         if len(self.slots) < self.capacity:
             self.slots.append(slot)
@@ -92,12 +90,13 @@ class Atlas:
         """The anchor matrix Ā (|A| × d, float32) and ρ (Eq. 5): every ``ā_m = ρ a_m/‖a_m‖``
         with ρ the median of the raw norms (mean of the two middle ones for an even count,
         A7). ``none`` gives the raw anchors (ablation "Base"), with ρ still reported."""
-        raw = np.stack([s.delta for s in self.slots]).astype(np.float64)
+        raw = np.stack([s.delta for s in self.slots])  # float32: |A| × d, the largest object here
         norms = self.norms()
         rho = float(np.median(norms))
         if normalize == "none" or len(self.slots) == 1:
-            return raw.astype(np.float32), rho
-        return (raw * (rho / norms)[:, None]).astype(np.float32), rho
+            return raw, rho
+        raw *= (rho / norms).astype(np.float32)[:, None]
+        return raw, rho
 
     def record_search(self, coefficients: np.ndarray) -> None:
         """After a search: ``s_m = |ĉ_m|`` and every slot has been searched (Alg. 1 line 12)."""

@@ -189,21 +189,40 @@ def _kl_to_teachers(s, weights, teachers, x):
     return float(F.kl_div(log_q, p, reduction="batchmean"))
 
 
-def test_feddf_distillation_moves_the_student_towards_the_teachers():
-    core = local_core(cfg_for({"name": "feddf", "server_epochs": 5, "server_lr": 1e-3}, id_size=60))
+@pytest.mark.parametrize(
+    "name,teacher",
+    [("feddf", "local_model"), ("feddf_ood", "local_model"), ("feddf_ood", "transplanted")],
+)
+def test_feddf_distillation_moves_the_student_towards_the_teachers(name, teacher):
+    """FedDF-ID on the ID set, FedDF-OOD on a fresh OOD subset each round, both teacher modes
+    (feddle.md §4.8): the KL to the averaged teachers falls on the inputs distilled on."""
+    algo = {"name": name, "server_epochs": 5, "server_lr": 1e-3, "feddf_teacher": teacher}
+    raw = cfg_for(algo, id_size=60).model_dump(mode="json")
+    if name == "feddf_ood":
+        raw["data"]["server"] = {"ood": [{"name": "shapes", "size": 300}]}
+        raw["algorithm"]["ood_samples_per_round"] = 100
+    core = local_core(load_config(raw))
     s = core.strategy
     rng = np.random.default_rng(0)
     w0 = s.weights.copy()
-    ups = [upd(c, rng.normal(0, 0.3, w0.shape), n=10 * (c + 1), base=w0) for c in range(3)]
+    bases = [w0, w0 + rng.normal(0, 0.1, w0.shape), w0]  # client 1 trained a stale model
+    ups = [upd(c, rng.normal(0, 0.3, w0.shape), n=10 * (c + 1), base=bases[c]) for c in range(3)]
     for u in ups:
         s.on_arrival(u)
     student0 = w0 + s.round_delta()
-    x = s.ctx.data.id.data[0]
-    before = _kl_to_teachers(s, student0, [u.local_weights for u in ups], x)
+    x = s.inputs(0)
+    if name == "feddf_ood":
+        pool = s.ctx.data.ood["shapes"].data[0]
+        assert len(x) == 100 and not torch.equal(x, s.inputs(1))
+        assert all((pool == row).all(1).any() for row in x)  # a subset of the pool
+    else:
+        assert x is s.ctx.data.id.data[0]
+    teachers = [u.local_weights if teacher == "local_model" else w0 + u.delta for u in ups]
+    before = _kl_to_teachers(s, student0, teachers, x)
     s.on_round_end(0)
-    after = _kl_to_teachers(s, s.weights, [u.local_weights for u in ups], x)
+    after = _kl_to_teachers(s, s.weights, teachers, x)
     assert after < before
-    empty = local_core(cfg_for({"name": "feddf"}, id_size=60)).strategy
+    empty = local_core(load_config(raw)).strategy
     w = empty.weights.copy()
     empty.on_round_end(0)
     np.testing.assert_array_equal(empty.weights, w)  # no arrival: unchanged
@@ -212,9 +231,14 @@ def test_feddf_distillation_moves_the_student_towards_the_teachers():
 def test_server_methods_are_deterministic_and_resume(tmp_path):
     from raysim import checkpoint
 
-    for name in ("fedft", "hfcl", "feddf", "ca2fl"):
+    for name in ("fedft", "hfcl", "feddf", "feddf_ood", "ca2fl"):
         algo = {"name": name} | ({"buffer_size": 3} if name == "ca2fl" else {})
         cfg = cfg_for(algo, rounds=4, id_size=40, delays={"kind": "half_normal", "sigma": 1.0})
+        if name == "feddf_ood":
+            raw = cfg.model_dump(mode="json")
+            raw["data"]["server"]["ood"] = [{"name": "shapes", "size": 200}]
+            raw["algorithm"]["ood_samples_per_round"] = 50
+            cfg = load_config(raw)
         a, b = run(cfg), run(cfg)
         assert a.digest() == b.digest(), name
         half = local_core(cfg)

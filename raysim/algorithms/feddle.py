@@ -29,7 +29,7 @@ from .feddle_atlas import Atlas
 from .feddle_ood import ProbeTask, fit_probe, head_of, load_probe, new_probe, probe_state
 from .feddle_search import Objective, SearchConfig, search
 from .registry import register
-from .server_training import id_pool
+from .server_training import id_pool, ood_sample
 
 
 class FeddleParams(MethodParams):
@@ -223,18 +223,9 @@ class Feddle(Strategy):
         """This round's OOD sample and ``h`` with the probe refitted at the start point (Eq. 9);
         θ is then frozen for the search (Eq. 10)."""
         p = self.params
-        pools = self.ctx.data.ood
-        if not pools:
-            raise ValueError("feddle with mode=ood needs an OOD pool: set data.server.ood")
-        name = p.ood_pool or next(iter(pools))
-        if name not in pools:
-            raise ValueError(f"feddle: no OOD pool {name!r}; data.server.ood has {sorted(pools)}")
-        pool = pools[name]
-        x, y = pool.data
-        if p.ood_samples_per_round is not None and p.ood_samples_per_round < len(y):
-            rng = self.ctx.rng(f"feddle/ood/{round_index}")
-            pick = torch.as_tensor(np.sort(rng.choice(len(y), p.ood_samples_per_round, False)))
-            x, y = x[pick], y[pick]
+        pool, (x, y) = ood_sample(
+            self.ctx, p.ood_pool, p.ood_samples_per_round, f"feddle/ood/{round_index}", "feddle"
+        )
         head = head_of(module)
         fresh = p.theta_init == "fresh" or self.theta is None
         stream = f"feddle/theta/{round_index}" if p.theta_init == "fresh" else "feddle/theta"

@@ -42,6 +42,27 @@ def id_pool(ctx: ServerContext, method: str) -> ServerPool:
     return ctx.data.id
 
 
+def ood_sample(
+    ctx: ServerContext, pool: str | None, samples: int | None, stream: str, method: str
+) -> tuple[ServerPool, tuple[torch.Tensor, torch.Tensor]]:
+    """An OOD pool (``pool``, default the first of ``data.server.ood``) and this call's data:
+    a fresh uniform subset of ``samples`` rows drawn from the named stream, or the whole pool
+    when ``samples`` is None or not smaller than it (feddle.md §3.5, A12)."""
+    pools = ctx.data.ood
+    if not pools:
+        raise ValueError(f"{method} needs an out-of-domain server pool: set data.server.ood")
+    name = pool or next(iter(pools))
+    if name not in pools:
+        raise ValueError(f"{method}: no OOD pool {name!r}; data.server.ood has {sorted(pools)}")
+    chosen = pools[name]
+    x, y = chosen.data
+    if samples is not None and samples < len(y):
+        rng = ctx.rng(stream)
+        pick = torch.as_tensor(np.sort(rng.choice(len(y), samples, False)))
+        x, y = x[pick], y[pick]
+    return chosen, (x, y)
+
+
 def train_on_server(
     ctx: ServerContext,
     weights: np.ndarray,

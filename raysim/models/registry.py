@@ -47,6 +47,37 @@ class LoraSettings(StrictModel):
     targets: list[str] = Field(default_factory=lambda: ["q_proj", "v_proj"])
 
 
+class ImageSettings(StrictModel):
+    """How inputs reach a vision model (feddle.md §5.1)."""
+
+    size: int | None = Field(
+        224, ge=8, description="resize inputs to size×size (bilinear); None keeps their size"
+    )
+    channels: int = Field(3, ge=1, description="grayscale inputs are replicated to this many")
+    normalize: Literal["auto", "imagenet", "none"] = Field(
+        "auto", description="ImageNet mean/std; auto = only for pretrained weights (model.path)"
+    )
+
+
+class ResNetShape(StrictModel):
+    """``transformers.ResNetConfig`` fields; the defaults are ResNet18."""
+
+    depths: list[int] = Field(default_factory=lambda: [2, 2, 2, 2])
+    hidden_sizes: list[int] = Field(default_factory=lambda: [64, 128, 256, 512])
+    embedding_size: int = Field(64, ge=1)
+    layer_type: Literal["basic", "bottleneck"] = "basic"
+
+
+class ViTShape(StrictModel):
+    """``transformers.ViTConfig`` fields; the defaults are ViT-B/16."""
+
+    patch_size: int = Field(16, ge=1)
+    hidden_size: int = Field(768, ge=8)
+    num_hidden_layers: int = Field(12, ge=1)
+    num_attention_heads: int = Field(12, ge=1)
+    intermediate_size: int = Field(3072, ge=8)
+
+
 class ModelConfig(StrictModel):
     """Which model to build; unused fields are ignored by builders that do not need them."""
 
@@ -57,9 +88,15 @@ class ModelConfig(StrictModel):
     dropout: float = Field(0.0, ge=0, lt=1)
     batch_norm: bool = Field(False, description="cnn: BatchNorm after every convolution")
     # causal LMs (llama, hf_causal_lm, smollm2)
-    path: str | None = Field(None, description="HF model id or local directory (hf_causal_lm)")
+    path: str | None = Field(
+        None, description="HF model id or local directory (hf_causal_lm; resnet/vit_lora weights)"
+    )
     llama: LlamaShape = Field(default_factory=LlamaShape)
     lora: LoraSettings = Field(default_factory=LoraSettings)
+    # vision models (resnet, vit_lora; feddle.md §5.1)
+    image: ImageSettings = Field(default_factory=ImageSettings)
+    resnet: ResNetShape = Field(default_factory=ResNetShape)
+    vit: ViTShape = Field(default_factory=ViTShape)
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str = Field("auto", description="auto (cuda if visible, else cpu), cpu, cuda")
 

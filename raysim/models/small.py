@@ -40,27 +40,34 @@ class _Reshape(nn.Module):
 
 @register_model("cnn")
 def build_cnn(cfg: ModelConfig, spec: DataSpec) -> nn.Module:
-    """Conv(3) [→ BatchNorm] → ReLU blocks, one max-pool, then an MLP head; 2-D for square
-    inputs, else 1-D. BatchNorm statistics travel as the model's buffers (``models/layout.py``).
+    """Conv(3) [→ BatchNorm] → ReLU blocks, one max-pool, then an MLP head; 2-D for images, else
+    1-D. BatchNorm statistics travel as the model's buffers (``models/layout.py``).
 
-    A flat 64-feature input (sklearn digits) is viewed as 1×8×8; a flat 40-feature one (mnist1d) as
-    1×40.
+    A flat 64-feature input (sklearn digits) is viewed as 1×8×8, a flat 40-feature one (mnist1d)
+    as 1×40, and a (C, H, W) input is taken as it is. feddle.md §5.1's CNN on 3×32×32 images is
+    ``channels: [32, 64, 64]``, ``hidden: [128]``: FC(16384→128)–ReLU–FC(128→C), whose first FC
+    output is the body's features (§3.5).
     """
     if spec.input_kind != "dense":
         raise ValueError("model 'cnn' needs dense inputs")
     n = math.prod(spec.feature_shape)
     side = math.isqrt(n)
-    two_d = side * side == n and len(spec.feature_shape) <= 2 and n > 16
+    if len(spec.feature_shape) == 3:
+        shape: tuple[int, ...] = tuple(spec.feature_shape)
+        two_d = True
+    else:
+        two_d = side * side == n and len(spec.feature_shape) <= 2 and n > 16
+        shape = (1, side, side) if two_d else (1, n)
     conv, pool = (nn.Conv2d, nn.MaxPool2d) if two_d else (nn.Conv1d, nn.MaxPool1d)
     norm = nn.BatchNorm2d if two_d else nn.BatchNorm1d
-    shape = (1, side, side) if two_d else (1, n)
     layers: list[nn.Module] = [_Reshape(shape)]
-    c_in = 1
+    c_in = shape[0]
     for c in cfg.channels:
         layers += [conv(c_in, c, 3, padding=1), *([norm(c)] if cfg.batch_norm else []), nn.ReLU()]
         c_in = c
     layers += [pool(2), nn.Flatten()]
-    flat = c_in * ((side // 2) ** 2 if two_d else n // 2)
+    pooled = [s // 2 for s in shape[1:]]
+    flat = c_in * math.prod(pooled)
     layers += _mlp([flat, *cfg.hidden, spec.num_classes], cfg.dropout)
     return nn.Sequential(*layers)
 

@@ -17,7 +17,9 @@ class RawData:
 
     ``x`` is float32 ``(N, *shape)`` for dense data or an object array of strings for text.
     ``x_test``/``y_test`` are set only when the source has its own test split;
-    ``client_ids`` (train rows only) feed the natural partition.
+    ``client_ids`` (train rows only) feed the natural partition; ``partition_labels`` (train rows
+    only), when set, are what a label-skewed partition splits on instead of ``y`` (CIFAR-100's
+    fine classes under its superclass task, feddle.md §5.2).
     """
 
     x: np.ndarray
@@ -27,6 +29,7 @@ class RawData:
     x_test: np.ndarray | None = None
     y_test: np.ndarray | None = None
     client_ids: np.ndarray | None = None
+    partition_labels: np.ndarray | None = None
 
 
 def load_digits() -> RawData:

@@ -10,8 +10,10 @@ from pydantic import Field, model_validator
 
 from raysim.data.builtin import BUILTIN_LOADERS, RawData
 from raysim.data.hf import HFConfig, load_hf
+from raysim.data.images import HFImageConfig, image_pool, load_hf_image
 from raysim.data.partition import PartitionConfig, pack, partition
 from raysim.data.server import (
+    SERVER_OOD_TAG,
     ServerDataConfig,
     carve_id_split,
     shapes_pool,
@@ -33,14 +35,16 @@ PARTITION_TAG = 2  # rng = default_rng([seed, PARTITION_TAG]) for the client par
 
 class DataConfig(StrictModel):
     """Which dataset to load and how to split it; ``hf`` options apply to ``name='hf'``,
-    ``text`` options to the instruction-tuning sets ``flan_mini``/``flan`` (fedoa spec §4)."""
+    ``hf_image`` options to image sets (``name='hf_image'``, feddle.md §5.2), ``text`` options to
+    the instruction-tuning sets ``flan_mini``/``flan`` (fedoa spec §4)."""
 
-    name: Literal["digits", "mnist1d", "bbc_news", "hf", "flan_mini", "flan"] = "digits"
+    name: Literal["digits", "mnist1d", "bbc_news", "hf", "hf_image", "flan_mini", "flan"] = "digits"
     test_fraction: float = Field(0.2, gt=0, lt=1)
     partition: PartitionConfig = Field(default_factory=PartitionConfig)
     vocab_size: int = Field(5000, ge=3)  # text: embedding rows incl. pad (0) and unk (1)
     max_tokens: int = Field(256, ge=1)  # text: tokens per sample after truncate/pad
     hf: HFConfig = Field(default_factory=HFConfig)
+    hf_image: HFImageConfig = Field(default_factory=HFImageConfig)
     text: TextTaskConfig = Field(default_factory=TextTaskConfig)
     server: ServerDataConfig = Field(default_factory=ServerDataConfig)
 
@@ -65,8 +69,21 @@ class DataConfig(StrictModel):
             self.hf.check()
         elif self.hf != HFConfig():
             raise ValueError(f"hf options only apply to name='hf', not name={self.name!r}")
-        if self.partition.kind == "natural" and not (self.name == "hf" and self.hf.client_column):
-            raise ValueError("partition.kind='natural' needs name='hf' with hf.client_column set")
+        if self.name == "hf_image":
+            self.hf_image.check()
+        elif self.hf_image != HFImageConfig():
+            raise ValueError(
+                f"hf_image options only apply to name='hf_image', not name={self.name!r}"
+            )
+        natural_ids = (self.name == "hf" and self.hf.client_column) or (
+            self.name == "hf_image" and self.hf_image.resolved().client_column
+        )
+        if self.partition.kind == "natural" and not natural_ids:
+            raise ValueError(
+                "partition.kind='natural' needs per-sample client ids: name='hf' with "
+                "hf.client_column, or name='hf_image' with hf_image.client_column or a LEAF "
+                "preset"
+            )
         return self
 
 
@@ -185,10 +202,21 @@ def _normalized_entropy(hist: np.ndarray) -> np.ndarray:
     return h / np.log(hist.shape[1]) if hist.shape[1] > 1 else np.zeros(len(hist))
 
 
+def _dataset_name(cfg: DataConfig) -> str:
+    if cfg.name == "hf":
+        return f"hf:{cfg.hf.path}"
+    if cfg.name == "hf_image":
+        image = cfg.hf_image
+        return f"hf_image:{image.preset or image.path}"
+    return cfg.name
+
+
 def load_raw(cfg: DataConfig) -> RawData:
     """Load the configured dataset before splitting."""
     if cfg.name == "hf":
         return load_hf(cfg.hf)
+    if cfg.name == "hf_image":
+        return load_hf_image(cfg.hf_image)
     return BUILTIN_LOADERS[cfg.name]()
 
 
@@ -204,11 +232,28 @@ def split_indices(n: int, test_fraction: float, seed: int) -> tuple[np.ndarray, 
 def _train_test(raw: RawData, cfg: DataConfig, seed: int) -> tuple[RawData, RawData]:
     """Split ``raw`` into train/test ``RawData`` (carving test only when the source has none)."""
     if raw.x_test is not None and raw.y_test is not None:
-        train = RawData(raw.x, raw.y, raw.num_classes, raw.is_text, client_ids=raw.client_ids)
+        train = RawData(
+            raw.x,
+            raw.y,
+            raw.num_classes,
+            raw.is_text,
+            client_ids=raw.client_ids,
+            partition_labels=raw.partition_labels,
+        )
         return train, RawData(raw.x_test, raw.y_test, raw.num_classes, raw.is_text)
     tr, te = split_indices(len(raw.y), cfg.test_fraction, seed)
-    ids = None if raw.client_ids is None else raw.client_ids[tr]
-    train = RawData(raw.x[tr], raw.y[tr], raw.num_classes, raw.is_text, client_ids=ids)
+
+    def rows(a: np.ndarray | None) -> np.ndarray | None:
+        return None if a is None else a[tr]
+
+    train = RawData(
+        raw.x[tr],
+        raw.y[tr],
+        raw.num_classes,
+        raw.is_text,
+        client_ids=rows(raw.client_ids),
+        partition_labels=rows(raw.partition_labels),
+    )
     return train, RawData(raw.x[te], raw.y[te], raw.num_classes, raw.is_text)
 
 
@@ -242,8 +287,11 @@ def build_federated_dataset(
     y_train = _check_labels(train.y, raw.num_classes, "train")
     y_test = _check_labels(test.y, raw.num_classes, "test")
     ood = {}
+    split_labels = train.partition_labels
     for pool in cfg.server.ood:
         if pool.kind == "label_disjoint":  # the server's labels leave the clients and the test
+            if split_labels is not None:
+                raise ValueError("a label_disjoint OOD pool cannot combine with partition labels")
             (x_train, y_train), (x_held, y_held) = split_off_labels(x_train, y_train, pool.labels)
             (x_test, y_test), _ = split_off_labels(x_test, y_test, pool.labels)
             x, y = subsample(x_held, y_held, pool.size, seed)
@@ -257,11 +305,15 @@ def build_federated_dataset(
         if pool.kind == "shapes":
             x, y = shapes_pool(pool, tuple(x_train.shape[1:]), seed)
             ood[pool.name] = (x, y, 4)
+        elif pool.kind == "hf_image" and pool.hf_image is not None:
+            rng = np.random.default_rng([seed, SERVER_OOD_TAG, len(ood)])
+            ood[pool.name] = image_pool(pool.hf_image, pool.size, tuple(x_train.shape[1:]), rng)
     rng = np.random.default_rng([seed, PARTITION_TAG])
-    parts = partition(cfg.partition, y_train, num_clients, rng, ids=train.client_ids)
+    labels = y_train if split_labels is None else split_labels
+    parts = partition(cfg.partition, labels, num_clients, rng, ids=train.client_ids)
     indices, offsets = pack(parts)
     return FederatedDataset(
-        name=cfg.name if cfg.name != "hf" else f"hf:{cfg.hf.path}",
+        name=_dataset_name(cfg),
         x_train=x_train,
         y_train=y_train,
         x_test=x_test,

@@ -42,7 +42,9 @@ class HFConfig(StrictModel):
             )
 
 
-def _load_split(cfg: HFConfig, split: str) -> Any:
+def load_split(cfg: Any, split: str) -> Any:
+    """One split of ``cfg`` (an ``HFConfig`` or ``HFImageConfig``): ``datasets.load_from_disk``
+    when ``cfg.load_from_disk``, else ``datasets.load_dataset``."""
     import datasets
 
     if cfg.load_from_disk:
@@ -55,7 +57,12 @@ def _load_split(cfg: HFConfig, split: str) -> Any:
             raise ValueError(f"{cfg.path!r} is a single Dataset; it has no split {split!r}")
         return obj
     return datasets.load_dataset(
-        cfg.path, cfg.name, data_files=cfg.data_files, split=split, cache_dir=cfg.cache_dir
+        cfg.path,
+        cfg.name,
+        data_files=cfg.data_files,
+        data_dir=getattr(cfg, "data_dir", None),
+        split=split,
+        cache_dir=cfg.cache_dir,
     )
 
 
@@ -83,7 +90,7 @@ def _texts(values: np.ndarray) -> np.ndarray:
     return out
 
 
-def _label_ids(
+def label_ids(
     train: np.ndarray, test: np.ndarray | None, column: str, feature: Any
 ) -> tuple[np.ndarray, np.ndarray | None, int]:
     """Map labels to int64 ids; strings by sorted order. Returns (train, test, num_classes)."""
@@ -101,7 +108,7 @@ def _label_ids(
     return ids[: len(train)], (None if test is None else ids[len(train) :]), num_classes
 
 
-def _client_ids(values: np.ndarray) -> np.ndarray:
+def client_ids(values: np.ndarray) -> np.ndarray:
     if values.dtype.kind in "OUS":
         return values.astype(str)
     return values.astype(np.int64)
@@ -117,14 +124,14 @@ def load_hf(cfg: HFConfig) -> RawData:
     """Load the train (and optional test) split into a ``RawData``."""
     cfg.check()
     inputs = [cfg.text_column] if cfg.text_column else list(cfg.feature_columns or [])
-    train_ds = _load_split(cfg, cfg.train_split)
+    train_ds = load_split(cfg, cfg.train_split)
     extra = [cfg.client_column] if cfg.client_column else []
     train = _columns(train_ds, [*inputs, cfg.label_column, *extra])
     test = None
     if cfg.test_split is not None:
-        test = _columns(_load_split(cfg, cfg.test_split), [*inputs, cfg.label_column])
+        test = _columns(load_split(cfg, cfg.test_split), [*inputs, cfg.label_column])
     feature = train_ds.features.get(cfg.label_column)
-    y, y_test, num_classes = _label_ids(
+    y, y_test, num_classes = label_ids(
         train[cfg.label_column],
         None if test is None else test[cfg.label_column],
         cfg.label_column,
@@ -137,5 +144,5 @@ def load_hf(cfg: HFConfig) -> RawData:
         is_text=bool(cfg.text_column),
         x_test=None if test is None else _x(test, cfg),
         y_test=y_test,
-        client_ids=_client_ids(train[cfg.client_column]) if cfg.client_column else None,
+        client_ids=client_ids(train[cfg.client_column]) if cfg.client_column else None,
     )

@@ -22,6 +22,11 @@ class PartitionConfig(StrictModel):
     alpha: float = Field(0.3, gt=0)  # dirichlet concentration over labels
     shards_per_client: int = Field(2, ge=1)  # shards partition (McMahan et al. 2017)
     min_size: int = Field(1, ge=0)  # dirichlet: redraw until every client has >= min_size
+    natural_clients: Literal["all", "sample"] = Field(
+        "all",
+        description="natural: every id is a client (num clients must match), or keep num "
+        "clients drawn at random and drop the rest (LEAF, feddle.md §5.2)",
+    )
 
 
 def _check_clients(n: int, num_clients: int) -> None:
@@ -139,6 +144,9 @@ def partition(
     if ids is None:
         raise ValueError("natural partition needs per-sample client ids (hf.client_column)")
     parts = natural(ids)
+    if cfg.natural_clients == "sample" and len(parts) > num_clients:
+        keep = np.sort(rng.permutation(len(parts))[:num_clients])
+        parts = [parts[i] for i in keep]
     if len(parts) != num_clients:
         raise ValueError(
             f"natural partition found {len(parts)} distinct client ids in the training split "

@@ -7,8 +7,9 @@ import math
 from typing import Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, model_validator
 
+from raysim.data.images import HFImageConfig
 from raysim.schema import StrictModel
 
 SERVER_ID_TAG = 3  # rng = default_rng([seed, SERVER_ID_TAG]) picks the server's ID samples
@@ -20,15 +21,26 @@ class OODPoolConfig(StrictModel):
     vertical bar, a diagonal or a box at a random place with additive uniform noise, 4 labels.
     ``label_disjoint``: the dataset's own images of ``labels``, relabelled 0..len-1; the clients,
     the ID server set and the evaluation then see only the other labels (digits: clients 0–4,
-    the server's probe 5–9)."""
+    the server's probe 5–9). ``hf_image``: ``size`` images drawn uniformly from an image dataset
+    (§5.2: a 250K ImageNet subset, ``hf_image: {preset: imagenet}``), stored at the clients'
+    image shape."""
 
     name: str = "shapes"
-    kind: Literal["shapes", "label_disjoint"] = "shapes"
+    kind: Literal["shapes", "label_disjoint", "hf_image"] = "shapes"
     size: int = Field(1000, ge=1, description="pool size (label_disjoint: at most this many)")
     noise: float = Field(0.2, ge=0, description="shapes: amplitude of the additive noise")
     labels: list[int] = Field(
         default_factory=lambda: [5, 6, 7, 8, 9], description="label_disjoint: the server's labels"
     )
+    hf_image: HFImageConfig | None = Field(None, description="hf_image: the dataset to draw from")
+
+    @model_validator(mode="after")
+    def _check(self) -> OODPoolConfig:
+        if (self.kind == "hf_image") != (self.hf_image is not None):
+            raise ValueError("an OOD pool has hf_image options exactly when kind is hf_image")
+        if self.hf_image is not None:
+            self.hf_image.check()
+        return self
 
 
 class ServerDataConfig(StrictModel):

@@ -422,3 +422,34 @@ def test_server_methods_survive_a_killed_worker_and_a_coordinator_resumed_from_a
     assert faulty.weights_digest == in_process_digest(cfg)
     run = MlflowClient(mlflow_uri).get_run(faulty.run_id)
     assert run.data.tags["raysim.coordinator_restarts"] == "1"
+
+
+PAPER = EXAMPLES / "feddle" / "paper"
+
+
+@pytest.mark.parametrize("path", sorted(PAPER.glob("*-*.yaml")), ids=lambda p: p.name)
+def test_paper_scale_configs_validate_for_every_method_cell_and_ablation_row(path):
+    """Tables 1–5 (feddle.md §6): each config with each method of methods.yaml, in each column,
+    and the Table 3 rows on Feddle-ID and Feddle-OOD, passes the strict config."""
+    import yaml
+
+    from raysim.config import apply_overrides, load_config
+
+    table = yaml.safe_load((PAPER / "methods.yaml").read_text())
+    raw = yaml.safe_load(path.read_text())
+    leaf = raw["data"]["partition"]["kind"] == "natural"
+    cells = {"σ=20": {}} if leaf else table["cells"]
+    for cell in cells.values():
+        for algo in table["methods"].values():
+            given = apply_overrides(
+                {**raw, "algorithm": algo}, [f"{k}={v}" for k, v in cell.items()]
+            )
+            cfg = load_config(given)
+            assert cfg.algorithm.name == algo["name"]
+    for row in table["ablation"].values():
+        for name in ("feddle", "feddle_ood"):
+            cfg = load_config({**raw, "algorithm": {"name": name, **row}})
+            assert cfg.algorithm.params.normalize == row["normalize"]
+    cfg = load_config(raw)
+    assert cfg.rounds == 200 and cfg.data.server.ood[0].size == 250_000
+    assert cfg.data.hf_image.resolved().path  # a preset names its hub id

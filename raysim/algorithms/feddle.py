@@ -211,6 +211,9 @@ class Feddle(Strategy):
             diag["server_gflops"] = obj.flops(c_start, config) / 1e9
         generator = self.ctx.torch_generator(f"feddle/search/{round_index}")
         c_hat = search(obj, c_start, t(c_fb), config, generator)
+        diag["feddle_anchor_matrix_bytes"] = float(a.numel() * a.element_size())  # on the device
+        if like.is_cuda:  # the server's GPU: anchors, model and search together (Table 6)
+            diag["server_gpu_peak_bytes"] = float(torch.cuda.max_memory_allocated(like.device))
         if p.log_server_loss:
             module.eval()
             diag["server_loss_after"] = obj.loss(c_hat, bs)

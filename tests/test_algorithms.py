@@ -53,6 +53,7 @@ def test_fedavg_weights_by_sample_count_and_keeps_model_without_arrivals():
 
 
 def test_fedasync_constant_mixing_one_replaces_model_by_latest_arrival():
+    """I-14: α = 1 without staleness decay ⇒ the global model is the arriving local model."""
     s = strategy("fedasync", [5.0, 5.0], staleness="constant", mixing=1.0)
     rng = np.random.default_rng(0)
     for i in range(6):

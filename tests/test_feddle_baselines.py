@@ -73,6 +73,7 @@ def test_fedbuff_per_round_is_registered_with_its_rule():
 
 # --------------------------------------------------------------------------- I-5 CA2FL
 def test_ca2fl_first_flush_equals_fedbuff():
+    """I-5(a): the first CA2FL flush (all caches 0) equals FedBuff's."""
     w0 = np.zeros(4, dtype=np.float32)
     ca = CA2FL(CA2FLParams(buffer_size=2, server_lr=1.0), w0, 5)
     fb = FedBuff(FedBuffParams(buffer_size=2, server_lr=1.0), w0, 5)
@@ -108,6 +109,7 @@ def test_ca2fl_calibrates_with_the_cache():
 
 # --------------------------------------------------------------------------- I-14 FedAsync
 def test_fedasync_with_alpha_one_and_no_staleness_takes_the_local_model():
+    """I-14: a = 0, α = 1, τ = 0 ⇒ the global model is the client's local model."""
     p = FedAsyncParams(mixing=1.0, a=0.0)
     s = FedAsync(p, np.zeros(3, dtype=np.float32), 1)
     base = np.array([1.0, 2.0, 3.0], dtype=np.float32)
@@ -118,6 +120,8 @@ def test_fedasync_with_alpha_one_and_no_staleness_takes_the_local_model():
 
 @pytest.mark.parametrize("form", ["model_mixing", "delta"])
 def test_fedasync_stale_update_follows_its_form(form):
+    """I-14: model mixing with a stale update gives (1−α_t)ω + α_t(ω^{k_j}+Δ_j),
+    α_t = α(τ+1)^{−a} (and the delta form ω + α_t Δ_j)."""
     p = FedAsyncParams(mixing=0.6, a=0.5, form=form)
     w = np.array([1.0, -1.0], dtype=np.float32)
     old = np.array([0.0, 0.0], dtype=np.float32)
@@ -131,6 +135,7 @@ def test_fedasync_stale_update_follows_its_form(form):
 
 # --------------------------------------------------------------------------- server training
 def test_center_touches_no_client_and_trains_on_the_server_set():
+    """I-13: the Center run touches no clients (nothing dispatched, sent or received)."""
     core = run(cfg_for({"name": "center", "server_epochs": 5}, rounds=2, id_size=40))
     assert sum(s.dispatched for s in core.stats.values()) == 0
     assert all(h["bytes_down"] == 0 and h["clients_arrived"] == 0 for h in core.history)
@@ -229,6 +234,7 @@ def test_feddf_distillation_moves_the_student_towards_the_teachers(name, teacher
 
 
 def test_server_methods_are_deterministic_and_resume(tmp_path):
+    """I-16 (in-process, final weights): same seed ⇒ same digest, also across a resume."""
     from raysim import checkpoint
 
     for name in ("fedft", "hfcl", "feddf", "feddf_ood", "ca2fl"):

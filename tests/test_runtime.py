@@ -54,7 +54,8 @@ def test_quickstart_end_to_end_logs_everything(ray_cluster, mlflow_uri):
     ],
 )
 def test_same_result_with_one_or_three_workers(ray_cluster, delays):
-    """Determinism whatever the parallelism, with BatchNorm buffers riding in the vector."""
+    """I-16: determinism whatever the parallelism (1 vs 3 Ray workers: weights, accuracy and
+    arrivals per round), with BatchNorm buffers riding in the vector."""
     cfg = tiny(
         delays=delays,
         rounds=4,

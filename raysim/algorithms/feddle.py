@@ -129,7 +129,8 @@ class Feddle(Strategy):
         new = {m: u for m, (seq, u) in inserted.items() if atlas.slots[m].seq == seq}
         if not len(atlas) or (self.params.search_trigger == "new_arrivals" and not arrivals):
             self.last = {"feddle_atlas_size": float(len(atlas))}
-            return self._update_buffers(arrivals)
+            self._update_buffers(arrivals)
+            return True  # a new version every round, even with nothing to search (§2.4)
         anchors, rho = atlas.normalized(self.params.normalize)
         norms = atlas.norms()
         c_fb = self.fallback(new, len(arrivals), norms, rho)

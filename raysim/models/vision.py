@@ -105,14 +105,10 @@ def build_resnet(cfg: ModelConfig, spec: DataSpec) -> nn.Module:
     if cfg.path is not None:
         net = _pretrained(ResNetForImageClassification, cfg, spec.num_classes)
     else:
-        shape = cfg.resnet
         net = ResNetForImageClassification(
             ResNetConfig(
+                **cfg.resnet.model_dump(),  # its fields are ResNetConfig's
                 num_channels=cfg.image.channels,
-                embedding_size=shape.embedding_size,
-                hidden_sizes=shape.hidden_sizes,
-                depths=shape.depths,
-                layer_type=shape.layer_type,
                 num_labels=spec.num_classes,
             )
         )
@@ -138,17 +134,11 @@ def build_vit_lora(cfg: ModelConfig, spec: DataSpec) -> nn.Module:
     if cfg.path is not None:
         net = _pretrained(ViTForImageClassification, cfg, spec.num_classes)
     else:
-        shape = cfg.vit
-        size = cfg.image.size or image_shape(spec.feature_shape)[1]
         net = ViTForImageClassification(
             ViTConfig(
-                image_size=size,
-                patch_size=shape.patch_size,
+                **cfg.vit.model_dump(),  # its fields are ViTConfig's
+                image_size=cfg.image.size or image_shape(spec.feature_shape)[1],
                 num_channels=cfg.image.channels,
-                hidden_size=shape.hidden_size,
-                num_hidden_layers=shape.num_hidden_layers,
-                num_attention_heads=shape.num_attention_heads,
-                intermediate_size=shape.intermediate_size,
                 num_labels=spec.num_classes,
             )
         )

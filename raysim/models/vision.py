@@ -96,22 +96,29 @@ def _pretrained(cls: Any, cfg: ModelConfig, num_classes: int) -> nn.Module:
     return cls.from_pretrained(cfg.path, num_labels=num_classes, ignore_mismatched_sizes=True)
 
 
+def _network(
+    model_cls: Any, config_cls: Any, cfg: ModelConfig, spec: DataSpec, shape: Any, **extra: Any
+) -> nn.Module:
+    """Pretrained from ``model.path``, else built from ``shape`` (whose fields are the
+    ``transformers`` config's) with random initialisation."""
+    if cfg.path is not None:
+        return _pretrained(model_cls, cfg, spec.num_classes)
+    config = config_cls(
+        **shape.model_dump(),
+        num_channels=cfg.image.channels,
+        num_labels=spec.num_classes,
+        **extra,
+    )
+    return model_cls(config)
+
+
 @register_model("resnet")
 def build_resnet(cfg: ModelConfig, spec: DataSpec) -> nn.Module:
     """ResNet (default ResNet18) from ``model.resnet``, or pretrained from ``model.path``."""
     from transformers import ResNetConfig, ResNetForImageClassification
 
     _check(spec, "resnet")
-    if cfg.path is not None:
-        net = _pretrained(ResNetForImageClassification, cfg, spec.num_classes)
-    else:
-        net = ResNetForImageClassification(
-            ResNetConfig(
-                **cfg.resnet.model_dump(),  # its fields are ResNetConfig's
-                num_channels=cfg.image.channels,
-                num_labels=spec.num_classes,
-            )
-        )
+    net = _network(ResNetForImageClassification, ResNetConfig, cfg, spec, cfg.resnet)
     return ImageInput(net, spec.feature_shape, cfg.image, _normalize(cfg))
 
 
@@ -131,17 +138,8 @@ def build_vit_lora(cfg: ModelConfig, spec: DataSpec) -> nn.Module:
     from transformers import ViTConfig, ViTForImageClassification
 
     _check(spec, "vit_lora")
-    if cfg.path is not None:
-        net = _pretrained(ViTForImageClassification, cfg, spec.num_classes)
-    else:
-        net = ViTForImageClassification(
-            ViTConfig(
-                **cfg.vit.model_dump(),  # its fields are ViTConfig's
-                image_size=cfg.image.size or image_shape(spec.feature_shape)[1],
-                num_channels=cfg.image.channels,
-                num_labels=spec.num_classes,
-            )
-        )
+    size = cfg.image.size or image_shape(spec.feature_shape)[1]
+    net = _network(ViTForImageClassification, ViTConfig, cfg, spec, cfg.vit, image_size=size)
     lora = vit_lora_settings(cfg)
     net.requires_grad_(False)
     net = inject_adapter_in_model(

@@ -125,7 +125,7 @@ BEHAVIOURS: HookRegistry[ClientBehaviour] = HookRegistry("client behaviour")
 
 
 def _load_builtins() -> None:
-    from . import behaviours, mixers  # noqa: F401  (register the built-in hooks)
+    from . import behaviours, fedbaf, mixers  # noqa: F401  (register the built-in hooks)
 
 
 class ComposedStrategy(Strategy):

@@ -1,0 +1,248 @@
+"""FedBaF's mixer (fedbaf.md §2) against its §7.2 invariants 1–8 and 11, in process (no Ray)."""
+
+from __future__ import annotations
+
+import math
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from safetensors.numpy import save_file
+
+from raysim.actors.local import local_core
+from raysim.algorithms.context import ServerContext
+from raysim.algorithms.fedbaf import FedBaF, FedBaFParams
+from raysim.algorithms.fedbaf_match import match_layers
+from raysim.algorithms.private import PrivateStateError
+from raysim.config import load_config
+from raysim.models import DataSpec, build_handle
+from raysim.models.layout import SHARED, Layout
+
+
+def mixer_on(tmp_path, pre: np.ndarray, **params) -> FedBaF:
+    """A FedBaF mixer on a bare vector of ``len(pre)`` values whose foundation is ``pre``."""
+    save_file({"weights": np.asarray(pre, dtype=np.float32)}, str(tmp_path / "pre.safetensors"))
+    m = FedBaF(FedBaFParams(foundation=str(tmp_path / "pre.safetensors"), **params))
+    m.setup(ServerContext.minimal(seed=0, size=len(pre), num_clients=4))
+    return m
+
+
+# --------------------------------------------------------------------------- inv. 5, 6, 8
+def test_tau_on_hand_made_vectors_and_the_schedule(tmp_path):
+    m = mixer_on(tmp_path, np.zeros(2), psi=1.0)
+    m.mix(0, np.array([1, 0], np.float32), np.array([0, 1], np.float32))
+    first = dict(m.last)
+    assert first["fedbaf_r"] == pytest.approx(math.sqrt(2), rel=1e-12)
+    assert first["fedbaf_tau"] == pytest.approx(math.sqrt(2), rel=1e-12)  # t = 0
+    assert 1.0 <= first["fedbaf_c"] / 1.0 <= 2.0  # c_0 ∈ [ψ, 2ψ]
+    m.mix(3, np.array([1, 0], np.float32), np.array([1, 1], np.float32))
+    last = m.last
+    r3 = float(np.linalg.norm(np.array([1, 1]) / math.sqrt(2) - np.array([1, 0])))
+    assert last["fedbaf_tau"] == pytest.approx(r3 / 2, rel=1e-12)  # sqrt(t + 1) = 2
+    want = 1.0 * last["fedbaf_u"] * (r3 / first["fedbaf_r"]) / 2
+    assert last["fedbaf_c"] == pytest.approx(want, rel=1e-12)
+    assert 1 <= last["fedbaf_alpha"] * last["fedbaf_tau0"] / 1.0 <= 2
+    for x in (first, last):
+        assert 0 <= x["fedbaf_r"] <= 2
+
+
+def test_scaling_either_model_leaves_the_schedule_alone(tmp_path):
+    """Inv. 5 and 7: positive scalings of w_t and w' give the same r_t, τ_t and c_t."""
+    rng = np.random.default_rng(0)
+    pairs = [(rng.normal(size=8).astype(np.float32), rng.normal(size=8).astype(np.float32))]
+    pairs += [(p * 1.5, a * 1.5) for p, a in pairs]
+    runs = []
+    for s in (1.0, 4.0):
+        m = mixer_on(tmp_path, np.zeros(8))
+        seq = []
+        for t, (p, a) in enumerate(pairs):
+            m.mix(t, p * np.float32(s), a * np.float32(s))
+            seq.append([m.last[k] for k in ("fedbaf_r", "fedbaf_tau", "fedbaf_c")])
+        runs.append(np.array(seq))
+    np.testing.assert_allclose(runs[0], runs[1], rtol=1e-6)
+
+
+def test_zero_vectors_give_no_nan_and_no_mixing(tmp_path):
+    """Inv. 8: τ_0 = 0 and zero-norm models stay finite, with c_0 = 0."""
+    m = mixer_on(tmp_path, np.ones(4))
+    same = np.ones(4, np.float32)
+    out = m.mix(0, same, same.copy())  # r_0 = 0, so τ_0 is floored and c_0 = 0
+    assert m.last["fedbaf_c"] == 0.0 and np.array_equal(out, same)
+    m2 = mixer_on(tmp_path, np.ones(4))
+    out = m2.mix(0, np.zeros(4, np.float32), np.zeros(4, np.float32))
+    assert all(math.isfinite(v) for v in m2.last.values()) and not out.any()
+
+
+# --------------------------------------------------------------------------- inv. 2, 3, 11
+def test_the_mix_is_the_convex_combination_with_weight_c_over_1_plus_c(tmp_path):
+    rng = np.random.default_rng(1)
+    pre = rng.normal(size=50)
+    m = mixer_on(tmp_path, pre)
+    prev, agg = rng.normal(size=50).astype(np.float32), rng.normal(size=50).astype(np.float32)
+    out = m.mix(0, prev, agg).astype(np.float64)
+    c = m.last["fedbaf_c"]
+    pre32 = pre.astype(np.float32).astype(np.float64)
+    lo, hi = np.minimum(agg, pre32), np.maximum(agg, pre32)
+    assert ((out >= lo - 1e-6) & (out <= hi + 1e-6)).all()  # inv. 3: between w' and w_pre
+    lam = np.linalg.lstsq((pre32 - agg)[:, None], out - agg, rcond=None)[0][0]
+    assert lam == pytest.approx(c / (1 + c), rel=1e-6)  # float32 output, so 1e-6
+    # inv. 11 (App. G.1): the two distance identities
+    d = np.linalg.norm(agg - pre32)
+    assert np.linalg.norm(out - agg) == pytest.approx(c / (1 + c) * d, rel=1e-5)
+    assert np.linalg.norm(out - pre32) == pytest.approx(d / (1 + c), rel=1e-5)
+    fixed = mixer_on(tmp_path, pre)  # inv. 2: w' = w_pre is a fixed point
+    np.testing.assert_allclose(fixed.mix(0, prev, pre32.astype(np.float32)), pre32, rtol=1e-6)
+
+
+# --------------------------------------------------------------------------- inv. 4, matching
+def test_unmatched_and_integer_tensors_are_left_exactly_as_aggregated():
+    layout = Layout(
+        [
+            ("body.weight", (3, 4), SHARED),
+            ("head.weight", (10, 3), SHARED),
+            ("bn.num_batches_tracked", (), "buffers"),
+        ]
+    )
+    pre = {"body.weight": (3, 4), "head.weight": (20, 3), "bn.num_batches_tracked": ()}
+    matches, unmatched = match_layers(layout, pre, "exact")
+    assert [m.name for m in matches] == ["body.weight"]  # a new head (20 → 10 classes) is not
+    assert set(unmatched) == {"head.weight", "bn.num_batches_tracked"}
+    sliced, _ = match_layers(layout, pre, "leading_slice")
+    assert {m.name: m.block for m in sliced} == {"body.weight": (3, 4), "head.weight": (10, 3)}
+    head = sliced[1].global_indices(layout)
+    assert head.tolist() == list(range(12, 42))
+    excluded, _ = match_layers(layout, pre, "exact", exclude=["^body"])
+    assert excluded == []
+    in_order, _ = match_layers(layout, {"a": (3, 4), "b": (10, 3)}, "shape_in_order")
+    assert [(m.name, m.foundation) for m in in_order] == [
+        ("body.weight", "a"),
+        ("head.weight", "b"),
+    ]
+
+
+def test_leading_slice_mixes_only_the_shared_block(tmp_path):
+    save_file({"w": np.ones((4, 6), np.float32)}, str(tmp_path / "wide.safetensors"))
+    ctx = ServerContext(0, Layout([("w", (3, 3), SHARED), ("b", (3,), SHARED)]), 4)
+    m = FedBaF(FedBaFParams(foundation=str(tmp_path / "wide.safetensors"), match="leading_slice"))
+    m.setup(ctx)
+    prev = np.zeros(12, np.float32)
+    agg = np.full(12, -1.0, np.float32)
+    out = m.mix(0, prev, agg)
+    c = m.last["fedbaf_c"]
+    np.testing.assert_allclose(out[:9], (-1 + c) / (1 + c), rtol=1e-6)  # W_pre[:3, :3]
+    assert np.array_equal(out[9:], agg[9:])  # no foundation tensor "b": untouched
+    assert "leading block [3, 3]" not in m.report and "not mixed" in m.report
+
+
+# --------------------------------------------------------------------------- privacy, streams
+def test_the_foundation_refuses_to_be_pickled_and_stays_out_of_the_state(tmp_path):
+    m = mixer_on(tmp_path, np.arange(5.0))
+    with pytest.raises(PrivateStateError):
+        pickle.dumps(m.pre)
+    import cloudpickle
+
+    def payload():  # a closure that captures the server's mixer (§2.8's Ray pitfall)
+        return m.pre
+
+    with pytest.raises(PrivateStateError):
+        cloudpickle.dumps(payload)
+    assert set(m.state_dict()) == {"tau0", "stream", "last"}  # no foundation, no indices
+    pickle.dumps(m.state_dict())
+
+
+def test_the_seeded_stream_resumes_and_the_secure_one_does_not_repeat(tmp_path):
+    rng = np.random.default_rng(2)
+    calls = [(rng.normal(size=6).astype(np.float32), rng.normal(size=6).astype(np.float32))]
+    calls *= 6
+
+    def cs(m, start=0):
+        out = []
+        for t in range(start, 6):
+            m.mix(t, *calls[t])
+            out.append(m.last["fedbaf_c"])
+        return out
+
+    whole = cs(mixer_on(tmp_path, np.zeros(6)))
+    half = mixer_on(tmp_path, np.zeros(6))
+    for t in range(3):
+        half.mix(t, *calls[t])
+    state = pickle.loads(pickle.dumps(half.state_dict()))
+    resumed = FedBaF(half.params)
+    resumed.load_state_dict(state)
+    resumed.setup(ServerContext.minimal(seed=0, size=6, num_clients=4))
+    assert cs(resumed, 3) == whole[3:]  # bit-identical continuation
+    assert cs(mixer_on(tmp_path, np.zeros(6))) == whole  # seeded: reproducible
+    secure = [cs(mixer_on(tmp_path, np.zeros(6), rng="secure")) for _ in range(2)]
+    assert secure[0] != secure[1]
+
+
+def test_u_is_uniform_on_one_to_two(tmp_path):
+    from scipy import stats
+
+    m = mixer_on(tmp_path, np.zeros(3))
+    prev, agg = np.array([1, 0, 0], np.float32), np.array([0, 1, 0], np.float32)
+    u = []
+    for t in range(10_000):
+        m.coefficient(t, prev, agg)
+        u.append(m.last["fedbaf_u"])
+    assert stats.kstest(np.array(u) - 1.0, "uniform").pvalue > 0.01
+
+
+# --------------------------------------------------------------------------- inv. 1 on runs
+def run_cfg(algorithm, hooks=None):
+    return load_config(
+        {
+            "seed": 3,
+            "rounds": 4,
+            "clients": {"num": 20, "per_round": 5},
+            "data": {"name": "digits", "partition": {"kind": "dirichlet", "alpha": 0.5}},
+            "model": {"name": "mlp", "hidden": [16]},
+            "local": {"epochs": 1, "batch_size": 16, "lr": 0.1},
+            "algorithm": algorithm,
+            "hooks": {"server": hooks or []},
+        }
+    )
+
+
+def foundation_for(cfg, path, seed=123):
+    """The run's architecture with other random weights, saved under the layout's names."""
+    torch.manual_seed(seed)
+    handle = build_handle(cfg.model, DataSpec("dense", (64,), 10))
+    tensors = {k: v.detach().numpy().copy() for k, v in handle.module.state_dict().items()}
+    save_file(tensors, str(path))
+    return tensors
+
+
+def finish(cfg):
+    core = local_core(cfg)
+    while not core.done:
+        core.step()
+    return core
+
+
+@pytest.mark.parametrize(
+    "algorithm", [{"name": "fedavg"}, {"name": "fedprox", "mu": 0.01}, {"name": "fedadam"}]
+)
+def test_psi_zero_is_the_base_algorithm_bit_for_bit(tmp_path, algorithm):
+    path = tmp_path / "pre.safetensors"
+    foundation_for(run_cfg(algorithm), path)
+    base = finish(run_cfg(algorithm))
+    mixed = finish(run_cfg(algorithm, [{"name": "fedbaf", "foundation": str(path), "psi": 0}]))
+    assert mixed.digest() == base.digest()
+    assert [h["accuracy"] for h in mixed.history if "accuracy" in h] == [
+        h["accuracy"] for h in base.history if "accuracy" in h
+    ]
+
+
+def test_psi_one_pulls_the_run_towards_the_foundation(tmp_path):
+    path = tmp_path / "pre.safetensors"
+    cfg = run_cfg({"name": "fedavg"})
+    pre = foundation_for(cfg, path)
+    base = finish(cfg)
+    mixed = finish(run_cfg({"name": "fedavg"}, [{"name": "fedbaf", "foundation": str(path)}]))
+    layout = base.strategy.ctx.layout
+    w_pre = layout.flatten(pre)
+    assert np.linalg.norm(mixed.weights - w_pre) < np.linalg.norm(base.weights - w_pre)
+    m = mixed.strategy.metrics()
+    assert 0 < m["fedbaf_c"] and m["fedbaf_tau0"] > 0

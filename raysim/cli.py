@@ -453,7 +453,11 @@ def cmd_methods(args: argparse.Namespace) -> int:
     for name in method_names():
         m = get_method(name)
         fields = m.params.model_fields.items()
-        params = ", ".join(f"{f.alias or k}={f.default}" for k, f in fields)
+        params = ", ".join(
+            f"{f.alias or k}="
+            f"{'(required)' if f.is_required() else f.get_default(call_default_factory=True)}"
+            for k, f in fields
+        )
         table.add_row(name, params or "—", m.reference)
     console.print(table)
     return 0

@@ -246,3 +246,58 @@ def test_psi_one_pulls_the_run_towards_the_foundation(tmp_path):
     assert np.linalg.norm(mixed.weights - w_pre) < np.linalg.norm(base.weights - w_pre)
     m = mixed.strategy.metrics()
     assert 0 < m["fedbaf_c"] and m["fedbaf_tau0"] > 0
+
+
+# --------------------------------------------------------------------------- the method
+@pytest.mark.parametrize(
+    "base, base_params",
+    [("fedavg", {}), ("fedprox", {"mu": 0.01}), ("fedadam", {})],
+)
+def test_the_fedbaf_method_with_psi_zero_is_its_base(tmp_path, base, base_params):
+    """Inv. 1 through ``algorithm: {name: fedbaf, base: ...}``; FedProx in its standard server
+    mode (the paper_damped one adds the damping of §2.6, so it must differ)."""
+    path = tmp_path / "pre.safetensors"
+    plain = run_cfg({"name": base, **base_params})
+    foundation_for(plain, path)
+    algo = {"name": "fedbaf", "base": base, "base_params": base_params, "foundation": str(path)}
+    mode = {"fedprox_server_mode": "standard"} if base == "fedprox" else {}
+    mixed = finish(run_cfg({**algo, **mode, "psi": 0}))
+    assert mixed.digest() == finish(plain).digest()
+    if base == "fedprox":
+        damped = finish(run_cfg({**algo, "psi": 0}))
+        damp = finish(run_cfg({"name": "fedprox", "mu": 0.01}, [{"name": "damp", "mu": 0.01}]))
+        assert damped.digest() == damp.digest() != mixed.digest()
+
+
+def test_fedadam_moments_see_client_deltas_only(tmp_path):
+    """Inv. 12: after a round, FedAdam's m and v under FedBaF equal plain FedAdam's on the same
+    client deltas; the mix moves only the model."""
+    path = tmp_path / "pre.safetensors"
+    foundation_for(run_cfg({"name": "fedadam"}), path)
+    core = local_core(
+        run_cfg({"name": "fedbaf", "base": "fedadam", "foundation": str(path), "psi": 1.0})
+    )
+    strategy = core.strategy
+    seen = []
+    on_arrival = strategy.base.on_arrival
+    strategy.base.on_arrival = lambda u: (seen.append(u), on_arrival(u))[1]
+    core.step()
+    from raysim.algorithms.fedadam import FedAdam
+
+    replay = FedAdam(strategy.base.params, seen[0].base, 20)
+    replay.setup(strategy.base.ctx)
+    for u in seen:
+        replay.on_arrival(u)
+    replay.on_round_end(0)
+    np.testing.assert_array_equal(replay.m, strategy.base.m)
+    np.testing.assert_array_equal(replay.v, strategy.base.v)
+    assert not np.array_equal(replay.weights, strategy.weights)  # the mix moved the model
+
+
+def test_fedbaf_refuses_a_base_it_cannot_wrap_and_bad_base_params(tmp_path):
+    from raysim.config import ConfigError
+
+    with pytest.raises(ConfigError, match="base"):
+        run_cfg({"name": "fedbaf", "base": "ditto", "foundation": "x"})
+    with pytest.raises(ConfigError, match="base_params"):
+        run_cfg({"name": "fedbaf", "base": "fedprox", "base_params": {"muu": 1}, "foundation": "x"})

@@ -40,6 +40,7 @@ BUILTIN_MODULES = (
     "raysim.algorithms.hfcl",
     "raysim.algorithms.feddf",
     "raysim.algorithms.feddle",
+    "raysim.algorithms.fedbaf_method",
     "raysim.algorithms.fedit",
     "raysim.algorithms.fedoa",
     "raysim.algorithms.ditto",

@@ -216,6 +216,16 @@ class KillCoordinator(StrictModel):
     round: int = Field(ge=0, description="the driver kills the coordinator before this round")
 
 
+class AuditConfig(StrictModel):
+    """Checks on what the coordinator sends to clients (``raysim/actors/audit.py``)."""
+
+    leaks: bool = Field(
+        False,
+        description="fail the run if a payload to clients carries a server-private value "
+        "(Strategy.secrets, e.g. FedBaF's foundation weights; fedbaf.md §6.3)",
+    )
+
+
 class FaultsConfig(StrictModel):
     """Fault injection for robustness experiments (and the recovery tests)."""
 
@@ -242,6 +252,7 @@ class RunConfig(StrictModel):
     coordinator: CoordinatorConfig = Field(default_factory=CoordinatorConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     faults: FaultsConfig = Field(default_factory=FaultsConfig)
+    audit: AuditConfig = Field(default_factory=AuditConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     tune: TuneSection | None = Field(
         None, description="raysim tune: the search space and how trials run; ignored by a run"

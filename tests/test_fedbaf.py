@@ -301,3 +301,39 @@ def test_fedbaf_refuses_a_base_it_cannot_wrap_and_bad_base_params(tmp_path):
         run_cfg({"name": "fedbaf", "base": "ditto", "foundation": "x"})
     with pytest.raises(ConfigError, match="base_params"):
         run_cfg({"name": "fedbaf", "base": "fedprox", "base_params": {"muu": 1}, "foundation": "x"})
+
+
+# --------------------------------------------------------------------------- inv. 10, the auditor
+def audited(algorithm):
+    raw = run_cfg(algorithm).model_dump(mode="json")
+    raw["audit"] = {"leaks": True}
+    return load_config(raw)
+
+
+@pytest.mark.parametrize("base", ["fedavg", "fedprox", "fedadam"])
+def test_no_payload_carries_the_foundation_and_round_zero_is_the_random_init(tmp_path, base):
+    path = tmp_path / "pre.safetensors"
+    foundation_for(run_cfg({"name": base}), path)
+    core = local_core(audited({"name": "fedbaf", "base": base, "foundation": str(path)}))
+    plain = local_core(run_cfg({"name": base}))
+    first = core._current_handle().weights  # what round 0 sends (published, and audited)
+    np.testing.assert_array_equal(first, plain._current_handle().weights)  # the random init
+    while not core.done:
+        core.step()
+    assert core.auditor.checked >= core.cfg.rounds  # every broadcast was checked
+    assert core.strategy.metrics()["fedbaf_c"] > 0  # and the foundation was mixed in
+
+
+def test_the_weight_init_baseline_trips_the_auditor(tmp_path):
+    """The positive control: w_0 = w_pre on matched layers is sent in round 0."""
+    from raysim.actors.audit import LeakError
+
+    path = tmp_path / "pre.safetensors"
+    foundation_for(run_cfg({"name": "fedavg"}), path)
+    algo = {"name": "fedbaf", "foundation": str(path), "variant": "weight_init"}
+    with pytest.raises(LeakError, match="server-private"):
+        local_core(audited(algo)).step()
+    quiet = local_core(run_cfg(algo))  # the auditor off: the baseline runs
+    quiet.step()
+    rows = quiet.strategy.tables()["fedbaf_matching"]
+    assert rows[-1]["line"].startswith("4 tensors mixed")  # the MLP's 2 weights and 2 biases

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from raysim.actors.audit import LeakAuditor
 from raysim.actors.executor import Executor
 from raysim.actors.jobs import ClientJob
 from raysim.algorithms.base import Downlink, Strategy, Update
@@ -109,6 +110,9 @@ class CoordinatorCore:
         self.server._log = self._server_metric
         self._log = RoundLog()
         self.strategy: Strategy = self._build_strategy(initial)
+        self.auditor = (
+            LeakAuditor(self.strategy.secrets(), len(initial)) if cfg.audit.leaks else None
+        )
         delay_model = build_delay_model(cfg.delays, cfg.clients.num, cfg.seed)
         self.schedule = Schedule(cfg.clients.num, cfg.clients.per_round, delay_model, cfg.seed)
         self.queue = ArrivalQueue()
@@ -158,6 +162,8 @@ class CoordinatorCore:
         """An immutable float32 copy of ``weights``, put once where the workers read it."""
         w = np.array(weights, dtype=np.float32, copy=True)
         w.flags.writeable = False  # a version is immutable once published
+        if self.auditor is not None:
+            self.auditor.check(w, f"the global model of version {self.version}")
         return _Version(w, self.executor.put(w), refs)
 
     def _client_job(self, job_id: int, client: int, dispatch_round: int) -> ClientJob:
@@ -230,6 +236,9 @@ class CoordinatorCore:
         v = self._current_handle()
         downlink = self._timed(self.strategy.configure, k, d.clients.tolist())
         if downlink is not None and (downlink.tensors or downlink.per_client):
+            if self.auditor is not None:
+                payload = [dict(downlink.tensors), dict(downlink.per_client)]
+                self.auditor.check(payload, f"round {k}'s downlink")
             b = _Broadcast(downlink, self.executor.put(dict(downlink.tensors)), len(d))
             self._broadcasts[k] = b
             log.bytes_down += sum(downlink.nbytes(c) for c in d.clients.tolist())

@@ -67,6 +67,16 @@ class Update:
         return self.base + self.delta
 
 
+@dataclass(frozen=True)
+class Secret:
+    """Values of one tensor block the server must never send: their flat indices in the global
+    vector and the values. Held by the coordinator's auditor, in the server's process only."""
+
+    name: str
+    indices: np.ndarray
+    values: np.ndarray
+
+
 class Stateful:
     """Default checkpointing for server-side objects: every attribute but the context.
 
@@ -154,6 +164,11 @@ class Strategy(Stateful):
     def on_round_end(self, round_index: int) -> bool:
         """Called once at the end of every round; return True if the global model changed."""
         return False
+
+    def secrets(self) -> list[Secret]:
+        """Server-private values no payload to a client may carry (checked by the leak auditor
+        when ``audit.leaks`` is on); none by default."""
+        return []
 
     def metrics(self) -> dict[str, float]:
         """Server-side diagnostics to log after each round."""

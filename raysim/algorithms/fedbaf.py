@@ -25,6 +25,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
+from .base import Secret
 from .fedbaf_match import INTEGER_BUFFERS, MatchRule, match_layers, matching_report
 from .hooks import MIXERS, Hook, HookParams, Mixer
 from .private import PrivateTensors
@@ -40,6 +41,11 @@ class FedBaFParams(HookParams):
     exclude: list[str] = Field(default_factory=list, description="names never mixed (re.search)")
     tau_scope: Literal["all", "matched"] = Field("all", description="the norms' vector, §2.4 (c)")
     rng: Literal["seeded", "secure"] = Field("seeded", description="the u_t stream (§2.5)")
+    variant: Literal["mix", "weight_init"] = Field(
+        "mix",
+        description="mix: FedBaF; weight_init: the §3 baseline, w_0 = w_pre on matched layers, "
+        "no mixing (it sends the foundation in round 0: the auditor's positive control)",
+    )
 
 
 def load_foundation(path: str | Path) -> dict[str, np.ndarray]:
@@ -67,7 +73,7 @@ def unit(x: np.ndarray) -> np.ndarray:
 
 class FedBaF(Mixer):
     params: FedBaFParams
-    transient = ("pre", "indices", "scope", "report")
+    transient = ("pre", "indices", "scope", "report", "blocks")
 
     def __init__(self, params: FedBaFParams) -> None:
         super().__init__(params)
@@ -84,6 +90,9 @@ class FedBaF(Mixer):
         self.report = matching_report(matches, unmatched, ctx.layout)
         log.info("FedBaF layer matching:\n%s", self.report)
         idx = [m.global_indices(ctx.layout) for m in matches]
+        ends = np.cumsum([0, *(len(i) for i in idx)])
+        spans = zip(matches, ends[:-1], ends[1:], strict=True)
+        self.blocks = [(m.name, int(a), int(b)) for m, a, b in spans]
         self.indices = np.concatenate(idx) if idx else np.zeros(0, np.int64)
         values = [m.foundation_values(weights[m.foundation]) for m in matches]
         pre = np.concatenate(values).astype(np.float64) if values else np.zeros(0)
@@ -117,7 +126,24 @@ class FedBaF(Mixer):
         }
         return c
 
+    def initial(self, weights: np.ndarray) -> np.ndarray:
+        if self.params.variant == "mix":
+            return weights  # FedBaF starts from the random init (Alg. 1 line 1)
+        out = np.array(weights, dtype=np.float32, copy=True)
+        out[self.indices] = self.pre["w_pre"].astype(np.float32)
+        return out
+
+    def secrets(self) -> list[Secret]:
+        pre = self.pre["w_pre"].astype(np.float32)
+        return [Secret(n, self.indices[a:b], pre[a:b]) for n, a, b in self.blocks if b > a]
+
+    def tables(self) -> dict[str, list[dict]]:
+        """The matching report, one row per global tensor (an MLflow artifact)."""
+        return {"fedbaf_matching": [{"line": line} for line in self.report.splitlines()]}
+
     def mix(self, round_index: int, previous: np.ndarray, aggregated: np.ndarray) -> np.ndarray:
+        if self.params.variant == "weight_init":
+            return aggregated
         c = self.coefficient(round_index, previous, aggregated)
         if c == 0.0:
             return aggregated  # ψ = 0: the base algorithm, bit for bit (§7.2 inv. 1)

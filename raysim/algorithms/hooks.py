@@ -22,7 +22,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 from pydantic import Field
 
-from .base import ClientContext, Downlink, MethodParams, Stateful, Strategy, Update
+from .base import ClientContext, Downlink, MethodParams, Secret, Stateful, Strategy, Update
 from .context import ServerContext
 
 
@@ -43,7 +43,18 @@ class Mixer(Stateful):
         """The new global model from the previous one and the base strategy's result."""
         return aggregated
 
+    def initial(self, weights: np.ndarray) -> np.ndarray:
+        """The model clients first receive, given the base's initial one (default: it)."""
+        return weights
+
+    def secrets(self) -> list[Secret]:
+        """Server-private values that no payload to a client may carry (the leak auditor)."""
+        return []
+
     def metrics(self) -> dict[str, float]:
+        return {}
+
+    def tables(self) -> dict[str, list[dict[str, Any]]]:
         return {}
 
 
@@ -156,6 +167,10 @@ class ComposedStrategy(Strategy):
         self.base.setup(ctx)
         for m in self.mixers:
             m.setup(ctx)
+            self.base.weights = np.asarray(m.initial(self.base.weights), dtype=np.float32)
+
+    def secrets(self) -> list[Secret]:
+        return [s for m in self.mixers for s in m.secrets()]
 
     def _mixed(self, round_index: int, previous: np.ndarray, changed: bool) -> bool:
         if changed:
@@ -182,8 +197,11 @@ class ComposedStrategy(Strategy):
             out.update(m.metrics())
         return out
 
-    def tables(self) -> dict[str, list[dict[str, float]]]:
-        return self.base.tables()
+    def tables(self) -> dict[str, list[dict[str, Any]]]:
+        out = dict(self.base.tables())
+        for m in self.mixers:
+            out.update(m.tables())
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         return {"base": self.base.state_dict(), "mixers": [m.state_dict() for m in self.mixers]}

@@ -1,0 +1,56 @@
+"""The leak auditor: every payload the coordinator sends to clients is checked against the
+strategy's server-private values (``Strategy.secrets``), as fedbaf.md §6.3 asks, knowing no paper.
+
+A payload leaks a secret block when its values at the block's coordinates equal the secret's
+(``allclose``, rtol 1e-6), or when the block's bytes occur anywhere in the payload's bytes. A
+reachable reference cannot happen: private tensors refuse to be pickled (``PrivateTensors``), so
+a payload holding one fails to serialise before it leaves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from raysim.algorithms.base import Secret
+
+MIN_BYTES = 16  # shorter blocks match by chance too easily to count as a byte-substring leak
+
+
+class LeakError(RuntimeError):
+    """A payload to clients carries server-private values."""
+
+
+def _arrays(payload: Any) -> Iterable[np.ndarray]:
+    if isinstance(payload, np.ndarray):
+        yield payload
+    elif isinstance(payload, Mapping):
+        for v in payload.values():
+            yield from _arrays(v)
+    elif isinstance(payload, (list, tuple)):
+        for v in payload:
+            yield from _arrays(v)
+
+
+class LeakAuditor:
+    """Checks payloads against ``secrets``; a leak raises ``LeakError`` naming block and payload."""
+
+    def __init__(self, secrets: list[Secret], size: int) -> None:
+        self.secrets = [s for s in secrets if s.values.size and np.any(s.values != 0)]
+        self.size = size
+        self.checked = 0
+
+    def check(self, payload: Any, where: str) -> None:
+        for a in _arrays(payload):
+            self.checked += 1
+            raw = np.ascontiguousarray(a).tobytes()
+            for s in self.secrets:
+                if a.shape == (self.size,) and np.allclose(
+                    a[s.indices], s.values, rtol=1e-6, atol=0
+                ):
+                    raise LeakError(f"{where} carries the server-private {s.name} (allclose)")
+                block = np.ascontiguousarray(s.values, dtype=np.float32).tobytes()
+                if len(block) >= MIN_BYTES and block in raw:
+                    raise LeakError(f"{where} carries the server-private {s.name} (its bytes)")

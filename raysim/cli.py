@@ -569,6 +569,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from raysim.actors.audit import LeakError
     from raysim.api import CoordinatorLost
 
     args = build_parser().parse_args(argv)
@@ -578,6 +579,10 @@ def main(argv: list[str] | None = None) -> int:
         return error(str(e))
     except CoordinatorLost as e:  # the run is marked FAILED; the message says where it stopped
         errors.print(f"raysim: error: {e}", style="red", markup=False)
+        return 1
+    except LeakError as e:  # raised in the coordinator: Ray wraps it, its cause is the message
+        cause = getattr(e, "cause", None) or e
+        errors.print(f"raysim: error: stopped, {cause}", style="red", markup=False)
         return 1
 
 

@@ -337,3 +337,33 @@ def test_the_weight_init_baseline_trips_the_auditor(tmp_path):
     quiet.step()
     rows = quiet.strategy.tables()["fedbaf_matching"]
     assert rows[-1]["line"].startswith("4 tensors mixed")  # the MLP's 2 weights and 2 biases
+
+
+# --------------------------------------------------------------------------- on Ray
+@pytest.mark.slow
+def test_fedbaf_through_raysim_run_on_two_workers_with_the_auditor(
+    tmp_path, ray_cluster, mlflow_uri
+):
+    """The CI smoke: ``raysim run`` on Ray, 2 workers and one killed, the auditor on, ends on the
+    in-process digest; c_t and the matching report reach MLflow; the weight-init baseline fails
+    the run on its first broadcast."""
+    from mlflow.tracking import MlflowClient
+
+    import raysim
+
+    path = tmp_path / "pre.safetensors"
+    foundation_for(run_cfg({"name": "fedavg"}), path)
+    raw = audited({"name": "fedbaf", "base": "fedprox", "foundation": str(path)})
+    cfg = load_config({**raw.model_dump(mode="json"), "tracking": {"experiment": "fedbaf-smoke"}})
+    faults = ["faults.kill_worker.round=1", "faults.kill_worker.worker=1"]
+    res = raysim.run(cfg, ["workers.count=2", *faults])
+    assert res.weights_digest == finish(cfg).digest()
+    assert sum(h["worker_restarts"] for h in res.history) == 1
+    client = MlflowClient(mlflow_uri)
+    assert "fedbaf_c" in client.get_run(res.run_id).data.metrics
+    names = {a.path for a in client.list_artifacts(res.run_id, "strategy")}
+    assert "strategy/fedbaf_matching.csv" in names
+    from raysim.actors.audit import LeakError
+
+    with pytest.raises(LeakError, match="server-private"):  # Ray's wrapper is a LeakError too
+        raysim.run(cfg, ["algorithm.variant=weight_init", "workers.count=2"])

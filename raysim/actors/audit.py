@@ -16,7 +16,7 @@ import numpy as np
 
 from raysim.algorithms.base import Secret
 
-MIN_BYTES = 16  # shorter blocks match by chance too easily to count as a byte-substring leak
+MIN_BYTES = 64 * 4  # fedbaf.md §6.3: tensors of 64 float32 values or more
 
 
 class LeakError(RuntimeError):

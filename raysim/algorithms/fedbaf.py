@@ -41,6 +41,9 @@ class FedBaFParams(HookParams):
     exclude: list[str] = Field(default_factory=list, description="names never mixed (re.search)")
     tau_scope: Literal["all", "matched"] = Field("all", description="the norms' vector, §2.4 (c)")
     rng: Literal["seeded", "secure"] = Field("seeded", description="the u_t stream (§2.5)")
+    alpha_random: bool = Field(
+        True, description="false: u_t = 1.5 every round, a static α (§6.2's E0 control)"
+    )
     variant: Literal["mix", "weight_init"] = Field(
         "mix",
         description="mix: FedBaF; weight_init: the §3 baseline, w_0 = w_pre on matched layers, "
@@ -113,7 +116,7 @@ class FedBaF(Mixer):
         tau = r / math.sqrt(round_index + 1)
         if self.tau0 is None:
             self.tau0 = max(tau, TAU0_FLOOR)
-        u = float(self.stream.uniform(1.0, 2.0))
+        u = float(self.stream.uniform(1.0, 2.0)) if self.params.alpha_random else 1.5
         alpha = self.params.psi / self.tau0 * u
         c = alpha * tau
         self.last = {

@@ -33,9 +33,7 @@ def tau(previous: np.ndarray, aggregated: np.ndarray, t: int) -> float:
     return float(np.linalg.norm(ua - ub)) / math.sqrt(t + 1)
 
 
-def e2_two_rounds(
-    w1: np.ndarray, agg1: np.ndarray, w2: np.ndarray, agg2: np.ndarray
-) -> np.ndarray:
+def e2_two_rounds(w1: np.ndarray, agg1: np.ndarray, w2: np.ndarray, agg2: np.ndarray) -> np.ndarray:
     """ŵ_pre from two rounds: broadcasts w_{t+1}, w_{t+2}, aggregates w'_{t+1}, w'_{t+2}."""
     w1, agg1, w2, agg2 = _f64(w1, agg1, w2, agg2)
     u1, u2 = w1 - agg1, w2 - agg2

@@ -411,3 +411,21 @@ def test_full_collusion_recovers_the_foundation_exactly(tmp_path):
     guess = Closeness.of(e1_one_round(w1, agg1, c_guess=1.5), pre)  # one curious client
     alone = Closeness.of(w1, pre)
     assert guess.cosine > alone.cosine  # the broadcast alone is further from w_pre
+
+
+def test_the_auditor_finds_the_foundation_bytes_anywhere_in_a_payload():
+    """§6.3 (ii): a matched tensor's float32 bytes inside any payload array trip the auditor,
+    wherever they sit; the same values perturbed, or a block under 64 values, do not."""
+    from raysim.actors.audit import LeakAuditor, LeakError
+    from raysim.algorithms.base import Secret
+
+    rng = np.random.default_rng(7)
+    pre = rng.normal(size=100).astype(np.float32)
+    auditor = LeakAuditor([Secret("body.weight", np.arange(100), pre)], size=1000)
+    hidden = np.concatenate([rng.normal(size=37), pre, rng.normal(size=5)]).astype(np.float32)
+    with pytest.raises(LeakError, match="body.weight .its bytes"):
+        auditor.check([{"extra": hidden}], "a downlink")
+    auditor.check({"extra": hidden * np.float32(1.001)}, "a downlink")  # not the bytes
+    short = LeakAuditor([Secret("bias", np.arange(10), pre[:10])], size=1000)
+    short.check(hidden, "a downlink")
+    assert auditor.checked == 2 and short.checked == 1

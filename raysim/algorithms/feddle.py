@@ -251,10 +251,10 @@ class Feddle(Strategy):
             q.requires_grad_(False)
         return (x, y), ProbeTask(probe, head)
 
-    def _update_buffers(self, arrivals: list[Update]) -> bool:
+    def _update_buffers(self, arrivals: list[Update]) -> None:
         """Non-trainable buffers (BN statistics), outside the anchors (§3.1, A14)."""
         if not self.buffers.any() or not arrivals or self.params.bn_buffers == "freeze":
-            return False
+            return
         weights = self.weights.copy()
         if self.params.bn_buffers == "fallback_mean":
             mean = np.mean([u.delta[self.buffers] for u in arrivals], axis=0, dtype=np.float64)
@@ -264,7 +264,6 @@ class Feddle(Strategy):
             models = [u.local_weights[self.buffers] * (u.num_samples / total) for u in arrivals]
             weights[self.buffers] = np.sum(models, axis=0, dtype=np.float64).astype(np.float32)
         self.weights = weights
-        return True
 
     def metrics(self) -> dict[str, float]:
         return dict(self.last)

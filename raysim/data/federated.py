@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -232,25 +232,17 @@ def split_indices(n: int, test_fraction: float, seed: int) -> tuple[np.ndarray, 
 def _train_test(raw: RawData, cfg: DataConfig, seed: int) -> tuple[RawData, RawData]:
     """Split ``raw`` into train/test ``RawData`` (carving test only when the source has none)."""
     if raw.x_test is not None and raw.y_test is not None:
-        train = RawData(
-            raw.x,
-            raw.y,
-            raw.num_classes,
-            raw.is_text,
-            client_ids=raw.client_ids,
-            partition_labels=raw.partition_labels,
-        )
+        train = replace(raw, x_test=None, y_test=None)
         return train, RawData(raw.x_test, raw.y_test, raw.num_classes, raw.is_text)
     tr, te = split_indices(len(raw.y), cfg.test_fraction, seed)
 
-    def rows(a: np.ndarray | None) -> np.ndarray | None:
+    def rows(a: np.ndarray | None) -> np.ndarray | None:  # the per-train-row fields
         return None if a is None else a[tr]
 
-    train = RawData(
-        raw.x[tr],
-        raw.y[tr],
-        raw.num_classes,
-        raw.is_text,
+    train = replace(
+        raw,
+        x=raw.x[tr],
+        y=raw.y[tr],
         client_ids=rows(raw.client_ids),
         partition_labels=rows(raw.partition_labels),
     )

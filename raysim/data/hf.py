@@ -5,31 +5,38 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from pydantic import Field
 
 from raysim.data.builtin import RawData
 from raysim.schema import StrictModel
 
 
-class HFConfig(StrictModel):
-    """Options for ``DataConfig(name="hf", hf=HFConfig(...))``.
+class HFSource(StrictModel):
+    """Where a ``datasets`` dataset comes from and its label and client columns.
 
-    ``path``/``name``/``data_files`` go to ``datasets.load_dataset`` (or ``path`` to
-    ``datasets.load_from_disk`` when ``load_from_disk``). Exactly one of ``feature_columns``
-    (numeric, -> float32 features) and ``text_column`` (-> token ids) must be given.
-    ``test_split=None`` carves ``test_fraction`` out of the train split.
+    ``path``/``name``/``data_files``/``data_dir`` go to ``datasets.load_dataset`` (or ``path`` to
+    ``datasets.load_from_disk`` when ``load_from_disk``). ``test_split=None`` carves
+    ``data.test_fraction`` out of the train split.
     """
 
     path: str | None = None
     name: str | None = None
     data_files: str | list[str] | dict[str, str | list[str]] | None = None
-    train_split: str = "train"
-    test_split: str | None = None
-    feature_columns: list[str] | None = None
-    text_column: str | None = None
-    label_column: str = "label"
-    client_column: str | None = None
+    data_dir: str | None = None
     load_from_disk: bool = False
     cache_dir: str | None = None
+    train_split: str = "train"
+    test_split: str | None = None
+    label_column: str = "label"
+    client_column: str | None = Field(None, description="natural client ids")
+
+
+class HFConfig(HFSource):
+    """Options for ``DataConfig(name="hf", hf=HFConfig(...))``: exactly one of
+    ``feature_columns`` (numeric, -> float32 features) and ``text_column`` (-> token ids)."""
+
+    feature_columns: list[str] | None = None
+    text_column: str | None = None
 
     def check(self) -> None:
         """Raise ValueError if the options cannot describe a usable dataset."""
@@ -42,9 +49,9 @@ class HFConfig(StrictModel):
             )
 
 
-def load_split(cfg: Any, split: str) -> Any:
-    """One split of ``cfg`` (an ``HFConfig`` or ``HFImageConfig``): ``datasets.load_from_disk``
-    when ``cfg.load_from_disk``, else ``datasets.load_dataset``."""
+def load_split(cfg: HFSource, split: str) -> Any:
+    """One split of ``cfg``: ``datasets.load_from_disk`` when ``cfg.load_from_disk``, else
+    ``datasets.load_dataset``."""
     import datasets
 
     if cfg.load_from_disk:
@@ -60,7 +67,7 @@ def load_split(cfg: Any, split: str) -> Any:
         cfg.path,
         cfg.name,
         data_files=cfg.data_files,
-        data_dir=getattr(cfg, "data_dir", None),
+        data_dir=cfg.data_dir,
         split=split,
         cache_dir=cfg.cache_dir,
     )

@@ -24,8 +24,7 @@ import numpy as np
 from pydantic import Field
 
 from raysim.data.builtin import RawData
-from raysim.data.hf import client_ids, label_ids, load_split
-from raysim.schema import StrictModel
+from raysim.data.hf import HFSource, client_ids, label_ids, load_split
 
 Preset = Literal["cifar10", "cifar100_superclass", "fashion_mnist", "femnist", "celeba", "imagenet"]
 
@@ -61,25 +60,16 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-class HFImageConfig(StrictModel):
+class HFImageConfig(HFSource):
     """Options for ``DataConfig(name="hf_image", hf_image=HFImageConfig(...))`` and for an
-    ``hf_image`` OOD pool. ``test_split=None`` carves ``data.test_fraction`` out of train."""
+    ``hf_image`` OOD pool; a ``preset`` fills the fields the config leaves unset."""
 
     preset: Preset | None = None
-    path: str | None = None
-    name: str | None = None
-    data_files: str | list[str] | dict[str, str | list[str]] | None = None
-    data_dir: str | None = None
-    load_from_disk: bool = False
-    cache_dir: str | None = None
-    train_split: str = "train"
     test_split: str | None = "test"
     image_column: str = "image"
-    label_column: str = "label"
     partition_label_column: str | None = Field(
         None, description="partition over this column instead of the label (CIFAR-100 fine)"
     )
-    client_column: str | None = Field(None, description="natural client ids (LEAF)")
     keep_labels: int | None = Field(None, ge=1, description="keep only labels below this")
     size: int | None = Field(None, ge=1, description="resize images to size×size")
     channels: Literal[1, 3] | None = Field(None, description="1 = grayscale, 3 = RGB; None keeps")

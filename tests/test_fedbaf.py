@@ -18,6 +18,7 @@ from raysim.algorithms.private import PrivateStateError
 from raysim.config import load_config
 from raysim.models import DataSpec, build_handle
 from raysim.models.layout import SHARED, Layout
+from tests.conftest import tiny
 
 
 def mixer_on(tmp_path, pre: np.ndarray, **params) -> FedBaF:
@@ -191,18 +192,7 @@ def test_u_is_uniform_on_one_to_two(tmp_path):
 
 # --------------------------------------------------------------------------- inv. 1 on runs
 def run_cfg(algorithm, hooks=None):
-    return load_config(
-        {
-            "seed": 3,
-            "rounds": 4,
-            "clients": {"num": 20, "per_round": 5},
-            "data": {"name": "digits", "partition": {"kind": "dirichlet", "alpha": 0.5}},
-            "model": {"name": "mlp", "hidden": [16]},
-            "local": {"epochs": 1, "batch_size": 16, "lr": 0.1},
-            "algorithm": algorithm,
-            "hooks": {"server": hooks or []},
-        }
-    )
+    return load_config(tiny(algorithm=algorithm, hooks={"server": hooks or []}))
 
 
 def foundation_for(cfg, path, seed=123):

@@ -8,6 +8,7 @@ feddle.md §8.1 checked on those numbers, and curves read back from the MLflow s
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
@@ -251,13 +252,14 @@ class Report:
         return [*out, "", CAVEATS.strip()]
 
     # ------------------------------------------------------------------ MLflow
+    @functools.cached_property
     def client(self) -> Any:
         from mlflow.tracking import MlflowClient
 
         return MlflowClient(self.uri)
 
     def history(self, run_id: str, key: str) -> dict[int, float]:
-        return {h.step: h.value for h in self.client().get_metric_history(run_id, key)}
+        return {h.step: h.value for h in self.client.get_metric_history(run_id, key)}
 
     def largest_gap(self, one: str, other: str, cell: str) -> float:
         """The largest |accuracy difference| between two methods' runs of the same seed."""

@@ -453,4 +453,5 @@ def test_paper_scale_configs_validate_for_every_method_cell_and_ablation_row(pat
             assert cfg.algorithm.params.normalize == row["normalize"]
     cfg = load_config(raw)
     assert cfg.rounds == 200 and cfg.data.server.ood[0].size == 250_000
-    assert cfg.data.hf_image.resolved().path  # a preset names its hub id
+    assert cfg.data.hf_image.path  # a preset names its hub id
+    assert load_config(cfg.to_dict()) == cfg  # a preset survives a dump and reload

@@ -76,7 +76,7 @@ class DataConfig(StrictModel):
                 f"hf_image options only apply to name='hf_image', not name={self.name!r}"
             )
         natural_ids = (self.name == "hf" and self.hf.client_column) or (
-            self.name == "hf_image" and self.hf_image.resolved().client_column
+            self.name == "hf_image" and self.hf_image.client_column
         )
         if self.partition.kind == "natural" and not natural_ids:
             raise ValueError(

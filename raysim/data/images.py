@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from raysim.data.builtin import RawData
 from raysim.data.hf import HFSource, client_ids, label_ids, load_split
@@ -74,15 +74,17 @@ class HFImageConfig(HFSource):
     size: int | None = Field(None, ge=1, description="resize images to size×size")
     channels: Literal[1, 3] | None = Field(None, description="1 = grayscale, 3 = RGB; None keeps")
 
-    def resolved(self) -> HFImageConfig:
-        """The preset's values under the fields the config set itself."""
-        if self.preset is None:
-            return self
-        mine = {k: getattr(self, k) for k in self.model_fields_set}
-        return HFImageConfig.model_validate({**PRESETS[self.preset], **mine})
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, data: Any) -> Any:
+        """The preset's values fill the fields the config does not give (so a dumped and
+        reloaded config, which gives them all, stays the same)."""
+        if isinstance(data, dict) and data.get("preset") is not None:
+            return {**PRESETS[data["preset"]], **data}
+        return data
 
     def check(self) -> None:
-        if not self.resolved().path:
+        if not self.path:
             raise ValueError(
                 "data.name='hf_image' needs hf_image.preset or hf_image.path "
                 "(a hub id, a save_to_disk directory, or 'imagefolder' with data_dir)"
@@ -146,7 +148,6 @@ def _kept(y: np.ndarray, keep_labels: int | None) -> np.ndarray | None:
 
 def load_hf_image(cfg: HFImageConfig) -> RawData:
     """Load the train (and test) split of an image dataset into a ``RawData``."""
-    cfg = cfg.resolved()
     cfg.check()
     train = load_split(cfg, cfg.train_split)
     y = column(train, cfg.label_column)
@@ -185,7 +186,7 @@ def image_pool(
     is smaller), decoded at the clients' ``shape`` (C, H, W) so one model reads both (§5.2)."""
     if len(shape) != 3 or shape[1] != shape[2] or shape[0] not in (1, 3):
         raise ValueError(f"an hf_image OOD pool needs square (C, H, W) client images, not {shape}")
-    cfg = cfg.resolved().model_copy(update={"size": shape[1], "channels": shape[0]})
+    cfg = cfg.model_copy(update={"size": shape[1], "channels": shape[0]})
     cfg.check()
     ds = load_split(cfg, cfg.train_split)
     rows = np.sort(rng.permutation(len(ds))[:size]) if size < len(ds) else None

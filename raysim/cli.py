@@ -570,6 +570,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from raysim.actors.audit import LeakError
+    from raysim.actors.coordinator_actor import RunSetupError
     from raysim.api import CoordinatorLost
 
     args = build_parser().parse_args(argv)
@@ -580,9 +581,9 @@ def main(argv: list[str] | None = None) -> int:
     except CoordinatorLost as e:  # the run is marked FAILED; the message says where it stopped
         errors.print(f"raysim: error: {e}", style="red", markup=False)
         return 1
-    except LeakError as e:  # raised in the coordinator: Ray wraps it, its cause is the message
+    except (LeakError, RunSetupError) as e:  # raised in the coordinator; Ray wraps it
         cause = getattr(e, "cause", None) or e
-        errors.print(f"raysim: error: stopped, {cause}", style="red", markup=False)
+        errors.print(f"raysim: error: {cause}", style="red", markup=False)
         return 1
 
 

@@ -413,7 +413,7 @@ def test_the_auditor_finds_the_foundation_bytes_anywhere_in_a_payload():
     pre = rng.normal(size=100).astype(np.float32)
     auditor = LeakAuditor([Secret("body.weight", np.arange(100), pre)], size=1000)
     hidden = np.concatenate([rng.normal(size=37), pre, rng.normal(size=5)]).astype(np.float32)
-    with pytest.raises(LeakError, match="body.weight .its bytes"):
+    with pytest.raises(LeakError, match="body.weight's bytes"):
         auditor.check([{"extra": hidden}], "a downlink")
     auditor.check({"extra": hidden * np.float32(1.001)}, "a downlink")  # not the bytes
     short = LeakAuditor([Secret("bias", np.arange(10), pre[:10])], size=1000)

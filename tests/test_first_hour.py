@@ -341,3 +341,29 @@ def test_a_copied_project_reads_and_writes_its_own_artifacts(tmp_path, monkeypat
     assert open_store(f"sqlite:///{new / 'mlflow.db'}").get_run(run_id).info.artifact_uri == (
         run.info.artifact_uri
     )  # a second open changes nothing
+
+
+def test_data_that_cannot_load_fails_once_in_one_line(tmp_path):
+    """The coordinator's setup fails (here: an image set that is not on disk). The run stops at
+    once with one line naming the cause; the coordinator is not replaced four times over."""
+    missing = tmp_path / "no-such-dataset"
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [
+            *RAYSIM,
+            "run",
+            QUICKSTART,
+            f"data={{name: hf_image, hf_image: {{path: {missing}, load_from_disk: true}}}}",
+            f"tracking.uri=sqlite:///{tmp_path / 'm.db'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and "died" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("raysim: error: the run could not start: FileNotFoundError"), last
+    assert str(missing) in last
+    assert time.monotonic() - t0 < 120

@@ -57,6 +57,6 @@ class LeakAuditor:
                 if a.shape == (self.size,) and np.allclose(
                     a[s.indices], s.values, rtol=1e-6, atol=0
                 ):
-                    raise LeakError(f"{where} carries the server-private {s.name} (allclose)")
+                    raise LeakError(f"stopped: {where} carries the server-private {s.name}")
                 if pattern is not None and pattern in raw:
-                    raise LeakError(f"{where} carries the server-private {s.name} (its bytes)")
+                    raise LeakError(f"stopped: {where} carries the server-private {s.name}'s bytes")

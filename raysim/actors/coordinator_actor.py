@@ -21,6 +21,10 @@ from raysim.runtime import data_spec, server_context
 from raysim.tracking import NODE_TAG, SESSION_TAG, Tracker
 
 
+class RunSetupError(RuntimeError):
+    """The coordinator could not set the run up (raised by ``Coordinator.ready``)."""
+
+
 class Coordinator:
     """Owns the run; the single MLflow writer. Wrapped with ``ray.remote`` by the driver."""
 
@@ -34,7 +38,25 @@ class Coordinator:
         restarts: int = 0,
     ) -> None:
         """``session`` tags the MLflow run (the driver's ``SESSION_TAG``); ``restarts``: how many
-        coordinators of this run died before this one."""
+        coordinators of this run died before this one. An exception while setting up (data
+        that cannot be loaded, a missing file) is kept and raised by ``ready`` as a
+        ``RunSetupError``: a task error, which the driver reports once, where an actor dying in
+        its constructor would be replaced and fail the same way again."""
+        self._setup_error: RunSetupError | None = None
+        try:
+            self._setup(config, pool_size, tracking_uri, resume, session, restarts)
+        except Exception as e:  # noqa: BLE001 - reported by ready(), in one line
+            self._setup_error = RunSetupError(f"the run could not start: {type(e).__name__}: {e}")
+
+    def _setup(
+        self,
+        config: dict[str, Any],
+        pool_size: int,
+        tracking_uri: str | None,
+        resume: dict[str, Any] | None,
+        session: str | None,
+        restarts: int,
+    ) -> None:
         cfg = config_from_wire(config)
         self.cfg = cfg
         saved = None  # read before taking anything: a checkpoint that does not load fails here
@@ -103,6 +125,8 @@ class Coordinator:
         )
 
     def ready(self) -> dict[str, Any]:
+        if self._setup_error is not None:
+            raise self._setup_error
         return {
             "run_id": self.tracker.run_id if self.tracker else None,
             "rounds": self.cfg.rounds,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -71,6 +72,37 @@ def server_data(dataset: FederatedDataset) -> ServerData:
         for name, (x, y, c) in (getattr(dataset, "server_ood", None) or {}).items()
     }
     return ServerData(id_pool, ood)
+
+
+def run_dataset(cfg: RunConfig) -> Any:
+    """The run's dataset, with the evaluation sets its client behaviours add (a backdoor's
+    triggered inputs); built once, on the coordinator."""
+    from raysim.algorithms.hooks import BEHAVIOURS
+    from raysim.data import build_federated_dataset
+
+    dataset = build_federated_dataset(cfg.data, cfg.clients.num, cfg.seed)
+    extra: dict = {}
+    for name, params in cfg.client_hooks():
+        extra.update(BEHAVIOURS.get(name).build(params).eval_sets(dataset))
+    if extra:
+        if not isinstance(dataset, FederatedDataset):
+            raise ValueError(f"client behaviours adding {sorted(extra)} need a labelled dataset")
+        dataset.extra_eval = extra
+    return dataset
+
+
+def attacking_clients(cfg: RunConfig) -> list[dict[str, Any]]:
+    """Each client behaviour with the clients it applies to (None: all) and its rounds, as
+    fixed at setup (``attackers.json`` of the run)."""
+    from raysim.algorithms.hooks import BEHAVIOURS
+
+    rows = []
+    for name, params in cfg.client_hooks():
+        b = BEHAVIOURS.get(name).build(params)
+        b.setup(cfg.seed, cfg.clients.num)
+        members = None if b.members is None else sorted(b.members)
+        rows.append({"behaviour": name, "clients": members, "rounds": params.rounds})
+    return rows
 
 
 def server_context(cfg: RunConfig, dataset: FederatedDataset, layout: Layout) -> ServerContext:

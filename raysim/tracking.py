@@ -308,7 +308,7 @@ class Tracker:
             save_file(
                 {k: np.ascontiguousarray(v) for k, v in weights.items()}, d / "weights.safetensors"
             )
-            (d / "clients.csv").write_text(_csv(client_rows))
+            (d / "clients.csv").write_text(rows_csv(client_rows))
             if client_states:  # personal state (e.g. personal adapters), client-side only
                 flat = {
                     f"client{j}/{name}": np.ascontiguousarray(v)
@@ -323,7 +323,7 @@ class Tracker:
             if tables:
                 (d / "strategy").mkdir()
                 for name, rows in tables.items():
-                    (d / "strategy" / f"{name}.csv").write_text(_csv(rows))
+                    (d / "strategy" / f"{name}.csv").write_text(rows_csv(rows))
             self.client.log_artifacts(self.run_id, str(d))
         self.client.set_terminated(self.run_id, "FINISHED")
         self.ended = True
@@ -334,7 +334,7 @@ class Tracker:
         self.ended = True
 
 
-def _csv(rows: Sequence[Mapping[str, Any]]) -> str:
+def rows_csv(rows: Sequence[Mapping[str, Any]]) -> str:
     if not rows:
         return ""
     buf = io.StringIO()

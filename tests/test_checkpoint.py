@@ -202,7 +202,7 @@ def test_sync_fedavg_crash_then_cli_resume_continues_the_mlflow_run(ray_cluster,
     assert len(client.get_metric_history(run_id, "wall_time")) == 5
     csv_text = open(client.download_artifacts(run_id, "clients.csv")).read()
     # per-client counters cover the whole run
-    assert csv_text.splitlines() == tracking._csv(ref.clients).splitlines()
+    assert csv_text.splitlines() == tracking.rows_csv(ref.clients).splitlines()
 
     with pytest.raises(ResumeError, match="already FINISHED"):
         prepare_resume(run_id)

@@ -16,8 +16,7 @@ from raysim.actors.evaluation import evaluator_for
 from raysim.actors.pool import RayWorkerPool
 from raysim.algorithms.registry import get_method
 from raysim.config import config_from_wire, flatten
-from raysim.data import build_federated_dataset
-from raysim.runtime import data_spec, server_context
+from raysim.runtime import attacking_clients, data_spec, run_dataset, server_context
 from raysim.tracking import NODE_TAG, SESSION_TAG, Tracker
 
 
@@ -68,7 +67,7 @@ class Coordinator:
                 # the run at round 0 (every round is deterministic; the driver replays them)
                 if not resume.get("or_from_start"):
                     raise
-        dataset = build_federated_dataset(cfg.data, cfg.clients.num, cfg.seed)
+        dataset = run_dataset(cfg)
         self.dataset_ref = ray.put(dataset)  # held for the whole run: restarted workers re-read it
         self.pool = RayWorkerPool(
             cfg, self.dataset_ref, data_spec(dataset), pool_size, dataset.client_sizes()
@@ -119,6 +118,10 @@ class Coordinator:
                     self.tracker.run_id, "raysim.coordinator_restarts", str(restarts)
                 )
             self.tracker.log_placement(node, self.pool.describe())
+            if cfg.hooks.clients:
+                self.tracker.client.log_dict(
+                    self.tracker.run_id, attacking_clients(cfg), "attackers.json"
+                )
             self.core.tracker = self.tracker
         self.checkpointer = (
             checkpoint.Checkpointer(cfg, self.tracker) if cfg.checkpoint.every else None

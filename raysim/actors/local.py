@@ -11,8 +11,8 @@ from raysim.actors.evaluation import evaluator_for
 from raysim.actors.executor import InProcessExecutor
 from raysim.actors.worker import ClientRunner
 from raysim.config import RunConfig
-from raysim.data import FederatedDataset, build_federated_dataset
-from raysim.runtime import server_context
+from raysim.data import FederatedDataset
+from raysim.runtime import run_dataset, server_context
 
 
 def local_core(
@@ -20,7 +20,7 @@ def local_core(
 ) -> CoordinatorCore:
     """A core for ``cfg`` whose client jobs (and, when ``evaluate``, evaluation jobs) run lazily
     in this process."""
-    ds = dataset or build_federated_dataset(cfg.data, cfg.clients.num, cfg.seed)
+    ds = dataset or run_dataset(cfg)
     runner = ClientRunner(cfg, ds)
     executor = InProcessExecutor(runner)
     initial, layout = runner.initial_global()

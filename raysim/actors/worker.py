@@ -50,6 +50,8 @@ class ClientRunner:
         self.task = task_for(spec, next(self.model.module.parameters()).device)
         self.client_algorithm = self.method.client(self.cfg.algorithm.params)
         self.behaviours = [BEHAVIOURS.get(name).build(p) for name, p in self.cfg.client_hooks()]
+        for b in self.behaviours:
+            b.setup(self.cfg.seed, self.cfg.clients.num)
         self.jobs_run = 0
         self.busy_s = 0.0
         self._data: dict[int, Any] = {}
@@ -101,10 +103,12 @@ class ClientRunner:
             first_visit=job.state is None,
             seed=seed,
             downlink=downlink,
+            received=weights,
         )
         active = [b for b in self.behaviours if b.applies(job.client, job.dispatch_round)]
         for b in active:
             ctx.data = b.on_data(ctx, ctx.data)
+            ctx.config = b.on_local(ctx, ctx.config)
         metrics = self.client_algorithm.train(ctx)
         delta = self.model.get_global() - weights
         for b in active:

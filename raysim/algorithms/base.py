@@ -197,6 +197,8 @@ class ClientContext:
     downlink: Mapping[str, np.ndarray] = field(default_factory=dict)
     #: tensors this job sends up besides the delta (filled by ``upload``)
     uplink: dict[str, np.ndarray] = field(default_factory=dict)
+    #: the global weights this job received (what a curious client can record)
+    received: np.ndarray | None = None
 
     def upload(self, name: str, value: np.ndarray | torch.Tensor) -> None:
         """Send a named extra tensor up with this job's update (``Update.extras``)."""

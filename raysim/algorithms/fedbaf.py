@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 from pydantic import Field
@@ -29,6 +31,9 @@ from .base import Secret
 from .fedbaf_match import INTEGER_BUFFERS, MatchRule, match_layers, matching_report
 from .hooks import MIXERS, Hook, HookParams, Mixer
 from .private import PrivateTensors
+
+if TYPE_CHECKING:
+    from raysim.models.layout import Layout
 
 log = logging.getLogger("raysim")
 TAU0_FLOOR = 1e-12
@@ -69,6 +74,38 @@ def load_foundation(path: str | Path) -> dict[str, np.ndarray]:
     return load_file(str(p))
 
 
+@dataclass(frozen=True)
+class MatchedFoundation:
+    """The foundation on the global vector: the matched coordinates, their values (float64), one
+    (tensor name, start, end) block per matched tensor, the foundation tensors they came from,
+    and the matching report (§2.4)."""
+
+    indices: np.ndarray
+    values: np.ndarray
+    blocks: list[tuple[str, int, int]]
+    sources: tuple[str, ...]
+    report: str
+
+
+def matched_foundation(
+    layout: Layout, foundation: str | Path, match: MatchRule, exclude: Sequence[str] = ()
+) -> MatchedFoundation:
+    """Load the foundation weights and place them on ``layout`` by the layer matcher."""
+    weights = load_foundation(foundation)
+    shapes = {k: tuple(v.shape) for k, v in weights.items()}
+    matches, unmatched = match_layers(layout, shapes, match, list(exclude))
+    report = matching_report(matches, unmatched, layout)
+    idx = [m.global_indices(layout) for m in matches]
+    ends = np.cumsum([0, *(len(i) for i in idx)])
+    spans = zip(matches, ends[:-1], ends[1:], strict=True)
+    blocks = [(m.name, int(a), int(b)) for m, a, b in spans]
+    indices = np.concatenate(idx) if idx else np.zeros(0, np.int64)
+    values = [m.foundation_values(weights[m.foundation]) for m in matches]
+    pre = np.concatenate(values).astype(np.float64) if values else np.zeros(0)
+    sources = tuple(m.foundation for m in matches)
+    return MatchedFoundation(indices, pre, blocks, sources, report)
+
+
 def unit(x: np.ndarray) -> np.ndarray:
     n = float(np.linalg.norm(x))
     return x / n if n > 0 else np.zeros_like(x)
@@ -87,19 +124,10 @@ class FedBaF(Mixer):
     def setup(self, ctx) -> None:
         super().setup(ctx)
         p = self.params
-        weights = load_foundation(p.foundation)
-        shapes = {k: tuple(v.shape) for k, v in weights.items()}
-        matches, unmatched = match_layers(ctx.layout, shapes, p.match, p.exclude)
-        self.report = matching_report(matches, unmatched, ctx.layout)
+        found = matched_foundation(ctx.layout, p.foundation, p.match, p.exclude)
+        self.report, self.blocks, self.indices = found.report, found.blocks, found.indices
         log.info("FedBaF layer matching:\n%s", self.report)
-        idx = [m.global_indices(ctx.layout) for m in matches]
-        ends = np.cumsum([0, *(len(i) for i in idx)])
-        spans = zip(matches, ends[:-1], ends[1:], strict=True)
-        self.blocks = [(m.name, int(a), int(b)) for m, a, b in spans]
-        self.indices = np.concatenate(idx) if idx else np.zeros(0, np.int64)
-        values = [m.foundation_values(weights[m.foundation]) for m in matches]
-        pre = np.concatenate(values).astype(np.float64) if values else np.zeros(0)
-        self.pre = PrivateTensors({"w_pre": pre})
+        self.pre = PrivateTensors({"w_pre": found.values})
         if p.tau_scope == "matched":
             self.scope = self.indices
         else:  # every aggregated floating-point coordinate

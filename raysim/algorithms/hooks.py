@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from .base import ClientContext, Downlink, MethodParams, Secret, Stateful, Strategy, Update
 from .context import ServerContext
@@ -58,12 +58,35 @@ class Mixer(Stateful):
         return {}
 
 
+#: rng = default_rng([seed, ATTACKERS_TAG]) orders the clients; ζ·K first ones attack
+ATTACKERS_TAG = 0xA77A
+
+
+def chosen_clients(fraction: float, seed: int, num_clients: int) -> list[int]:
+    """The fixed set of ``round(fraction·K)`` clients drawn at setup from the run seed (fedbaf.md
+    §4.4). One order per seed, so the set at ζ = 0.1 lies inside the set at ζ = 0.2."""
+    order = np.random.default_rng([seed, ATTACKERS_TAG]).permutation(num_clients)
+    return sorted(int(j) for j in order[: round(fraction * num_clients)])
+
+
 class BehaviourParams(HookParams):
-    """Which jobs a client behaviour applies to: listed clients (None: all) in listed dispatch
-    rounds (None: all)."""
+    """Which jobs a client behaviour applies to: listed clients, or a fixed random fraction ζ of
+    them (None for both: all), in listed dispatch rounds (None: all)."""
 
     clients: list[int] | None = Field(None, description="client ids (None: every client)")
+    fraction: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="ζ: round(ζ·K) clients drawn once from the run seed (fedbaf.md §4.4)",
+    )
     rounds: list[int] | None = Field(None, description="dispatch rounds (None: every round)")
+
+    @model_validator(mode="after")
+    def _one_selector(self) -> BehaviourParams:
+        if self.clients is not None and self.fraction is not None:
+            raise ValueError("give clients or fraction, not both")
+        return self
 
 
 class ClientBehaviour:
@@ -73,12 +96,28 @@ class ClientBehaviour:
 
     def __init__(self, params: BehaviourParams) -> None:
         self.params = params
+        self.run_seed = 0
+        self.members: frozenset[int] | None = (
+            None if params.clients is None else frozenset(params.clients)
+        )
+
+    def setup(self, run_seed: int, num_clients: int) -> None:
+        """Called once per process before any job: fixes the attacking set from the run seed."""
+        self.run_seed = run_seed
+        if self.params.fraction is not None:
+            self.members = frozenset(chosen_clients(self.params.fraction, run_seed, num_clients))
 
     def applies(self, client: int, dispatch_round: int) -> bool:
         p = self.params
-        return (p.clients is None or client in p.clients) and (
+        if p.fraction is not None and self.members is None:
+            raise RuntimeError("a behaviour with a fraction needs setup() before it applies")
+        return (self.members is None or client in self.members) and (
             p.rounds is None or dispatch_round in p.rounds
         )
+
+    def on_local(self, ctx: ClientContext, config: Any) -> Any:
+        """The local-training settings of this job (default: unchanged; λ epoch scaling)."""
+        return config
 
     def on_data(self, ctx: ClientContext, data: Any) -> Any:
         """The data the client trains on (default: unchanged)."""
@@ -87,6 +126,11 @@ class ClientBehaviour:
     def on_update(self, ctx: ClientContext, delta: np.ndarray) -> np.ndarray:
         """The delta the client sends (default: unchanged)."""
         return delta
+
+    def eval_sets(self, dataset: Any) -> dict[str, Any]:
+        """Evaluation sets this behaviour adds to the run (e.g. triggered inputs for a backdoor's
+        attack success rate); built once on the coordinator."""
+        return {}
 
 
 T = TypeVar("T")

@@ -125,6 +125,8 @@ class FederatedDataset:
     server_id: tuple[np.ndarray, np.ndarray] | None = None
     #: OOD pools by name: (x, y, num_classes)
     server_ood: dict[str, tuple[np.ndarray, np.ndarray, int]] | None = None
+    #: further shared evaluation sets (e.g. a backdoor's triggered inputs), by name
+    extra_eval: dict[str, LabelledSet] | None = None
 
     @property
     def num_clients(self) -> int:
@@ -136,8 +138,9 @@ class FederatedDataset:
 
     @property
     def eval_sets(self) -> dict[str, LabelledSet]:
-        """What the workers evaluate on: the test split (minus any server split), shared."""
-        return {"test": LabelledSet(self.x_test, self.y_test)}
+        """What the workers evaluate on: the test split (minus any server split) and any extra
+        sets, shared."""
+        return {"test": LabelledSet(self.x_test, self.y_test), **(self.extra_eval or {})}
 
     def client_sizes(self) -> np.ndarray:
         """Number of train samples of every client, int64 ``(num_clients,)``."""

@@ -579,8 +579,9 @@ def get_backend(name: str) -> Backend:
 
 
 def total_optimizer_steps(n: int, cfg: LocalTrainingConfig) -> int:
-    """Optimizer steps of one local call: epochs × ⌈n / batch_size⌉."""
-    return cfg.epochs * math.ceil(n / cfg.batch_size)
+    """Optimizer steps of one local call: epochs × ⌈n / batch_size⌉, at most ``max_steps``."""
+    steps = cfg.epochs * math.ceil(n / cfg.batch_size)
+    return steps if cfg.max_steps is None else min(steps, cfg.max_steps)
 
 
 def micro_batches(index: torch.Tensor, cfg: LocalTrainingConfig) -> Iterator[torch.Tensor]:

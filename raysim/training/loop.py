@@ -38,6 +38,8 @@ class LocalTrainingConfig(StrictModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
     epochs: int = Field(1, ge=0)
+    #: stop after this many optimizer steps (a fraction of an epoch, fedbaf.md §4.4's E/λ)
+    max_steps: int | None = Field(None, ge=0)
     batch_size: int = Field(16, ge=1)  # the effective batch of one optimizer step
     lr: float = Field(0.05, gt=0)
     optimizer: Literal["sgd", "adam", "adamw"] = "sgd"
@@ -98,6 +100,8 @@ def train_local(
     total, steps = 0.0, 0
     try:
         for _ in range(cfg.epochs):
+            if steps == total_steps:
+                break
             for idx in minibatches(n, cfg.batch_size, generator):
                 parts = list(micro_batches(idx, cfg))
                 step_loss = 0.0
@@ -116,6 +120,8 @@ def train_local(
                 stepper.step()
                 total += step_loss / len(parts)
                 steps += 1
+                if steps == total_steps:
+                    break
     finally:
         stepper.finish()
     return {"train_loss": total / steps if steps else float("nan"), "local_steps": float(steps)}

@@ -494,6 +494,46 @@ def cmd_foundation(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_extract(args: argparse.Namespace) -> int:
+    from raysim.security.report import extract
+    from raysim.tracking import default_tracking_uri
+
+    uri = args.uri or default_tracking_uri()
+    noise = tuple(float(e) for e in args.noise.split(",")) if args.noise else None
+    try:
+        with console.status("replaying the observers' rounds and running E0/E1/E2"):
+            out = extract(args.run, uri, args.observations, args.foundation, noise, log=True)
+    except (ValueError, FileNotFoundError) as e:  # no such run, no observers, not FedBaF
+        return error(str(e))
+    table = Table(title="extraction of the foundation (matched layers)")
+    for col in ("attack", "estimates", "best rel. error", "median rel. error", "cosine", "CKA"):
+        table.add_column(col)
+    for key in sorted(
+        {
+            k.rsplit("_relative_error_min", 1)[0]
+            for k in out.summary
+            if k.endswith("_relative_error_min")
+        }
+    ):
+        s = out.summary
+        table.add_row(
+            key.replace("_", " "),
+            f"{s[f'{key}_count']:.0f}",
+            f"{s[f'{key}_relative_error_min']:.3g}",
+            f"{s[f'{key}_relative_error_median']:.3g}",
+            f"{s[f'{key}_cosine_best']:.6f}",
+            f"{s.get(f'{key}_cka_best', float('nan')):.4f}",
+        )
+    console.print(table)
+    if out.noise:
+        console.print(
+            "noise sweep (source-task accuracy): "
+            + ", ".join(f"e={r['error_rate']:g} {r['accuracy']:.3f}" for r in out.noise)
+        )
+    console.print(f"logged as MLflow run {out.run_id} (extraction.csv, extraction.png)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="raysim",
@@ -565,6 +605,28 @@ def build_parser() -> argparse.ArgumentParser:
         "--families", default=None, help="comma-separated corpus families (default: all five)"
     )
     p.set_defaults(func=cmd_foundation)
+    p = sub.add_parser(
+        "extract",
+        help="FedBaF's extraction harness (E0/E1/E2, fedbaf.md §6) against a run with observers",
+    )
+    p.add_argument("run", help="the attacked run: an MLflow run id or its config YAML")
+    p.add_argument(
+        "--observations", default=None, help="the observers' records (default: the run's dir)"
+    )
+    p.add_argument(
+        "--foundation", default=None, help="the true foundation (default: the run's; scoring only)"
+    )
+    p.add_argument(
+        "--noise",
+        default=None,
+        metavar="E,E,...",
+        help="Fig. 8's sweep over error rates, e.g. 0,0.1,0.25,0.5,1,1.27,2 (a raysim pretrain "
+        "foundation, whose source task is known)",
+    )
+    p.add_argument(
+        "--uri", default=None, help="tracking URI (default: $MLFLOW_TRACKING_URI or ./mlflow.db)"
+    )
+    p.set_defaults(func=cmd_extract)
     return parser
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import difflib
 import functools
 import json
+import math
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -40,6 +41,26 @@ class ConfigError(ValueError):
 class ClientsConfig(StrictModel):
     num: int = Field(100, ge=1, description="J, the number of virtual clients")
     per_round: int = Field(10, ge=1, description="S, clients dispatched per round")
+    fraction: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="C: per_round = max(⌊C·num⌋, 1) (fedbaf.md §7.2 inv. 9); not with per_round",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _per_round_from_fraction(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and data.get("fraction") is not None:
+            data = dict(data)
+            derived = max(math.floor(float(data["fraction"]) * int(data.get("num", 100))), 1)
+            if "per_round" in data and data["per_round"] != derived:
+                raise ValueError(
+                    f"clients.fraction {data['fraction']} gives per_round {derived}; "
+                    f"per_round {data['per_round']} contradicts it (give one of them)"
+                )
+            data["per_round"] = derived
+        return data
 
 
 def _split_named(data: Any, lookup: Callable[[str], Any], what: str, section: str) -> Any:

@@ -419,3 +419,55 @@ def test_the_auditor_finds_the_foundation_bytes_anywhere_in_a_payload():
     short = LeakAuditor([Secret("bias", np.arange(10), pre[:10])], size=1000)
     short.check(hidden, "a downlink")
     assert auditor.checked == 2 and short.checked == 1
+
+
+# --------------------------------------------------------------------------- inv. 9, inv. 14
+def test_sampling_takes_max_floor_c_k_distinct_clients_and_weights_sum_to_one():
+    """§7.2 inv. 9: m = max(⌊C·K⌋, 1) distinct clients a round; p_k = n_k / Σ n sums to 1 and is
+    the plain mean for equal n_k."""
+    from raysim.algorithms.fedavg import FedAvg
+    from raysim.algorithms.registry import get_method
+    from tests.test_interface import upd
+
+    assert load_config(tiny(clients={"num": 10, "fraction": 0.05})).clients.per_round == 1
+    cfg = load_config(tiny(rounds=5, clients={"num": 20, "fraction": 0.33}))
+    assert cfg.clients.per_round == 6
+    with pytest.raises(ValueError, match="contradicts"):
+        load_config(tiny(clients={"num": 20, "fraction": 0.33, "per_round": 5}))
+    core = local_core(cfg)
+    by_round: dict[int, list[int]] = {}
+    orig = core.strategy.on_arrival
+    core.strategy.on_arrival = lambda u: (
+        by_round.setdefault(u.dispatch_round, []).append(u.client_id),
+        orig(u),
+    )[1]
+    while not core.done:
+        core.step()
+    assert [len(set(c)) for c in by_round.values()] == [6] * 5
+    assert all(len(c) == 6 for c in by_round.values())
+    fedavg = FedAvg(get_method("fedavg").params(), np.zeros(3, np.float32), 4)
+    deltas = [np.array([1.0, 2.0, 3.0]), np.array([3.0, 0.0, -1.0]), np.array([2.0, 2.0, 2.0])]
+    for k, d in enumerate(deltas):
+        fedavg.on_arrival(upd(k, d, n=7))
+    np.testing.assert_allclose(fedavg.round_delta(), np.mean(deltas, axis=0), rtol=1e-6)
+    fedavg.pending = [upd(0, deltas[0], n=1), upd(1, deltas[1], n=3)]
+    np.testing.assert_allclose(fedavg.round_delta(), 0.25 * deltas[0] + 0.75 * deltas[1])
+
+
+def test_a_bf16_model_is_mixed_in_fp32_and_stays_within_bf16_rounding(tmp_path):
+    """§7.2 inv. 14: the mix of a bf16 model's weights runs in wider precision; the result, cast
+    back to bf16, differs from an fp64 reference by at most bf16's rounding (half an ulp)."""
+    rng = np.random.default_rng(8)
+    d = 4096
+    pre = torch.tensor(rng.normal(size=d)).to(torch.bfloat16)
+    m = mixer_on(tmp_path, pre.float().numpy())
+    w = torch.tensor(rng.normal(size=d)).to(torch.bfloat16)
+    agg = torch.tensor(rng.normal(size=d)).to(torch.bfloat16)
+    mixed = m.mix(0, w.float().numpy(), agg.float().numpy())  # what the handle hands the server
+    out = torch.from_numpy(mixed).to(torch.bfloat16)  # what set_global writes into the model
+    assert out.dtype == torch.bfloat16
+    c = m.last["fedbaf_c"]
+    ref = (agg.double() + c * pre.double()) / (1 + c)
+    ulp = torch.finfo(torch.bfloat16).eps * ref.abs().clamp_min(torch.finfo(torch.bfloat16).tiny)
+    assert torch.all((out.double() - ref).abs() <= ulp / 2 + 1e-12 + ref.abs() * 2**-24)
+    assert not torch.equal(out, agg)  # the foundation did move it

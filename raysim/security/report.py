@@ -69,6 +69,9 @@ def resolve_run(ref: str, tracking_uri: str) -> tuple[RunConfig, str | None]:
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
+    store = tracking_uri.removeprefix("sqlite:///")
+    if tracking_uri.startswith("sqlite:///") and not Path(store).exists():
+        raise ValueError(f"no run {ref!r}: the store {tracking_uri} does not exist")
     client = MlflowClient(tracking_uri=tracking_uri)
     try:
         client.get_run(ref)

@@ -30,6 +30,8 @@ class RawData:
     y_test: np.ndarray | None = None
     client_ids: np.ndarray | None = None
     partition_labels: np.ndarray | None = None
+    #: set for data that is already token ids (a language model's sequences): the vocabulary
+    token_vocab: int | None = None
 
 
 def load_digits() -> RawData:

@@ -11,6 +11,7 @@ from pydantic import Field, model_validator
 from raysim.data.builtin import BUILTIN_LOADERS, RawData
 from raysim.data.hf import HFConfig, load_hf
 from raysim.data.images import HFImageConfig, image_pool, load_hf_image
+from raysim.data.markov import MarkovConfig, load_markov
 from raysim.data.partition import PartitionConfig, pack, partition
 from raysim.data.server import (
     SERVER_OOD_TAG,
@@ -38,7 +39,9 @@ class DataConfig(StrictModel):
     ``hf_image`` options to image sets (``name='hf_image'``, feddle.md §5.2), ``text`` options to
     the instruction-tuning sets ``flan_mini``/``flan`` (fedoa spec §4)."""
 
-    name: Literal["digits", "mnist1d", "bbc_news", "hf", "hf_image", "flan_mini", "flan"] = "digits"
+    name: Literal[
+        "digits", "mnist1d", "bbc_news", "hf", "hf_image", "flan_mini", "flan", "markov"
+    ] = "digits"
     test_fraction: float = Field(0.2, gt=0, lt=1)
     partition: PartitionConfig = Field(default_factory=PartitionConfig)
     vocab_size: int = Field(5000, ge=3)  # text: embedding rows incl. pad (0) and unk (1)
@@ -47,6 +50,7 @@ class DataConfig(StrictModel):
     hf_image: HFImageConfig = Field(default_factory=HFImageConfig)
     text: TextTaskConfig = Field(default_factory=TextTaskConfig)
     server: ServerDataConfig = Field(default_factory=ServerDataConfig)
+    markov: MarkovConfig = Field(default_factory=MarkovConfig)
 
     @model_validator(mode="after")
     def _check(self) -> DataConfig:
@@ -75,6 +79,8 @@ class DataConfig(StrictModel):
             raise ValueError(
                 f"hf_image options only apply to name='hf_image', not name={self.name!r}"
             )
+        if self.name != "markov" and self.markov != MarkovConfig():
+            raise ValueError(f"markov options only apply to name='markov', not name={self.name!r}")
         natural_ids = (self.name == "hf" and self.hf.client_column) or (
             self.name == "hf_image" and self.hf_image.client_column
         )
@@ -220,6 +226,8 @@ def load_raw(cfg: DataConfig) -> RawData:
         return load_hf(cfg.hf)
     if cfg.name == "hf_image":
         return load_hf_image(cfg.hf_image)
+    if cfg.name == "markov":
+        return load_markov(cfg.markov)
     return BUILTIN_LOADERS[cfg.name]()
 
 
@@ -276,6 +284,9 @@ def build_federated_dataset(
         vocab = build_vocab(train.x, cfg.vocab_size)
         x_train, x_test = (encode(d.x, vocab, cfg.max_tokens) for d in (train, test))
         vocab_size, kind = len(vocab) + 2, "tokens"
+    elif raw.token_vocab is not None:  # already token ids (sequences; targets per position)
+        x_train, x_test = (np.ascontiguousarray(d.x, dtype=np.int64) for d in (train, test))
+        vocab_size, kind = raw.token_vocab, "tokens"
     else:
         x_train, x_test = (np.ascontiguousarray(d.x, dtype=np.float32) for d in (train, test))
         kind = "dense"

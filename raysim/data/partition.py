@@ -18,7 +18,7 @@ MAX_DIRICHLET_DRAWS = 1000
 class PartitionConfig(StrictModel):
     """How the training set is split among clients."""
 
-    kind: Literal["iid", "dirichlet", "shards", "natural"] = "dirichlet"
+    kind: Literal["iid", "dirichlet", "shards", "natural", "contiguous"] = "dirichlet"
     alpha: float = Field(0.3, gt=0)  # dirichlet concentration over labels
     shards_per_client: int = Field(2, ge=1)  # shards partition (McMahan et al. 2017)
     min_size: int = Field(1, ge=0)  # dirichlet: redraw until every client has >= min_size
@@ -46,6 +46,13 @@ def iid(n: int, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
     """Shuffle ``range(n)`` and cut it into ``num_clients`` parts whose sizes differ by <= 1."""
     _check_clients(n, num_clients)
     return _sorted_parts(np.array_split(rng.permutation(n), num_clients))
+
+
+def contiguous(n: int, num_clients: int) -> list[np.ndarray]:
+    """Consecutive blocks in data order, sizes differing by <= 1 (a corpus's sequential grouping,
+    fedbaf.md §4.2)."""
+    _check_clients(n, num_clients)
+    return _sorted_parts(np.array_split(np.arange(n), num_clients))
 
 
 def _dirichlet_draw(
@@ -141,6 +148,8 @@ def partition(
         return dirichlet(labels, num_clients, cfg.alpha, rng, cfg.min_size)
     if cfg.kind == "shards":
         return shards(labels, num_clients, cfg.shards_per_client, rng)
+    if cfg.kind == "contiguous":
+        return contiguous(len(labels), num_clients)
     if ids is None:
         raise ValueError("natural partition needs per-sample client ids (hf.client_column)")
     parts = natural(ids)

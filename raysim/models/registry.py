@@ -78,6 +78,15 @@ class ViTShape(StrictModel):
     intermediate_size: int = Field(3072, ge=8)
 
 
+class TransformerLMShape(StrictModel):
+    """``transformer_lm`` (PyTorch's word_language_model Transformer: sinusoidal positions, a
+    causal encoder, an untied decoder); d_model is ``embed_dim``, dropout ``dropout``."""
+
+    layers: int = Field(2, ge=1)
+    heads: int = Field(2, ge=1)
+    ffn: int = Field(128, ge=1, description="the feed-forward width")
+
+
 class ModelConfig(StrictModel):
     """Which model to build; unused fields are ignored by builders that do not need them."""
 
@@ -97,6 +106,8 @@ class ModelConfig(StrictModel):
     image: ImageSettings = Field(default_factory=ImageSettings)
     resnet: ResNetShape = Field(default_factory=ResNetShape)
     vit: ViTShape = Field(default_factory=ViTShape)
+    # next-token models on pre-tokenized sequences (fedbaf.md §4.1, §8.1)
+    transformer: TransformerLMShape = Field(default_factory=TransformerLMShape)
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str = Field("auto", description="auto (cuda if visible, else cpu), cpu, cuda")
 

@@ -1,4 +1,5 @@
-"""Small models for the offline datasets: MLP, CNN (1-D or 2-D), bag of embeddings."""
+"""Small models for the offline datasets: MLP, CNN (1-D or 2-D), bag of embeddings, and a
+Transformer language model on token sequences."""
 
 from __future__ import annotations
 
@@ -89,3 +90,39 @@ def build_bag_of_embeddings(cfg: ModelConfig, spec: DataSpec) -> nn.Module:
     if spec.input_kind != "tokens" or not spec.vocab_size:
         raise ValueError("model 'bag_of_embeddings' needs token inputs (e.g. data.name=bbc_news)")
     return BagOfEmbeddings(spec.vocab_size, cfg.embed_dim, cfg.hidden, spec.num_classes)
+
+
+class TransformerLM(nn.Module):
+    """Token ids ``(N, L)`` → next-token logits ``(N, V, L)`` (class dimension second, so the
+    classification loss and accuracy apply per position)."""
+
+    def __init__(self, vocab: int, d: int, layers: int, heads: int, ffn: int, dropout: float):
+        super().__init__()
+        self.d = d
+        self.embedding = nn.Embedding(vocab, d)
+        layer = nn.TransformerEncoderLayer(d, heads, ffn, dropout, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.decoder = nn.Linear(d, vocab)
+
+    def positions(self, length: int, device: torch.device) -> torch.Tensor:
+        pos = torch.arange(length, device=device, dtype=torch.float32)[:, None]
+        freq = torch.exp(torch.arange(0, self.d, 2, device=device) * (-math.log(1e4) / self.d))
+        pe = torch.zeros(length, self.d, device=device)
+        pe[:, 0::2] = torch.sin(pos * freq)
+        pe[:, 1::2] = torch.cos(pos * freq[: self.d // 2])
+        return pe
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        length = tokens.shape[1]
+        x = self.embedding(tokens) * math.sqrt(self.d) + self.positions(length, tokens.device)
+        mask = nn.Transformer.generate_square_subsequent_mask(length, device=tokens.device)
+        h = self.encoder(x, mask=mask, is_causal=True)
+        return self.decoder(h).transpose(1, 2)
+
+
+@register_model("transformer_lm")
+def build_transformer_lm(cfg: ModelConfig, spec: DataSpec) -> nn.Module:
+    if spec.input_kind != "tokens" or not spec.vocab_size:
+        raise ValueError("model 'transformer_lm' needs token sequences (e.g. data.name=markov)")
+    t = cfg.transformer
+    return TransformerLM(spec.vocab_size, cfg.embed_dim, t.layers, t.heads, t.ffn, cfg.dropout)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
@@ -142,5 +143,8 @@ def evaluate(
         logits = model(x)
         loss += float(loss_fn(logits, y))
         correct += int((logits.argmax(dim=1) == y).sum())
-    n = max(len(targets), 1)
-    return {"accuracy": correct / n, "loss": loss / n}
+    n = max(targets.numel(), 1)  # per position for sequence targets (N, L)
+    out = {"accuracy": correct / n, "loss": loss / n}
+    if targets.ndim > 1:  # next-token prediction: exp(mean token NLL), fedbaf.md §4.5
+        out["perplexity"] = math.exp(min(out["loss"], 50.0))
+    return out

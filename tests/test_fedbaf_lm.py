@@ -89,3 +89,23 @@ def test_fedbaf_runs_on_the_lm_proxy_and_logs_perplexity(tmp_path):
     assert history[-1]["loss"] < history[0]["loss"] < math.log(250) + 0.5
     assert 1 <= history[0]["fedbaf_c"] <= 2
     assert history[-1]["perplexity"] == pytest.approx(math.exp(history[-1]["loss"]))
+
+
+def test_noise_has_the_asked_norm_and_the_sweep_degrades_the_source_task(tmp_path):
+    from raysim.algorithms.fedbaf import matched_foundation
+    from raysim.security.noise import noise_sweep, noisy
+
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(40, 30)).astype(np.float32)
+    for mode in ("rms", "magnitude"):
+        out = noisy(w, 0.5, mode, rng)
+        assert np.linalg.norm(out - w) / np.linalg.norm(w) == pytest.approx(0.5, rel=1e-5)
+    pre = MarkovPretrainConfig(
+        markov=MarkovConfig(corpus="foundation", **SMALL), epochs=4, batch_size=8
+    )
+    meta = pretrain_markov(pre, tmp_path)
+    fl = build_handle(ModelConfig(name="transformer_lm"), DataSpec("tokens", (32,), 250, 250))
+    truth = matched_foundation(fl.layout(), tmp_path, "exact")
+    rows = noise_sweep(tmp_path, truth, [0.0, 2.0], seed=0, modes=["rms"])
+    assert rows[0]["accuracy"] == pytest.approx(meta["heldout_accuracy"])
+    assert rows[1]["loss"] > rows[0]["loss"] + 0.5

@@ -116,7 +116,7 @@ def extract(
     rounds = read_observations(observations or observer_dir(cfg))
     aggregates = rebuild_aggregates(cfg, rounds)
     probe = None
-    if hasattr(dataset, "x_test") and dataset.input_kind == "dense":
+    if hasattr(dataset, "x_test"):  # a labelled dataset (not an instruction-tuning one)
         probe = FeatureProbe(handle, dataset.x_test[:PROBE_ROWS])
 
     def local_loss(client: int, weights: np.ndarray) -> float:

@@ -22,6 +22,7 @@ from raysim.data.server import (
     subsample,
 )
 from raysim.data.text import build_vocab, encode
+from raysim.data.text_lm import HFTextLMConfig, load_text_lm
 from raysim.data.text_tasks import (
     TEXT_TASK_DATASETS,
     TextTaskConfig,
@@ -40,7 +41,7 @@ class DataConfig(StrictModel):
     the instruction-tuning sets ``flan_mini``/``flan`` (fedoa spec §4)."""
 
     name: Literal[
-        "digits", "mnist1d", "bbc_news", "hf", "hf_image", "flan_mini", "flan", "markov"
+        "digits", "mnist1d", "bbc_news", "hf", "hf_image", "flan_mini", "flan", "markov", "hf_lm"
     ] = "digits"
     test_fraction: float = Field(0.2, gt=0, lt=1)
     partition: PartitionConfig = Field(default_factory=PartitionConfig)
@@ -51,6 +52,7 @@ class DataConfig(StrictModel):
     text: TextTaskConfig = Field(default_factory=TextTaskConfig)
     server: ServerDataConfig = Field(default_factory=ServerDataConfig)
     markov: MarkovConfig = Field(default_factory=MarkovConfig)
+    hf_lm: HFTextLMConfig = Field(default_factory=HFTextLMConfig)
 
     @model_validator(mode="after")
     def _check(self) -> DataConfig:
@@ -79,6 +81,10 @@ class DataConfig(StrictModel):
             raise ValueError(
                 f"hf_image options only apply to name='hf_image', not name={self.name!r}"
             )
+        if self.name == "hf_lm":
+            self.hf_lm.check()
+        elif self.hf_lm != HFTextLMConfig():
+            raise ValueError(f"hf_lm options only apply to name='hf_lm', not name={self.name!r}")
         if self.name != "markov" and self.markov != MarkovConfig():
             raise ValueError(f"markov options only apply to name='markov', not name={self.name!r}")
         natural_ids = (self.name == "hf" and self.hf.client_column) or (
@@ -217,6 +223,8 @@ def _dataset_name(cfg: DataConfig) -> str:
     if cfg.name == "hf_image":
         image = cfg.hf_image
         return f"hf_image:{image.preset or image.path}"
+    if cfg.name == "hf_lm":
+        return f"hf_lm:{cfg.hf_lm.preset or cfg.hf_lm.path}"
     return cfg.name
 
 
@@ -228,6 +236,8 @@ def load_raw(cfg: DataConfig) -> RawData:
         return load_hf_image(cfg.hf_image)
     if cfg.name == "markov":
         return load_markov(cfg.markov)
+    if cfg.name == "hf_lm":
+        return load_text_lm(cfg.hf_lm)
     return BUILTIN_LOADERS[cfg.name]()
 
 

@@ -26,7 +26,15 @@ from pydantic import Field, model_validator
 from raysim.data.builtin import RawData
 from raysim.data.hf import HFSource, client_ids, label_ids, load_split
 
-Preset = Literal["cifar10", "cifar100_superclass", "fashion_mnist", "femnist", "celeba", "imagenet"]
+Preset = Literal[
+    "cifar10",
+    "cifar100_superclass",
+    "fashion_mnist",
+    "femnist",
+    "celeba",
+    "imagenet",
+    "tiny_imagenet",
+]
 
 CHUNK = 512  # images decoded at a time
 
@@ -57,6 +65,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "channels": 3,
     },
     "imagenet": {"path": "ILSVRC/imagenet-1k", "test_split": None, "channels": 3},
+    # FedBaF's foundation data (fedbaf.md §4.1): 200 classes of 64×64 images, "valid" as test
+    "tiny_imagenet": {"path": "zh-plus/tiny-imagenet", "test_split": "valid", "channels": 3},
 }
 
 

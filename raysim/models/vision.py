@@ -63,8 +63,9 @@ class ImageInput(nn.Module):
         if self.size is not None and x.shape[-2:] != (self.size, self.size):
             x = F.interpolate(x, size=(self.size, self.size), mode="bilinear", align_corners=False)
         x = (x - self.mean) / self.std
-        out = self.classifier(pixel_values=x)
-        return out.logits
+        if isinstance(self.classifier, PreActResNet):
+            return self.classifier(x)
+        return self.classifier(pixel_values=x).logits
 
 
 def image_shape(shape: tuple[int, ...]) -> tuple[int, int, int]:
@@ -128,6 +129,71 @@ def vit_lora_settings(cfg: ModelConfig) -> dict[str, Any]:
         lora = cfg.lora
         return {"r": lora.r, "alpha": lora.alpha, "dropout": lora.dropout, "targets": lora.targets}
     return dict(VIT_LORA)
+
+
+class PreActBlock(nn.Module):
+    """He et al. 2016's pre-activation basic block: BN-ReLU-conv, BN-ReLU-conv, plus shortcut."""
+
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.bn1 = nn.BatchNorm2d(cin)
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.shortcut = (
+            nn.Conv2d(cin, cout, 1, stride, bias=False) if stride != 1 or cin != cout else None
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.bn1(x))
+        skip = self.shortcut(out) if self.shortcut is not None else x
+        out = self.conv1(out)
+        out = self.conv2(F.relu(self.bn2(out)))
+        return out + skip
+
+
+class PreActResNet(nn.Module):
+    """Pre-activation ResNet with the CIFAR stem (3×3 conv, no max-pool): PreAct-ResNet-18 at the
+    default ``depths`` [2, 2, 2, 2] and widths [64, 128, 256, 512] (fedbaf.md §4.1 placeholder)."""
+
+    def __init__(self, channels: int, depths: list[int], widths: list[int], classes: int) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(channels, widths[0], 3, 1, 1, bias=False)
+        blocks: list[nn.Module] = []
+        cin = widths[0]
+        for i, (depth, width) in enumerate(zip(depths, widths, strict=True)):
+            for j in range(depth):
+                blocks.append(PreActBlock(cin, width, 2 if i > 0 and j == 0 else 1))
+                cin = width
+        self.blocks = nn.Sequential(*blocks)
+        self.bn = nn.BatchNorm2d(cin)
+        self.classifier = nn.Linear(cin, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.bn(self.blocks(self.stem(x))))
+        return self.classifier(F.adaptive_avg_pool2d(out, 1).flatten(1))
+
+
+@register_model("preact_resnet")
+def build_preact_resnet(cfg: ModelConfig, spec: DataSpec) -> nn.Module:
+    """PreAct-ResNet (default 18) from ``model.resnet``'s depths and widths; inputs at their own
+    size unless ``image.size`` resizes them."""
+    _check(spec, "preact_resnet")
+    r = cfg.resnet
+    net = PreActResNet(cfg.image.channels, r.depths, r.hidden_sizes, spec.num_classes)
+    return ImageInput(net, spec.feature_shape, cfg.image, _normalize(cfg))
+
+
+@register_model("vit")
+def build_vit(cfg: ModelConfig, spec: DataSpec) -> nn.Module:
+    """ViT (default ViT-B/16), every tensor trained (fedbaf.md §4.1: torchvision's ViT-B/16
+    unchanged except for the head), or pretrained from ``model.path`` with a new head."""
+    from transformers import ViTConfig, ViTForImageClassification
+
+    _check(spec, "vit")
+    size = cfg.image.size or image_shape(spec.feature_shape)[1]
+    net = _network(ViTForImageClassification, ViTConfig, cfg, spec, cfg.vit, image_size=size)
+    return ImageInput(net, spec.feature_shape, cfg.image, _normalize(cfg))
 
 
 @register_model("vit_lora")

@@ -494,6 +494,55 @@ def cmd_foundation(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pretrain_digits(args: argparse.Namespace, report: Any) -> dict:
+    from raysim.models.pretrain_digits import DigitsPretrainConfig, pretrain_digits
+
+    overrides: dict[str, Any] = {"seed": args.seed}
+    if args.epochs is not None:
+        overrides["epochs"] = args.epochs
+    if args.samples is not None:
+        overrides["samples"] = args.samples
+    return pretrain_digits(DigitsPretrainConfig(**overrides), args.out, report)
+
+
+def _pretrain_markov(args: argparse.Namespace, report: Any) -> dict:
+    from raysim.models.pretrain_markov import MarkovPretrainConfig, pretrain_markov
+
+    overrides: dict[str, Any] = {"seed": args.seed}
+    if args.epochs is not None:
+        overrides["epochs"] = args.epochs
+    return pretrain_markov(MarkovPretrainConfig(**overrides), args.out, report)
+
+
+def cmd_pretrain(args: argparse.Namespace) -> int:
+    """The small foundation models of fedbaf.md §8.1, offline: ``digits`` (the 20-class flipped
+    digit task) or ``markov`` (chain A's language model)."""
+    build = {"digits": _pretrain_digits, "markov": _pretrain_markov}[args.task]
+    with Progress(
+        TextColumn(f"[bold]pre-training {args.task}"),
+        MofNCompleteColumn(),
+        BarColumn(),
+        TextColumn("loss {task.fields[loss]:.3f}"),
+        TimeElapsedColumn(),
+        console=console,
+    ) as bar:
+        task = bar.add_task("steps", total=None, loss=float("nan"))
+
+        def report(step: int, total: int, loss: float) -> None:
+            bar.update(task, completed=step, total=total, loss=loss)
+
+        meta = build(args, report)
+    scores = ", ".join(
+        f"{k.removeprefix('heldout_')} {v:.3f}" for k, v in meta.items() if k.startswith("heldout_")
+    )
+    console.print(
+        f"saved to [bold]{args.out}[/bold]: {meta['parameters']:,} parameters; held-out {scores} "
+        f"({meta['pretrain_seconds']:.0f} s). Use it with\n"
+        f"  algorithm: {{name: fedbaf, foundation: {args.out}}}"
+    )
+    return 0
+
+
 def cmd_extract(args: argparse.Namespace) -> int:
     from raysim.security.report import extract
     from raysim.tracking import default_tracking_uri
@@ -605,6 +654,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--families", default=None, help="comma-separated corpus families (default: all five)"
     )
     p.set_defaults(func=cmd_foundation)
+    p = sub.add_parser(
+        "pretrain", help="FedBaF's small foundation models of fedbaf.md §8.1 (offline)"
+    )
+    p.add_argument("task", choices=["digits", "markov"], help="digits: 20-class flipped digits")
+    p.add_argument("--out", required=True, help="output directory (model.safetensors + metadata)")
+    p.add_argument("--epochs", type=int, default=None, help="training epochs (task default)")
+    p.add_argument("--samples", type=int, default=None, help="digits: foundation pool samples")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_pretrain)
     p = sub.add_parser(
         "extract",
         help="FedBaF's extraction harness (E0/E1/E2, fedbaf.md §6) against a run with observers",

@@ -198,6 +198,11 @@ class EvalConfig(StrictModel):
     max_new_tokens: int = Field(16, ge=1)
     batch_size: int = Field(16, ge=1)
     id: bool = Field(True, description="also evaluate each client on its own test split")
+    local_accuracy: bool = Field(
+        False,
+        description="each job scores its trained model on the test images of its own classes "
+        "before aggregation (client_local_accuracy; fedbaf.md §4.5, non-IID)",
+    )
 
 
 class TrackingConfig(StrictModel):

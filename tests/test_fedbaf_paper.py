@@ -74,7 +74,9 @@ def test_word_level_corpora_load_through_datasets_as_windows(tmp_path):
     assert DataConfig(name="hf_lm", hf_lm={"preset": "ptb"}).hf_lm.text_column == "sentence"
 
 
-@pytest.mark.parametrize("path", sorted(PAPER.glob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path", sorted([*PAPER.glob("*.yaml"), *PAPER.parent.glob("mini*.yaml")]), ids=lambda p: p.name
+)
 def test_the_paper_configs_validate(path):
     cfg = load_config(yaml.safe_load(path.read_text()))
     assert cfg.rounds >= 1

@@ -18,7 +18,7 @@ from raysim.data import FederatedDataset
 from raysim.models import DataSpec
 from raysim.models.layout import Layout
 from raysim.runtime import data_spec, method_resident
-from raysim.training.loop import evaluate, make_optimizer
+from raysim.training.loop import evaluate, local_accuracy, make_optimizer
 from raysim.training.tasks import task_for
 
 #: Clients whose data tensors a runner keeps (oldest dropped first).
@@ -110,6 +110,8 @@ class ClientRunner:
             ctx.data = b.on_data(ctx, ctx.data)
             ctx.config = b.on_local(ctx, ctx.config)
         metrics = self.client_algorithm.train(ctx)
+        if self.cfg.eval.local_accuracy and isinstance(self.dataset, FederatedDataset):
+            metrics = {**metrics, "local_accuracy": self._local_accuracy(data)}
         delta = self.model.get_global() - weights
         for b in active:
             delta = b.on_update(ctx, delta)
@@ -117,6 +119,11 @@ class ClientRunner:
         n = self.task.num_examples(data)
         state = self.model.get_state()
         return ClientResult(job.job_id, job.client, delta, n, metrics, state, ctx.uplink)
+
+    def _local_accuracy(self, data: Any) -> float:
+        ds = self.dataset
+        mode = self.cfg.local.absent_logits
+        return local_accuracy(self.model.module, data[1], (ds.x_test, ds.y_test), mode)
 
     def evaluate(self, weights: np.ndarray, job: EvalJob) -> dict[str, dict[str, float]]:
         """Scores of one view of ``weights`` (``EvalJob``) on each of its evaluation sets."""

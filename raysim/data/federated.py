@@ -9,6 +9,7 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from raysim.data.builtin import BUILTIN_LOADERS, RawData
+from raysim.data.digits_split import DigitsConfig, load_fedbaf_digits
 from raysim.data.hf import HFConfig, load_hf
 from raysim.data.images import HFImageConfig, image_pool, load_hf_image
 from raysim.data.markov import MarkovConfig, load_markov
@@ -52,6 +53,7 @@ class DataConfig(StrictModel):
     text: TextTaskConfig = Field(default_factory=TextTaskConfig)
     server: ServerDataConfig = Field(default_factory=ServerDataConfig)
     markov: MarkovConfig = Field(default_factory=MarkovConfig)
+    digits: DigitsConfig = Field(default_factory=DigitsConfig)
     hf_lm: HFTextLMConfig = Field(default_factory=HFTextLMConfig)
 
     @model_validator(mode="after")
@@ -81,6 +83,8 @@ class DataConfig(StrictModel):
             raise ValueError(
                 f"hf_image options only apply to name='hf_image', not name={self.name!r}"
             )
+        if self.name != "digits" and self.digits != DigitsConfig():
+            raise ValueError(f"digits options only apply to name='digits', not name={self.name!r}")
         if self.name == "hf_lm":
             self.hf_lm.check()
         elif self.hf_lm != HFTextLMConfig():
@@ -228,8 +232,10 @@ def _dataset_name(cfg: DataConfig) -> str:
     return cfg.name
 
 
-def load_raw(cfg: DataConfig) -> RawData:
-    """Load the configured dataset before splitting."""
+def load_raw(cfg: DataConfig, seed: int = 0) -> RawData:
+    """Load the configured dataset before splitting (``seed``: the run's, for data noise)."""
+    if cfg.name == "digits" and cfg.digits.split == "fedbaf":
+        return load_fedbaf_digits(cfg.digits, seed)
     if cfg.name == "hf":
         return load_hf(cfg.hf)
     if cfg.name == "hf_image":
@@ -287,7 +293,7 @@ def build_federated_dataset(
     """
     if cfg.name in TEXT_TASK_DATASETS:
         return build_text_task_dataset(cfg.text, cfg.name, num_clients, seed, cfg.vocab_size)
-    raw = load_raw(cfg)
+    raw = load_raw(cfg, seed)
     train, test = _train_test(raw, cfg, seed)
     vocab_size = None
     if raw.is_text:

@@ -18,9 +18,14 @@ MAX_DIRICHLET_DRAWS = 1000
 class PartitionConfig(StrictModel):
     """How the training set is split among clients."""
 
-    kind: Literal["iid", "dirichlet", "shards", "natural", "contiguous"] = "dirichlet"
+    kind: Literal[
+        "iid", "dirichlet", "shards", "natural", "contiguous", "iid_balanced", "class_subset"
+    ] = "dirichlet"
     alpha: float = Field(0.3, gt=0)  # dirichlet concentration over labels
     shards_per_client: int = Field(2, ge=1)  # shards partition (McMahan et al. 2017)
+    classes_per_client: int = Field(
+        2, ge=1, description="class_subset: classes each client holds (fedbaf.md §4.2)"
+    )
     min_size: int = Field(1, ge=0)  # dirichlet: redraw until every client has >= min_size
     natural_clients: Literal["all", "sample"] = Field(
         "all",
@@ -53,6 +58,36 @@ def contiguous(n: int, num_clients: int) -> list[np.ndarray]:
     fedbaf.md §4.2)."""
     _check_clients(n, num_clients)
     return _sorted_parts(np.array_split(np.arange(n), num_clients))
+
+
+def class_subset(
+    labels: np.ndarray, num_clients: int, per_client: int, rng: np.random.Generator
+) -> list[np.ndarray]:
+    """fedbaf.md §4.2: each client holds ``per_client`` distinct classes with the same number of
+    samples of each; holders of a class share its rows without overlap. Client ``j`` holds
+    ``perm[(j·k + i) mod C]`` for a random class order ``perm``, so every class has ⌊K·k/C⌋ or
+    ⌈K·k/C⌉ holders (the spec's placeholder: random subsets covering every class). The count per
+    class is the largest every holder can get; the remainder is dropped. ``per_client = C`` is the
+    IID equal-per-class partition (``iid_balanced``)."""
+    classes = np.unique(labels)
+    if per_client > len(classes):
+        raise ValueError(f"classes_per_client {per_client} exceeds the {len(classes)} classes")
+    _check_clients(len(labels), num_clients)
+    perm = rng.permutation(classes)
+    held = [
+        [perm[(j * per_client + i) % len(classes)] for i in range(per_client)]
+        for j in range(num_clients)
+    ]
+    holders = {c: [j for j in range(num_clients) if c in held[j]] for c in classes}
+    rows = {c: rng.permutation(np.flatnonzero(labels == c)) for c in classes}
+    share = min(len(rows[c]) // len(h) for c, h in holders.items() if h)
+    if share == 0:
+        raise ValueError("too few samples: some client would get no sample of a class it holds")
+    parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    for c, h in holders.items():
+        for i, j in enumerate(h):
+            parts[j].append(rows[c][i * share : (i + 1) * share])
+    return _sorted_parts([np.concatenate(p) for p in parts])
 
 
 def _dirichlet_draw(
@@ -150,6 +185,10 @@ def partition(
         return shards(labels, num_clients, cfg.shards_per_client, rng)
     if cfg.kind == "contiguous":
         return contiguous(len(labels), num_clients)
+    if cfg.kind == "iid_balanced":
+        return class_subset(labels, num_clients, len(np.unique(labels)), rng)
+    if cfg.kind == "class_subset":
+        return class_subset(labels, num_clients, cfg.classes_per_client, rng)
     if ids is None:
         raise ValueError("natural partition needs per-sample client ids (hf.client_column)")
     parts = natural(ids)

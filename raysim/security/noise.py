@@ -80,9 +80,7 @@ def noise_sweep(
     rows = []
     for i, (mode, e) in enumerate((m, e) for m in modes for e in errors):
         rng = np.random.default_rng([seed, NOISE_TAG, i])
-        state = {
-            n: noisy(w, e, mode, rng) if n in truth.sources else w for n, w in weights.items()
-        }
+        state = {n: noisy(w, e, mode, rng) if n in truth.sources else w for n, w in weights.items()}
         handle.set_global(layout.flatten(state))
         scores = evaluate(handle.module, xt, yt)
         rows.append({"mode": mode, "error_rate": float(e), **scores})

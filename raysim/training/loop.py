@@ -12,7 +12,7 @@ from pydantic import ConfigDict, Field, model_validator
 from raysim.schema import StrictModel
 from raysim.training.backends import get_backend, micro_batches, total_optimizer_steps
 from raysim.training.backends import make_optimizer as make_optimizer  # re-exported
-from raysim.training.tasks import Task
+from raysim.training.tasks import AbsentClassTask, ClassificationTask, Task, mask_absent
 
 
 class DeepSpeedSettings(StrictModel):
@@ -51,6 +51,11 @@ class LocalTrainingConfig(StrictModel):
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"
     max_grad_norm: float | None = Field(None, gt=0)
     lr_schedule: Literal["constant", "linear"] = "constant"  # linear: to 0 within each call
+    absent_logits: Literal["keep", "zero", "neg_inf"] = Field(
+        "keep",
+        description="classification: logits of classes the client lacks are set to 0 or -inf "
+        "in its loss (fedbaf.md §4.2; zero is the paper's literal reading)",
+    )
     deepspeed: DeepSpeedSettings = Field(default_factory=DeepSpeedSettings)
 
     @model_validator(mode="after")
@@ -93,6 +98,8 @@ def train_local(
     of that micro-batch mean.
     """
     module.train()
+    if cfg.absent_logits != "keep" and isinstance(task, ClassificationTask):
+        task = AbsentClassTask(torch.unique(data[1]), cfg.absent_logits)
     n = task.num_examples(data)
     total_steps = total_optimizer_steps(n, cfg)
     if total_steps == 0:
@@ -130,9 +137,15 @@ def train_local(
 
 @torch.no_grad()
 def evaluate(
-    model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor, batch_size: int = 1024
+    model: torch.nn.Module,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    batch_size: int = 1024,
+    present: torch.Tensor | None = None,
+    absent_logits: str = "keep",
 ) -> dict[str, float]:
-    """Accuracy and mean cross-entropy of ``model`` on a labelled set."""
+    """Accuracy and mean cross-entropy of ``model`` on a labelled set (with the logits of classes
+    outside ``present`` masked, when ``absent_logits`` is not ``keep``)."""
     model.eval()
     device = next(model.parameters()).device
     loss_fn = torch.nn.CrossEntropyLoss(reduction="sum")
@@ -141,6 +154,8 @@ def evaluate(
         x = inputs[start : start + batch_size].to(device)
         y = targets[start : start + batch_size].to(device)
         logits = model(x)
+        if present is not None and absent_logits != "keep":
+            logits = mask_absent(logits, present, absent_logits)
         loss += float(loss_fn(logits, y))
         correct += int((logits.argmax(dim=1) == y).sum())
     n = max(targets.numel(), 1)  # per position for sequence targets (N, L)
@@ -148,3 +163,19 @@ def evaluate(
     if targets.ndim > 1:  # next-token prediction: exp(mean token NLL), fedbaf.md §4.5
         out["perplexity"] = math.exp(min(out["loss"], 50.0))
     return out
+
+
+def local_accuracy(
+    model: torch.nn.Module, client_labels: torch.Tensor, test: tuple[Any, Any], absent_logits: str
+) -> float:
+    """fedbaf.md §4.5: the trained local model on the test rows of the classes its client holds
+    (the global test set with the client's class distribution, for equal per-class counts),
+    absent logits masked as in training."""
+    present = torch.unique(client_labels)
+    x, y = (torch.as_tensor(a) for a in test)
+    keep = torch.isin(y, present)
+    if not bool(keep.any()):
+        return float("nan")
+    return evaluate(model, x[keep], y[keep], present=present, absent_logits=absent_logits)[
+        "accuracy"
+    ]

@@ -33,6 +33,27 @@ class ClassificationTask:
         return self._ce(module(batch[0]), batch[1])
 
 
+def mask_absent(logits: torch.Tensor, present: torch.Tensor, mode: str) -> torch.Tensor:
+    """Logits of classes the client lacks set to 0 (``zero``, §4.2's literal reading) or −inf
+    (``neg_inf``); ``present`` holds the class ids it has."""
+    absent = torch.ones(logits.shape[1], dtype=torch.bool, device=logits.device)
+    absent[present.to(logits.device)] = False
+    shape = (1, -1) + (1,) * (logits.ndim - 2)
+    fill = 0.0 if mode == "zero" else float("-inf")
+    return logits.masked_fill(absent.view(shape), fill)
+
+
+class AbsentClassTask(ClassificationTask):
+    """Classification whose loss sees the absent classes' logits masked (fedbaf.md §4.2)."""
+
+    def __init__(self, present: torch.Tensor, mode: str) -> None:
+        super().__init__()
+        self.present, self.mode = present, mode
+
+    def loss(self, module, batch):
+        return self._ce(mask_absent(module(batch[0]), self.present, self.mode), batch[1])
+
+
 class CausalLMTask:
     """``data`` = dict of equal-length tensors ``input_ids``, ``attention_mask``, ``labels``
     (-100 where no loss); the loss is the model's token-mean cross-entropy on labelled tokens."""

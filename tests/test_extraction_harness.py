@@ -86,3 +86,15 @@ def test_a_run_without_observers_or_fedbaf_is_refused_in_one_line(tmp_path):
     plain.write_text(yaml.safe_dump(load_config(tiny()).to_dict()))
     with pytest.raises(ValueError, match="does not use FedBaF"):
         extract(str(plain), f"sqlite:///{tmp_path / 'm.db'}", log=False)
+
+
+def test_raysim_extract_from_the_command_line(tmp_path, capsys, monkeypatch):
+    from raysim import cli
+
+    config, _ = observed_run(tmp_path, {"name": "fedbaf"})
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["extract", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "E2 full" in out and "logged as MLflow run" in out
+    assert cli.main(["extract", "no-such-run"]) == 2
+    assert "no run 'no-such-run'" in capsys.readouterr().err

@@ -117,3 +117,12 @@ def test_the_foundation_matches_the_fl_body_and_not_its_head(tmp_path):
     head = [n for n, _ in fl.layout().shapes()][-2:]
     assert sorted(unmatched) == sorted(head)
     assert len(matches) == 4  # two hidden layers: weights and biases
+
+
+def test_raysim_pretrain_digits_from_the_command_line(tmp_path, capsys):
+    from raysim import cli
+
+    out = tmp_path / "f"
+    rc = cli.main(["pretrain", "digits", "--out", str(out), "--samples", "100", "--epochs", "2"])
+    assert rc == 0 and (out / "model.safetensors").is_file()
+    assert "held-out accuracy" in capsys.readouterr().out

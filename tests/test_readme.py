@@ -35,6 +35,14 @@ ELSEWHERE = {
     "python examples/fedoa/qualitative.py --seeds 0": "needs the foundation model; "
     "examples/fedoa/RESULTS.md",
     "raysim tune examples/tune-async.yaml": "a 12-trial sweep; tests/test_tune.py runs a sweep",
+    "raysim pretrain digits --out foundations/digits": "tests/test_fedbaf_data.py (the CLI, "
+    "fewer epochs)",
+    "raysim pretrain markov --out foundations/markov": "tests/test_fedbaf_lm.py (the function, "
+    "a smaller corpus)",
+    "raysim extract RUN_ID --noise 0,0.5,1,2": "a finished run with observers; "
+    "tests/test_extraction_harness.py runs the CLI on one",
+    "python examples/fedbaf/reproduce.py --out runs/fedbaf-mini": "about an hour; "
+    "examples/fedbaf/RESULTS.md",
     "raysim tune examples/tune-async.yaml --resume tune/tune-async-DATE": "a stopped sweep's "
     "directory; tests/test_tune.py interrupts a sweep and resumes it",
     "ray job submit --runtime-env cluster/runtime_env.yaml -- raysim run "

@@ -131,6 +131,7 @@ class Reproduction:
         raw["workers"] = {"count": 1, "num_cpus": 0.5}  # one worker per trial, trials side by side
         raw["tracking"] = {"experiment": "fedbaf-mini-reproduction", "uri": self.uri}
         raw["algorithm"]["foundation"] = str((self.foundations / foundation).resolve())
+        raw["audit"] = {"leaks": False}  # on in the grid it would stop weight-init (claim 7)
         if self.quick:
             raw["rounds"] = 20
         return raw
@@ -214,6 +215,7 @@ class Reproduction:
 
         raw = self.base(VISION, "digits-600-e20")
         raw["rounds"] = 20
+        raw["audit"] = {"leaks": True}
         if "audit" not in self.results:
             audit = {}
             for variant in ("mix", "weight_init"):

@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from rich.console import Console
@@ -463,6 +463,22 @@ def cmd_methods(args: argparse.Namespace) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _training_bar(label: str) -> Iterator[Callable[[int, int, float], None]]:
+    """A progress bar of optimiser steps with the latest loss; yields ``report(step, total,
+    loss)``."""
+    with Progress(
+        TextColumn(f"[bold]{label}"),
+        MofNCompleteColumn(),
+        BarColumn(),
+        TextColumn("loss {task.fields[loss]:.3f}"),
+        TimeElapsedColumn(),
+        console=console,
+    ) as bar:
+        task = bar.add_task("steps", total=None, loss=float("nan"))
+        yield lambda step, total, loss: bar.update(task, completed=step, total=total, loss=loss)
+
+
 def cmd_foundation(args: argparse.Namespace) -> int:
     from raysim.models.foundation import FoundationConfig, pretrain_foundation
 
@@ -472,18 +488,8 @@ def cmd_foundation(args: argparse.Namespace) -> int:
     if args.families:
         overrides["families"] = args.families.split(",")
     cfg = FoundationConfig(**overrides)
-    with Progress(
-        TextColumn("[bold]pre-training"),
-        MofNCompleteColumn(),
-        BarColumn(),
-        TextColumn("loss {task.fields[loss]:.3f}"),
-        TimeElapsedColumn(),
-        console=console,
-    ) as bar:
-        task = bar.add_task("steps", total=cfg.steps, loss=float("nan"))
-        meta = pretrain_foundation(
-            cfg, args.out, lambda step, loss: bar.update(task, completed=step, loss=loss)
-        )
+    with _training_bar("pre-training") as report:
+        meta = pretrain_foundation(cfg, args.out, lambda step, loss: report(step, cfg.steps, loss))
     console.print(
         f"saved to [bold]{args.out}[/bold]: {meta['parameters']:,} parameters, vocabulary "
         f"{meta['vocab_size']}, held-out exact match {meta['heldout_exact_match']:.3f} "
@@ -518,19 +524,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     """The small foundation models of fedbaf.md §8.1, offline: ``digits`` (the 20-class flipped
     digit task) or ``markov`` (chain A's language model)."""
     build = {"digits": _pretrain_digits, "markov": _pretrain_markov}[args.task]
-    with Progress(
-        TextColumn(f"[bold]pre-training {args.task}"),
-        MofNCompleteColumn(),
-        BarColumn(),
-        TextColumn("loss {task.fields[loss]:.3f}"),
-        TimeElapsedColumn(),
-        console=console,
-    ) as bar:
-        task = bar.add_task("steps", total=None, loss=float("nan"))
-
-        def report(step: int, total: int, loss: float) -> None:
-            bar.update(task, completed=step, total=total, loss=loss)
-
+    with _training_bar(f"pre-training {args.task}") as report:
         meta = build(args, report)
     scores = ", ".join(
         f"{k.removeprefix('heldout_')} {v:.3f}" for k, v in meta.items() if k.startswith("heldout_")

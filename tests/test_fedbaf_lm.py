@@ -17,9 +17,9 @@ from raysim.data.markov import MarkovConfig, chains, entropy_rate, markov_corpus
 from raysim.models.pretrain_markov import (
     MarkovPretrainConfig,
     pretrain_markov,
-    read_metadata,
     source_eval_set,
 )
+from raysim.models.pretraining import read_metadata
 from raysim.models.registry import DataSpec, ModelConfig, build_handle
 from tests.conftest import tiny
 

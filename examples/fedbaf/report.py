@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 from reproduce import ATTACKS, BASES, METHODS, PARTITIONS
 
+from raysim.security.report import draw_noise
+
 NAMES = {"none": "no foundation (ψ = 0)", "weight_init": "weight-init", "fedbaf": "**FedBaF**"}
 THRESHOLD = {"iid": 0.85, "noniid": 0.70}  # §8.1 claim 5
 INTRO = """
@@ -360,23 +362,9 @@ class Report:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
         ax = axes[1][1]
-        noise = self.results.get("extraction/full", {}).get("noise", [])
-        for mode in sorted({r["mode"] for r in noise}):
-            rows = [r for r in noise if r["mode"] == mode]
-            ax.plot(
-                [r["error_rate"] for r in rows],
-                [r["accuracy"] for r in rows],
-                marker=".",
-                label=f"noise ∝ {mode}",
-            )
-        dist = self.results.get("extraction/full", {}).get("summary", {}).get("broadcast_dist_min")
-        if dist is not None:
-            ax.axvline(dist, color="gray", ls="--", label=f"smallest Dist of the run ({dist:.2f})")
+        full = self.results.get("extraction/full", {})
+        draw_noise(ax, full.get("noise", []), full.get("summary", {}).get("broadcast_dist_min"))
         ax.set_title("foundation with noise, on its 20-class task (Fig. 8 analogue)")
-        ax.set_xlabel("error rate e")
-        ax.set_ylim(0, 1)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(path)
         plt.close(fig)

@@ -10,10 +10,7 @@ settings and the held-out 20-class accuracy on the mirrored test pool.
 
 from __future__ import annotations
 
-import json
-import math
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +19,7 @@ import torch
 from pydantic import Field
 
 from raysim.data.digits_split import digits_pools, twenty_classes
-from raysim.models.pretrain_markov import METADATA_FILE
+from raysim.models.pretraining import Progress, save_foundation, train_supervised
 from raysim.models.registry import DataSpec, ModelConfig, build_handle
 from raysim.schema import StrictModel
 
@@ -57,13 +54,9 @@ def source_eval_set(meta: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def pretrain_digits(
-    cfg: DigitsPretrainConfig,
-    out_dir: str | Path,
-    progress: Callable[[int, int, float], None] | None = None,
+    cfg: DigitsPretrainConfig, out_dir: str | Path, progress: Progress | None = None
 ) -> dict[str, Any]:
     """Train the 20-class foundation; write weights and metadata; return the metadata."""
-    from safetensors.numpy import save_file
-
     from raysim.training.loop import evaluate
 
     t0 = time.perf_counter()
@@ -73,41 +66,20 @@ def pretrain_digits(
     x, y = (torch.as_tensor(a) for a in twenty_classes(pool_x[keep], pool_y[keep]))
     torch.manual_seed(cfg.seed)
     handle = build_handle(cfg.model, source_spec())
-    module = handle.module
-    opt = torch.optim.SGD(module.parameters(), lr=cfg.lr, momentum=cfg.momentum)
-    gen = torch.Generator().manual_seed(cfg.seed)
-    total = cfg.epochs * math.ceil(len(y) / cfg.batch_size)
-    step = 0
-    module.train()
-    for _ in range(cfg.epochs):
-        for idx in torch.randperm(len(y), generator=gen).split(cfg.batch_size):
-            opt.zero_grad()
-            loss = torch.nn.functional.cross_entropy(module(x[idx]), y[idx])
-            loss.backward()
-            opt.step()
-            step += 1
-            if progress is not None:
-                progress(step, total, float(loss.detach()))
-    meta_split = {"split_seed": cfg.split_seed}
-    ex, ey = (torch.as_tensor(a) for a in source_eval_set(meta_split))
-    scores = evaluate(module, ex, ey)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    layout = handle.layout()
-    tensors = {k: np.ascontiguousarray(v) for k, v in layout.unflatten(handle.get_global()).items()}
-    save_file(tensors, str(out / "model.safetensors"))
+    opt = torch.optim.SGD(handle.module.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+    train_supervised(handle.module, x, y, opt, cfg.epochs, cfg.batch_size, cfg.seed, progress)
+    split = {"split_seed": cfg.split_seed}
+    scores = evaluate(handle.module, *(torch.as_tensor(a) for a in source_eval_set(split)))
     meta = {
         "task": "digits20",
         "samples": cfg.samples,
         "epochs": cfg.epochs,
         "lr": cfg.lr,
         "seed": cfg.seed,
-        "split_seed": cfg.split_seed,
+        **split,
         "model": cfg.model.model_dump(mode="json"),
-        "parameters": int(sum(v.size for v in tensors.values())),
         "heldout_accuracy": scores["accuracy"],
         "heldout_loss": scores["loss"],
         "pretrain_seconds": time.perf_counter() - t0,
     }
-    (out / METADATA_FILE).write_text(json.dumps(meta, indent=2))
-    return meta
+    return save_foundation(handle, out_dir, meta)

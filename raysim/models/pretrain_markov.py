@@ -9,10 +9,8 @@ so FedBaF's exact matcher mixes the body and leaves those two alone, as in WikiT
 
 from __future__ import annotations
 
-import json
 import math
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +19,9 @@ import torch
 from pydantic import Field
 
 from raysim.data.markov import MarkovConfig, markov_corpus, windows
+from raysim.models.pretraining import Progress, save_foundation, train_supervised
 from raysim.models.registry import DataSpec, ModelConfig, build_handle
 from raysim.schema import StrictModel
-
-METADATA_FILE = "raysim_foundation.json"
 
 
 def _default_model() -> ModelConfig:
@@ -56,13 +53,9 @@ def source_eval_set(markov: MarkovConfig) -> tuple[np.ndarray, np.ndarray]:
 
 
 def pretrain_markov(
-    cfg: MarkovPretrainConfig,
-    out_dir: str | Path,
-    progress: Callable[[int, int, float], None] | None = None,
+    cfg: MarkovPretrainConfig, out_dir: str | Path, progress: Progress | None = None
 ) -> dict[str, Any]:
     """Train on chain A; save weights and metadata in ``out_dir``; return the metadata."""
-    from safetensors.numpy import save_file
-
     from raysim.training.loop import evaluate
 
     t0 = time.perf_counter()
@@ -71,32 +64,11 @@ def pretrain_markov(
     x, y = (torch.as_tensor(a) for a in windows(train, markov.seq_len))
     torch.manual_seed(cfg.seed)
     handle = build_handle(cfg.model, source_spec(markov))
-    module = handle.module
-    opt = torch.optim.Adam(module.parameters(), lr=cfg.lr)
-    gen = torch.Generator().manual_seed(cfg.seed)
-    steps_per_epoch = math.ceil(len(y) / cfg.batch_size)
-    total = cfg.epochs * steps_per_epoch
-    step, loss = 0, float("nan")
-    module.train()
-    for _ in range(cfg.epochs):
-        for idx in torch.randperm(len(y), generator=gen).split(cfg.batch_size):
-            opt.zero_grad()
-            out = torch.nn.functional.cross_entropy(module(x[idx]), y[idx])
-            out.backward()
-            torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
-            opt.step()
-            step, loss = step + 1, float(out.detach())
-            if progress is not None:
-                progress(step, total, loss)
-    ex, ey = (torch.as_tensor(a) for a in source_eval_set(markov))
-    scores = evaluate(module, ex, ey)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tensors = {
-        k: np.ascontiguousarray(v)
-        for k, v in handle.layout().unflatten(handle.get_global()).items()
-    }
-    save_file(tensors, str(out_dir / "model.safetensors"))
+    opt = torch.optim.Adam(handle.module.parameters(), lr=cfg.lr)
+    train_supervised(
+        handle.module, x, y, opt, cfg.epochs, cfg.batch_size, cfg.seed, progress, max_grad_norm=1.0
+    )
+    scores = evaluate(handle.module, *(torch.as_tensor(a) for a in source_eval_set(markov)))
     meta = {
         "task": "markov",
         "markov": markov.model_dump(mode="json"),
@@ -105,18 +77,9 @@ def pretrain_markov(
         "lr": cfg.lr,
         "seed": cfg.seed,
         "vocab_size": vocab,
-        "parameters": int(sum(v.size for v in tensors.values())),
         "heldout_loss": scores["loss"],
         "heldout_perplexity": math.exp(scores["loss"]),
         "heldout_accuracy": scores["accuracy"],
         "pretrain_seconds": time.perf_counter() - t0,
     }
-    (out_dir / METADATA_FILE).write_text(json.dumps(meta, indent=2))
-    return meta
-
-
-def read_metadata(path: str | Path) -> dict[str, Any] | None:
-    """A foundation's ``raysim_foundation.json`` (the directory, or a file inside it), or None."""
-    p = Path(path)
-    meta = (p if p.is_dir() else p.parent) / METADATA_FILE
-    return json.loads(meta.read_text()) if meta.is_file() else None
+    return save_foundation(handle, out_dir, meta)

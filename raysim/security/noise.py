@@ -37,7 +37,7 @@ def noisy(tensor: np.ndarray, error_rate: float, mode: str, rng: np.random.Gener
 
 def source_task(foundation: str | Path) -> tuple[Any, np.ndarray, np.ndarray]:
     """The foundation's own model (with its head) and its source task's evaluation set."""
-    from raysim.models.pretrain_markov import read_metadata
+    from raysim.models.pretraining import read_metadata
     from raysim.models.registry import ModelConfig, build_handle
 
     meta = read_metadata(foundation)

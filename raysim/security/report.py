@@ -13,6 +13,7 @@ from __future__ import annotations
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import yaml
@@ -220,31 +221,35 @@ def plot_extraction(result: Extraction, path: Path) -> None:
     plt.close(fig)
 
 
+def draw_noise(ax: Any, rows: list[dict[str, Any]], dist: float | None) -> None:
+    """Fig. 8's curves on ``ax``: source-task accuracy against the error rate, per noise mode,
+    with the smallest Dist of the run's broadcasts as a dashed line."""
+    for mode in sorted({r["mode"] for r in rows}):
+        mine = [r for r in rows if r["mode"] == mode]
+        ax.plot(
+            [r["error_rate"] for r in mine],
+            [r["accuracy"] for r in mine],
+            marker=".",
+            label=f"noise ∝ {mode}",
+        )
+    if dist is not None:
+        ax.axvline(dist, color="gray", ls="--", label=f"smallest Dist of the run ({dist:.2f})")
+    ax.set_xlabel("error rate e = ‖noise‖ / ‖w_pre‖ per tensor")
+    ax.set_ylabel("source-task accuracy")
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+
+
 def plot_noise(result: Extraction, path: Path) -> None:
-    """Fig. 8's analogue: the foundation's source-task accuracy against the noise error rate,
-    with the smallest Dist this run's broadcasts had."""
+    """Fig. 8's analogue for one harness run."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(5.5, 3.6), dpi=100)
-    for mode in sorted({r["mode"] for r in result.noise}):
-        rows = [r for r in result.noise if r["mode"] == mode]
-        ax.plot(
-            [r["error_rate"] for r in rows],
-            [r["accuracy"] for r in rows],
-            marker=".",
-            label=f"noise ∝ {mode}",
-        )
-    dist = result.summary.get("broadcast_dist_min")
-    if dist is not None:
-        ax.axvline(dist, color="gray", ls="--", label=f"min Dist of this run ({dist:.2f})")
-    ax.set_xlabel("error rate e = ‖noise‖ / ‖w_pre‖ per tensor")
-    ax.set_ylabel("source-task accuracy")
-    ax.set_ylim(0, 1)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
+    draw_noise(ax, result.noise, result.summary.get("broadcast_dist_min"))
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

@@ -29,6 +29,9 @@ def default_tracking_uri(cwd: str | Path | None = None) -> str:
 EXPERIMENT_KIND, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
 
 
+#: set on a run that logged server-private values (FedBaF's ``log_private``)
+RESTRICTED_TAG = "raysim.restricted"
+
 #: hosts that name this machine only
 LOOPBACK = ("localhost", "::1")
 
@@ -283,6 +286,17 @@ class Tracker:
                 path.write_bytes(files[name])
                 self.client.log_artifact(self.run_id, str(path), "checkpoint")
         self.client.set_tag(self.run_id, "raysim.checkpoint_round", str(next_round))
+
+    def log_private(self, secrets: Sequence[Any]) -> None:
+        """Server-private tensors the user asked to keep (``private/foundation.safetensors``);
+        the run is tagged ``raysim.restricted`` so whoever shares it knows."""
+        from safetensors.numpy import save_file
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "foundation.safetensors"
+            save_file({s.name: np.ascontiguousarray(s.values) for s in secrets}, str(path))
+            self.client.log_artifact(self.run_id, str(path), "private")
+        self.client.set_tag(self.run_id, RESTRICTED_TAG, "true")
 
     def warn(self, message: str) -> None:
         log.warning(message)

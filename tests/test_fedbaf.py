@@ -353,10 +353,20 @@ def test_fedbaf_through_raysim_run_on_two_workers_with_the_auditor(
     assert "fedbaf_c" in client.get_run(res.run_id).data.metrics
     names = {a.path for a in client.list_artifacts(res.run_id, "strategy")}
     assert "strategy/fedbaf_matching.csv" in names
+    assert "raysim.restricted" not in client.get_run(res.run_id).data.tags
+    assert not client.list_artifacts(res.run_id, "private")  # never, unless asked
     from raysim.actors.audit import LeakError
 
     with pytest.raises(LeakError, match="server-private"):  # Ray's wrapper is a LeakError too
-        raysim.run(cfg, ["algorithm.variant=weight_init", "workers.count=2"])
+        raysim.run(
+            cfg, ["algorithm.variant=weight_init", "workers.count=2", "algorithm.log_private=true"]
+        )
+    exp = client.get_experiment_by_name("fedbaf-smoke").experiment_id
+    (restricted,) = client.search_runs([exp], "tags.`raysim.restricted` = 'true'")
+    assert restricted.info.status == "FAILED"  # the leak stopped it; the artifact was asked for
+    assert [a.path for a in client.list_artifacts(restricted.info.run_id, "private")] == [
+        "private/foundation.safetensors"
+    ]
 
 
 # --------------------------------------------------------------------------- inv. 13, harness

@@ -118,6 +118,9 @@ class Coordinator:
                     self.tracker.run_id, "raysim.coordinator_restarts", str(restarts)
                 )
             self.tracker.log_placement(node, self.pool.describe())
+            private = self.core.strategy.private_artifacts()
+            if private and resume is None:
+                self.tracker.log_private(private)
             if cfg.hooks.clients:
                 self.tracker.client.log_dict(
                     self.tracker.run_id, attacking_clients(cfg), "attackers.json"

@@ -170,6 +170,11 @@ class Strategy(Stateful):
         when ``audit.leaks`` is on); none by default."""
         return []
 
+    def private_artifacts(self) -> list[Secret]:
+        """Server-private values the user asked to log (the run is then tagged restricted);
+        none by default."""
+        return []
+
     def metrics(self) -> dict[str, float]:
         """Server-side diagnostics to log after each round."""
         return {}

@@ -49,6 +49,11 @@ class FedBaFParams(HookParams):
     alpha_random: bool = Field(
         True, description="false: u_t = 1.5 every round, a static α (§6.2's E0 control)"
     )
+    log_private: bool = Field(
+        False,
+        description="log the matched foundation tensors as an MLflow artifact "
+        "(private/foundation.safetensors) and tag the run raysim.restricted (§7.1)",
+    )
     variant: Literal["mix", "weight_init"] = Field(
         "mix",
         description="mix: FedBaF; weight_init: the §3 baseline, w_0 = w_pre on matched layers, "
@@ -167,6 +172,9 @@ class FedBaF(Mixer):
     def secrets(self) -> list[Secret]:
         pre = self.pre["w_pre"].astype(np.float32)
         return [Secret(n, self.indices[a:b], pre[a:b]) for n, a, b in self.blocks if b > a]
+
+    def private_artifacts(self) -> list[Secret]:
+        return self.secrets() if self.params.log_private else []
 
     def tables(self) -> dict[str, list[dict]]:
         """The matching report, one row per global tensor (an MLflow artifact)."""

@@ -51,6 +51,10 @@ class Mixer(Stateful):
         """Server-private values that no payload to a client may carry (the leak auditor)."""
         return []
 
+    def private_artifacts(self) -> list[Secret]:
+        """Server-private values the user asked to log (a restricted run)."""
+        return []
+
     def metrics(self) -> dict[str, float]:
         return {}
 
@@ -215,6 +219,9 @@ class ComposedStrategy(Strategy):
 
     def secrets(self) -> list[Secret]:
         return [s for m in self.mixers for s in m.secrets()]
+
+    def private_artifacts(self) -> list[Secret]:
+        return [s for m in self.mixers for s in m.private_artifacts()]
 
     def _mixed(self, round_index: int, previous: np.ndarray, changed: bool) -> bool:
         if changed:

@@ -429,6 +429,13 @@ def test_the_auditor_finds_the_foundation_bytes_anywhere_in_a_payload():
     short = LeakAuditor([Secret("bias", np.arange(10), pre[:10])], size=1000)
     short.check(hidden, "a downlink")
     assert auditor.checked == 2 and short.checked == 1
+    smuggled = np.frombuffer(b"\x07" + pre.tobytes() + b"\x01\x02", dtype=np.uint8)
+    with pytest.raises(LeakError, match="bytes"):  # not a float32 array: a plain byte search
+        auditor.check({"blob": smuggled}, "a downlink")
+    for shift in (0, 1):  # both parities of the float32 word search, in a 2-D payload
+        grid = np.concatenate([np.zeros(shift, np.float32), pre, np.zeros(3, np.float32)])
+        with pytest.raises(LeakError, match="bytes"):
+            auditor.check(grid.reshape(-1, 1), "a downlink")
 
 
 # --------------------------------------------------------------------------- inv. 9, inv. 14

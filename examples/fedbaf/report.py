@@ -37,6 +37,12 @@ def fmt(a: np.ndarray, scale: float = 100.0) -> str:
     return f"{scale * a.mean():.1f} ± {scale * a.std():.1f} (best {scale * a.max():.1f})"
 
 
+def mean_reached(rounds: list[float]) -> float:
+    """Mean rounds to the threshold over the seeds that reached it (nan: none did)."""
+    hit = [r for r in rounds if not math.isnan(r)]
+    return float(np.mean(hit)) if hit else float("nan")
+
+
 def verdict(ok: bool) -> str:
     return "**held**" if ok else "**did not hold**"
 
@@ -239,10 +245,7 @@ class Report:
         parts5, ok5 = [], True
         m_clients, median_n, macs = 5, 90, self.macs_per_sample()
         for p, thr in THRESHOLD.items():
-            t = {
-                m: np.nanmean(self.rounds_to(self.cell(m, "fedavg", p), thr) or [np.nan])
-                for m in METHODS
-            }
+            t = {m: mean_reached(self.rounds_to(self.cell(m, "fedavg", p), thr)) for m in METHODS}
             ok5 &= bool(t["fedbaf"] < t["none"]) or (
                 math.isnan(t["none"]) and not math.isnan(t["fedbaf"])
             )
@@ -309,6 +312,50 @@ class Report:
                 f"{corr:.2f}",
             )
         )
+        return out
+
+    def reading(self) -> list[str]:
+        """Facts the verdicts rest on, computed from the runs (no number is typed in)."""
+        out = []
+        rows = self.rows(self.cell("fedbaf", "fedavg", "iid"))
+        if rows:
+            c = self.history(rows[0]["run_id"], "fedbaf_c")
+            peak = max(c, key=c.get)
+            last = max(c)
+            out.append(
+                f"- c_t is not monotone: in FedBaF/FedAvg IID (seed 0) it starts at "
+                f"{c[min(c)]:.2f}, peaks at {c[peak]:.2f} in round {peak + 1} (r_t grows while "
+                f"the model leaves its random init, τ_0 stays fixed) and ends at {c[last]:.3f}."
+            )
+        full = self.results.get("extraction/full", {})
+        dist, noise = full.get("dist_and_c", []), full.get("noise", [])
+        if dist:
+            first, final = dist[0], dist[-1]
+            line = (
+                f"- Dist(w_t, w_pre) falls from {first['dist']:.2f} (round {first['round']}, the "
+                f"random init) to {final['dist']:.3f} (round {final['round']})"
+            )
+            rms = [r for r in noise if r["mode"] == "rms" and r["error_rate"] > 0]
+            if rms:
+                r = min(rms, key=lambda r: r["error_rate"])
+                line += (
+                    f"; the foundation with noise of error rate {r['error_rate']:g} still scores "
+                    f"{100 * r['accuracy']:.1f} % on its own task"
+                )
+            e2 = full.get("summary", {}).get("E2_full_relative_error_min", float("nan"))
+            line += f"; E2's relative error is {e2:.1e}."
+            out.append(line)
+        lm = {m: self.mean(f"lm/{m}/z0", "perplexity") for m in METHODS}
+        if all(not math.isnan(v) for v in lm.values()):
+            order = sorted(lm, key=lm.get)
+            line = "- LM proxy: perplexity ranks " + " < ".join(f"{m} ({lm[m]:.2f})" for m in order)
+            if lm["fedbaf"] > lm["none"]:
+                line += (
+                    "; FedBaF is worse than no foundation here: the embedding and decoder are "
+                    "unmatched (random at start), and the mix keeps pulling the body towards a "
+                    "foundation trained under another embedding"
+                )
+            out.append(line + ".")
         return out
 
     def dist_c_correlation(self) -> float:
@@ -406,6 +453,7 @@ class Report:
             "|---|---|---|",
         ]
         lines += [f"| {c} | {v} | {t} |" for c, v, t in self.claims()]
+        lines += ["", "Reading the numbers:", ""] + self.reading()
         lines += ["", f"![curves]({plot_name})", "", "## Final test accuracy (%)", ""]
         lines += self.main_table()
         lines += [

@@ -159,7 +159,7 @@ class Backdoor(ClientBehaviour):
     def eval_sets(self, dataset: Any) -> dict[str, Any]:
         """``backdoor``: the test images of other classes, triggered, labelled ``target``; its
         accuracy is the attack success rate."""
-        from raysim.data import LabelledSet
+        from ..data import LabelledSet
 
         keep = dataset.y_test != self.params.target
         x = stamp(dataset.x_test[keep], self.params)

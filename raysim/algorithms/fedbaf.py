@@ -33,7 +33,7 @@ from .hooks import MIXERS, Hook, HookParams, Mixer
 from .private import PrivateTensors
 
 if TYPE_CHECKING:
-    from raysim.models.layout import Layout
+    from ..models.layout import Layout
 
 log = logging.getLogger("raysim")
 TAU0_FLOOR = 1e-12

@@ -121,9 +121,11 @@ class ClientRunner:
         return ClientResult(job.job_id, job.client, delta, n, metrics, state, ctx.uplink)
 
     def _local_accuracy(self, data: Any) -> float:
-        ds = self.dataset
+        if "test" not in self._eval_tensors:  # converted once per worker, shared with _score
+            ds = self.dataset
+            self._eval_tensors["test"] = torch.tensor(ds.x_test), torch.tensor(ds.y_test)
         mode = self.cfg.local.absent_logits
-        return local_accuracy(self.model.module, data[1], (ds.x_test, ds.y_test), mode)
+        return local_accuracy(self.model.module, data[1], self._eval_tensors["test"], mode)
 
     def evaluate(self, weights: np.ndarray, job: EvalJob) -> dict[str, dict[str, float]]:
         """Scores of one view of ``weights`` (``EvalJob``) on each of its evaluation sets."""

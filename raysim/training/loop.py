@@ -172,7 +172,7 @@ def local_accuracy(
     (the global test set with the client's class distribution, for equal per-class counts),
     absent logits masked as in training."""
     present = torch.unique(client_labels)
-    x, y = (torch.tensor(a) for a in test)  # copies: shared arrays are read-only
+    x, y = (torch.as_tensor(a) for a in test)
     keep = torch.isin(y, present)
     if not bool(keep.any()):
         return float("nan")

@@ -571,7 +571,7 @@ def cmd_extract(args: argparse.Namespace) -> int:
     if out.noise:
         console.print(
             "noise sweep (source-task accuracy): "
-            + ", ".join(f"e={r['error_rate']:g} {r['accuracy']:.3f}" for r in out.noise)
+            + ", ".join(f"{r['mode']} e={r['error_rate']:g} {r['accuracy']:.3f}" for r in out.noise)
         )
     console.print(f"logged as MLflow run {out.run_id} (extraction.csv, extraction.png)")
     return 0

@@ -27,7 +27,7 @@ from common import machine, report
 
 from raysim.actors.audit import LeakAuditor
 from raysim.algorithms.context import ServerContext
-from raysim.algorithms.fedbaf import FedBaF, FedBaFParams
+from raysim.algorithms.fedbaf.mixer import FedBaF, FedBaFParams
 from raysim.models.registry import DataSpec, ModelConfig, build_handle
 from raysim.training.loop import LocalTrainingConfig, train_local
 from raysim.training.tasks import ClassificationTask

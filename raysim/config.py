@@ -24,8 +24,14 @@ from pydantic import (
 )
 
 from raysim.algorithms.base import MethodParams
-from raysim.algorithms.hooks import BEHAVIOURS, MIXERS, HookParams
-from raysim.algorithms.registry import PluginError, get_method, load_plugin
+from raysim.algorithms.hooks import HookParams
+from raysim.algorithms.registry import (
+    BEHAVIOURS,
+    MIXERS,
+    PluginError,
+    get_method,
+    load_plugin,
+)
 from raysim.data import DataConfig
 from raysim.delays import DelayParams, NoDelayParams, parse_delay_params
 from raysim.models.registry import ModelConfig, model_names
@@ -95,6 +101,18 @@ def _split_named(data: Any, lookup: Callable[[str], Any], what: str, section: st
     return {"name": name, "params": entry.params(**data)}
 
 
+def _load_module(data: Mapping[str, Any], section: str) -> str | None:
+    """Import the user's module a section names (``module:``), before its name is looked up;
+    returns its canonical spec, which the config keeps so every Ray process imports the same."""
+    module = data.pop("module", None)
+    if module is None:
+        return None
+    try:
+        return load_plugin(str(module))
+    except PluginError as e:
+        raise ValueError(f"{section}.{e}") from None
+
+
 class AlgorithmConfig(StrictModel):
     """``name`` picks a registered method; every other key is one of that method's params.
 
@@ -111,12 +129,7 @@ class AlgorithmConfig(StrictModel):
     def _split(cls, data: Any) -> Any:
         if isinstance(data, Mapping) and "params" not in data:
             data = dict(data)
-            module = data.pop("module", None)
-            if module is not None:
-                try:
-                    module = load_plugin(str(module))
-                except PluginError as e:
-                    raise ValueError(str(e)) from None
+            module = _load_module(data, "algorithm")
             data.setdefault("name", "fedavg")
             out = _split_named(data, get_method, "algorithm", "algorithm")
             return {**out, "module": module}
@@ -129,31 +142,44 @@ class AlgorithmConfig(StrictModel):
 
 
 class _HookConfig(StrictModel):
+    """One hook entry: ``name``, optionally the user's ``module`` that registers it, its params."""
+
     name: str
+    module: str | None = None
     params: SerializeAsAny[HookParams] = Field(default_factory=HookParams)
 
     @model_serializer
     def _flat(self) -> dict[str, Any]:
-        return {"name": self.name, **self.params.model_dump(by_alias=True)}
+        head = {"name": self.name} | ({"module": self.module} if self.module else {})
+        return {**head, **self.params.model_dump(by_alias=True)}
+
+    @staticmethod
+    def _split_hook(data: Any, lookup: Callable[[str], Any], what: str, section: str) -> Any:
+        if not isinstance(data, Mapping) or "params" in data:
+            return data
+        data = dict(data)
+        module = _load_module(data, section)
+        return {**_split_named(data, lookup, what, ""), "module": module}
 
 
 class ServerHookConfig(_HookConfig):
     @model_validator(mode="before")
     @classmethod
     def _split(cls, data: Any) -> Any:
-        return _split_named(data, MIXERS.get, "server hook", "")
+        return cls._split_hook(data, MIXERS.get, "server hook", "hooks.server")
 
 
 class ClientHookConfig(_HookConfig):
     @model_validator(mode="before")
     @classmethod
     def _split(cls, data: Any) -> Any:
-        return _split_named(data, BEHAVIOURS.get, "client behaviour", "")
+        return cls._split_hook(data, BEHAVIOURS.get, "client behaviour", "hooks.clients")
 
 
 class HooksConfig(StrictModel):
     """Composable hooks (``raysim/algorithms/hooks.py``): ``server`` mixers run in order after the
-    method's aggregation; ``clients`` behaviours wrap the chosen clients' local work."""
+    method's aggregation; ``clients`` behaviours wrap the chosen clients' local work. An entry's
+    ``module`` imports the user's file or package that registers it."""
 
     server: list[ServerHookConfig] = Field(default_factory=list)
     clients: list[ClientHookConfig] = Field(default_factory=list)

@@ -77,7 +77,7 @@ def server_data(dataset: FederatedDataset) -> ServerData:
 def run_dataset(cfg: RunConfig) -> Any:
     """The run's dataset, with the evaluation sets its client behaviours add (a backdoor's
     triggered inputs); built once, on the coordinator."""
-    from raysim.algorithms.hooks import BEHAVIOURS
+    from raysim.algorithms.registry import BEHAVIOURS
     from raysim.data import build_federated_dataset
 
     dataset = build_federated_dataset(cfg.data, cfg.clients.num, cfg.seed)
@@ -94,7 +94,7 @@ def run_dataset(cfg: RunConfig) -> Any:
 def attacking_clients(cfg: RunConfig) -> list[dict[str, Any]]:
     """Each client behaviour with the clients it applies to (None: all) and its rounds, as
     fixed at setup (``attackers.json`` of the run)."""
-    from raysim.algorithms.hooks import BEHAVIOURS
+    from raysim.algorithms.registry import BEHAVIOURS
 
     rows = []
     for name, params in cfg.client_hooks():

@@ -13,8 +13,9 @@ from safetensors.numpy import load_file
 
 from raysim.actors.local import local_core
 from raysim.algorithms.base import ClientContext
-from raysim.algorithms.behaviours import BackdoorParams, scaled_epochs, stamp
-from raysim.algorithms.hooks import BEHAVIOURS, chosen_clients
+from raysim.algorithms.fedbaf.adversaries import BackdoorParams, scaled_epochs, stamp
+from raysim.algorithms.hooks import chosen_clients
+from raysim.algorithms.registry import BEHAVIOURS
 from raysim.config import load_config
 from raysim.training.loop import LocalTrainingConfig
 from raysim.training.tasks import ClassificationTask

@@ -8,9 +8,9 @@ import torch
 
 from raysim.algorithms import get_method
 from raysim.algorithms.base import ClientAlgorithm, Update
-from raysim.algorithms.fedavg import FedAvg
-from raysim.algorithms.fedsdr import sdr_regularizer
-from raysim.algorithms.perada import lora_pairs
+from raysim.algorithms.fedoa.fedsdr import sdr_regularizer
+from raysim.algorithms.fedoa.perada import lora_pairs
+from raysim.algorithms.general.fedavg import FedAvg
 from raysim.data import build_federated_dataset
 from raysim.data.federated import DataConfig
 from raysim.data.text_tasks import TextTaskConfig

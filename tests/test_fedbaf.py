@@ -12,8 +12,8 @@ from safetensors.numpy import save_file
 
 from raysim.actors.local import local_core
 from raysim.algorithms.context import ServerContext
-from raysim.algorithms.fedbaf import FedBaF, FedBaFParams
-from raysim.algorithms.fedbaf_match import match_layers
+from raysim.algorithms.fedbaf.matching import match_layers
+from raysim.algorithms.fedbaf.mixer import FedBaF, FedBaFParams
 from raysim.algorithms.private import PrivateStateError
 from raysim.config import load_config
 from raysim.models import DataSpec, build_handle
@@ -272,7 +272,7 @@ def test_fedadam_moments_see_client_deltas_only(tmp_path):
     on_arrival = strategy.base.on_arrival
     strategy.base.on_arrival = lambda u: (seen.append(u), on_arrival(u))[1]
     core.step()
-    from raysim.algorithms.fedadam import FedAdam
+    from raysim.algorithms.general.fedadam import FedAdam
 
     replay = FedAdam(strategy.base.params, seen[0].base, 20)
     replay.setup(strategy.base.ctx)
@@ -372,7 +372,7 @@ def test_fedbaf_through_raysim_run_on_two_workers_with_the_auditor(
 # --------------------------------------------------------------------------- inv. 13, harness
 def three_rounds(tmp_path, d=2000, **params):
     """w_0 → (w'_1, w_1) → (w'_2, w_2) through the mixer, every coordinate matched."""
-    from raysim.algorithms.fedbaf import FedBaF, FedBaFParams
+    from raysim.algorithms.fedbaf.mixer import FedBaF, FedBaFParams
 
     rng = np.random.default_rng(5)
     pre = rng.normal(size=d)
@@ -442,7 +442,7 @@ def test_the_auditor_finds_the_foundation_bytes_anywhere_in_a_payload():
 def test_sampling_takes_max_floor_c_k_distinct_clients_and_weights_sum_to_one():
     """§7.2 inv. 9: m = max(⌊C·K⌋, 1) distinct clients a round; p_k = n_k / Σ n sums to 1 and is
     the plain mean for equal n_k."""
-    from raysim.algorithms.fedavg import FedAvg
+    from raysim.algorithms.general.fedavg import FedAvg
     from raysim.algorithms.registry import get_method
     from tests.test_interface import upd
 

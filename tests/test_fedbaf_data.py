@@ -8,7 +8,7 @@ import torch
 from safetensors.numpy import load_file
 
 from raysim.actors.local import local_core
-from raysim.algorithms.fedbaf_match import match_layers
+from raysim.algorithms.fedbaf.matching import match_layers
 from raysim.config import load_config
 from raysim.data import build_federated_dataset
 from raysim.data.digits_split import digits_pools, flipped, twenty_classes

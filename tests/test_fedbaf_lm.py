@@ -9,7 +9,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from raysim.actors.local import local_core
-from raysim.algorithms.fedbaf_match import match_layers
+from raysim.algorithms.fedbaf.matching import match_layers
 from raysim.config import load_config
 from raysim.data import build_federated_dataset
 from raysim.data.federated import DataConfig
@@ -92,7 +92,7 @@ def test_fedbaf_runs_on_the_lm_proxy_and_logs_perplexity(tmp_path):
 
 
 def test_noise_has_the_asked_norm_and_the_sweep_degrades_the_source_task(tmp_path):
-    from raysim.algorithms.fedbaf import matched_foundation
+    from raysim.algorithms.fedbaf.mixer import matched_foundation
     from raysim.security.noise import noise_sweep, noisy
 
     rng = np.random.default_rng(0)

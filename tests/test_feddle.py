@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from raysim.actors.local import local_core
-from raysim.algorithms.feddle_atlas import Atlas
-from raysim.algorithms.feddle_search import Objective, SearchConfig, mean_loss, search
+from raysim.algorithms.feddle.atlas import Atlas
+from raysim.algorithms.feddle.search import Objective, SearchConfig, mean_loss, search
 from raysim.training.tasks import ClassificationTask
 from tests.conftest import EXAMPLES
 from tests.test_feddle_baselines import cfg_for, run
@@ -230,7 +230,7 @@ def test_a_feddle_run_resumes_bit_identically_from_a_checkpoint(tmp_path):
 
 # --------------------------------------------------------------------------- I-12 (OOD)
 def test_ood_mechanics_probe_fits_head_gets_no_gradient_yet_moves():
-    from raysim.algorithms.feddle_ood import ProbeTask, features, fit_probe, head_of, new_probe
+    from raysim.algorithms.feddle.probe import ProbeTask, features, fit_probe, head_of, new_probe
 
     torch.manual_seed(0)
     module = torch.nn.Sequential(

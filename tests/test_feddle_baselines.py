@@ -9,9 +9,9 @@ import torch.nn.functional as F
 
 from raysim.actors.local import local_core
 from raysim.algorithms.base import Update
-from raysim.algorithms.ca2fl import CA2FL, CA2FLParams
-from raysim.algorithms.fedasync import FedAsync, FedAsyncParams
-from raysim.algorithms.fedbuff import FedBuff, FedBuffParams
+from raysim.algorithms.general.ca2fl import CA2FL, CA2FLParams
+from raysim.algorithms.general.fedasync import FedAsync, FedAsyncParams
+from raysim.algorithms.general.fedbuff import FedBuff, FedBuffParams
 from raysim.algorithms.registry import get_method
 from raysim.config import load_config
 
@@ -160,7 +160,7 @@ def test_hfcl_with_no_arrival_takes_the_server_delta_whole():
     """ω + (n_srv/n_srv)Δ_srv: with R_k empty the new model is the server-trained one."""
     core = local_core(cfg_for({"name": "hfcl"}, rounds=1, id_size=40))
     s = core.strategy
-    from raysim.algorithms.server_training import train_on_server
+    from raysim.algorithms.feddle.server_training import train_on_server
 
     want, _ = train_on_server(s.ctx, s.weights, s.ctx.data.id.data, s.ctx.local, "hfcl/0")
     s.on_round_end(0)
@@ -171,7 +171,7 @@ def test_hfcl_weights_the_server_like_a_client_of_its_size():
     core = local_core(cfg_for({"name": "hfcl"}, rounds=1, id_size=30))
     s = core.strategy
     w0 = s.weights.copy()
-    from raysim.algorithms.server_training import train_on_server
+    from raysim.algorithms.feddle.server_training import train_on_server
 
     trained, _ = train_on_server(s.ctx, w0, s.ctx.data.id.data, s.ctx.local, "hfcl/0")
     d = np.ones_like(w0)

@@ -8,7 +8,7 @@ import torch
 
 from raysim.algorithms import get_method
 from raysim.algorithms.base import ClientContext
-from raysim.algorithms.feature_distance import feature_distance, pool_features
+from raysim.algorithms.fedoa.feature_distance import feature_distance, pool_features
 from raysim.models import DataSpec, ModelConfig
 from raysim.models.layout import ParamGroup
 from raysim.runtime import build_resident

@@ -80,7 +80,7 @@ def test_a_data_seed_other_than_the_foundation_s_is_refused(foundation_dir):
 
 
 def test_the_foundation_model_loads_as_hf_causal_lm_with_lora(foundation_dir):
-    from raysim.algorithms.fedoa import PERSONAL_GROUPS
+    from raysim.algorithms.fedoa.method import PERSONAL_GROUPS
     from raysim.models.registry import DataSpec, ModelConfig, build_handle
 
     out = foundation_dir[0]

@@ -18,11 +18,12 @@ from raysim.actors.executor import InProcessExecutor
 from raysim.actors.local import local_core
 from raysim.algorithms.base import Update
 from raysim.algorithms.context import ServerContext
-from raysim.algorithms.fedadam import FedAdam
-from raysim.algorithms.fedavg import FedAvg
-from raysim.algorithms.fedopt import FedOptParams
-from raysim.algorithms.hooks import MIXERS, ComposedStrategy
+from raysim.algorithms.general.fedadam import FedAdam
+from raysim.algorithms.general.fedavg import FedAvg
+from raysim.algorithms.general.fedopt import FedOptParams
+from raysim.algorithms.hooks import ComposedStrategy
 from raysim.algorithms.private import PrivateStateError, PrivateTensors
+from raysim.algorithms.registry import MIXERS
 from raysim.config import ConfigError, load_config
 from raysim.models.layout import BUFFERS, SHARED
 from tests.conftest import ROOT, tiny
@@ -390,7 +391,7 @@ def test_entry_point_plugin_is_found_in_a_fresh_process(tmp_path):
     (pkg / "__init__.py").write_text(
         textwrap.dedent("""
         from raysim.algorithms import Method, register
-        from raysim.algorithms.fedavg import FedAvg
+        from raysim.algorithms.general.fedavg import FedAvg
         register(Method(name="ep_demo", strategy=FedAvg, reference="entry point test"))
     """)
     )

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from raysim.actors.local import local_core
-from raysim.algorithms.feddle_ood import features, head_of
+from raysim.algorithms.feddle.probe import features, head_of
 from raysim.config import load_config
 from raysim.models import DataSpec, ModelConfig, build_handle, build_model
 

@@ -21,8 +21,8 @@ from raysim.actors.executor import Executor
 from raysim.actors.jobs import ClientJob
 from raysim.algorithms.base import Downlink, Strategy, Update
 from raysim.algorithms.context import ServerContext
-from raysim.algorithms.hooks import MIXERS, compose
-from raysim.algorithms.registry import get_method
+from raysim.algorithms.hooks import compose
+from raysim.algorithms.registry import MIXERS, get_method
 from raysim.clock import ArrivalQueue, PendingJob, Schedule
 from raysim.config import RunConfig
 from raysim.delays import build_delay_model

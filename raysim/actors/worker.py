@@ -12,8 +12,7 @@ import torch
 
 from raysim.actors.jobs import ClientJob, ClientResult, EvalJob
 from raysim.algorithms.base import ClientContext
-from raysim.algorithms.hooks import BEHAVIOURS
-from raysim.algorithms.registry import get_method
+from raysim.algorithms.registry import BEHAVIOURS, get_method
 from raysim.data import FederatedDataset
 from raysim.models import DataSpec
 from raysim.models.layout import Layout

@@ -6,9 +6,17 @@ This package never imports Ray or MLflow. ``docs/architecture.md`` maps every ho
 from ..models.layout import Layout, ParamGroup
 from .base import ClientAlgorithm, ClientContext, Downlink, Method, MethodParams, Strategy, Update
 from .context import ServerContext, ServerData, ServerPool
-from .hooks import BEHAVIOURS, MIXERS, ClientBehaviour, Hook, Mixer
+from .hooks import ClientBehaviour, HookParams, Mixer
 from .private import PrivateTensors
-from .registry import get_method, load_plugin, method_names, register
+from .registry import (
+    BEHAVIOURS,
+    MIXERS,
+    Hook,
+    get_method,
+    load_plugin,
+    method_names,
+    register,
+)
 
 __all__ = [
     "BEHAVIOURS",
@@ -18,6 +26,7 @@ __all__ = [
     "ClientContext",
     "Downlink",
     "Hook",
+    "HookParams",
     "Layout",
     "Method",
     "MethodParams",

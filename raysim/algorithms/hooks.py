@@ -9,15 +9,14 @@
   before training and the update after it (label shuffling, corrupted or boosted updates).
   Attacks and defences are then config entries (``hooks.server`` / ``hooks.clients``), not forks.
 
-Both register by name, like methods, and take pydantic params.
+Both register by name in ``registry.py`` (``MIXERS``, ``BEHAVIOURS``), like methods, and take
+pydantic params. This module defines the interfaces only; it imports no implementation.
 """
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import numpy as np
 from pydantic import Field, model_validator
@@ -135,56 +134,6 @@ class ClientBehaviour:
         """Evaluation sets this behaviour adds to the run (e.g. triggered inputs for a backdoor's
         attack success rate); built once on the coordinator."""
         return {}
-
-
-T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Hook(Generic[T]):
-    """A registered hook: name, implementation class, params class, reference."""
-
-    name: str
-    cls: type[T]
-    params: type[HookParams] = HookParams
-    reference: str = ""
-
-    def build(self, params: Mapping[str, Any] | HookParams) -> T:
-        if not isinstance(params, HookParams):
-            params = self.params(**params)
-        return self.cls(params)
-
-
-class HookRegistry(Generic[T]):
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
-        self._hooks: dict[str, Hook[T]] = {}
-
-    def register(self, hook: Hook[T]) -> Hook[T]:
-        if hook.name in self._hooks and self._hooks[hook.name] is not hook:
-            raise ValueError(f"{self.kind} {hook.name!r} is registered twice")
-        self._hooks[hook.name] = hook
-        return hook
-
-    def get(self, name: str) -> Hook[T]:
-        _load_builtins()
-        if name not in self._hooks:
-            close = difflib.get_close_matches(name, list(self._hooks), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise KeyError(f"unknown {self.kind} {name!r}{hint}; known: {', '.join(self.names())}")
-        return self._hooks[name]
-
-    def names(self) -> list[str]:
-        _load_builtins()
-        return sorted(self._hooks)
-
-
-MIXERS: HookRegistry[Mixer] = HookRegistry("server hook")
-BEHAVIOURS: HookRegistry[ClientBehaviour] = HookRegistry("client behaviour")
-
-
-def _load_builtins() -> None:
-    from . import behaviours, fedbaf, mixers  # noqa: F401  (register the built-in hooks)
 
 
 class ComposedStrategy(Strategy):

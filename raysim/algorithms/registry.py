@@ -1,13 +1,19 @@
-"""Name → ``Method`` registry. A method file registers itself with ``@register`` at import.
+"""Every registry of the package: methods (``register``), server mixers (``MIXERS``) and client
+behaviours (``BEHAVIOURS``), and the one list of built-in modules that fills them.
 
-Where methods come from, in every process that looks one up (the driver, the coordinator and
-each worker):
+Where implementations come from, in every process that looks one up (the driver, the coordinator
+and each worker):
 
-- the built-in modules below;
+- ``BUILTIN_MODULES`` below, imported on the first lookup of any registry; each module registers
+  what it defines (a method with ``@register``-style calls, a hook with ``MIXERS.register`` /
+  ``BEHAVIOURS.register``);
 - packages that declare a ``raysim.methods`` entry point (``[project.entry-points."raysim.methods"]
   my_method = "my_pkg.my_method"``);
-- a user's module named in the config (``algorithm.module``: a dotted name or a ``.py`` file),
-  imported by ``load_plugin`` when the config is validated, which every process does.
+- a user's module named in the config (``algorithm.module``, or ``module:`` on a ``hooks.server``
+  / ``hooks.clients`` entry: a dotted name or a ``.py`` file), imported by ``load_plugin`` when
+  the config is validated, which every process does.
+
+No interface module imports an implementation: the built-in list is strings, imported here.
 """
 
 from __future__ import annotations
@@ -18,37 +24,50 @@ import importlib
 import importlib.util
 import inspect
 import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
+from typing import Any, Generic, TypeVar
 
 from .base import Method
+from .hooks import ClientBehaviour, HookParams, Mixer
 
 _METHODS: dict[str, Method] = {}
 ENTRY_POINT_GROUP = "raysim.methods"
 
-#: Modules imported on first lookup, so that every built-in method is registered.
+#: The built-in modules, imported on first lookup: each registers its methods, mixers and
+#: behaviours. One package per paper, plus the general-purpose methods every paper compares with.
 BUILTIN_MODULES = (
-    "raysim.algorithms.fedavg",
-    "raysim.algorithms.fedprox",
-    "raysim.algorithms.fedadam",
-    "raysim.algorithms.fedyogi",
-    "raysim.algorithms.fedasync",
-    "raysim.algorithms.fedbuff",
-    "raysim.algorithms.ca2fl",
-    "raysim.algorithms.center",
-    "raysim.algorithms.fedft",
-    "raysim.algorithms.hfcl",
-    "raysim.algorithms.feddf",
-    "raysim.algorithms.feddle",
-    "raysim.algorithms.fedbaf_method",
-    "raysim.algorithms.fedit",
-    "raysim.algorithms.fedoa",
-    "raysim.algorithms.ditto",
-    "raysim.algorithms.perada",
-    "raysim.algorithms.pfedme",
-    "raysim.algorithms.fedlora",
-    "raysim.algorithms.fedsdr",
-    "raysim.algorithms.centralized",
+    # general-purpose methods, mixers and behaviours
+    "raysim.algorithms.general.fedavg",
+    "raysim.algorithms.general.fedprox",
+    "raysim.algorithms.general.fedadam",
+    "raysim.algorithms.general.fedyogi",
+    "raysim.algorithms.general.fedasync",
+    "raysim.algorithms.general.fedbuff",
+    "raysim.algorithms.general.ca2fl",
+    "raysim.algorithms.general.mixers",
+    "raysim.algorithms.general.behaviours",
+    # Feddle (feddle.md) and its server-data baselines
+    "raysim.algorithms.feddle.center",
+    "raysim.algorithms.feddle.fedft",
+    "raysim.algorithms.feddle.hfcl",
+    "raysim.algorithms.feddle.feddf",
+    "raysim.algorithms.feddle.method",
+    # FedBaF (fedbaf.md): the mixer, the method, the adversaries
+    "raysim.algorithms.fedbaf.mixer",
+    "raysim.algorithms.fedbaf.method",
+    "raysim.algorithms.fedbaf.adversaries",
+    # FedOA (fedoa.md) and its personalised-adapter baselines
+    "raysim.algorithms.fedoa.fedit",
+    "raysim.algorithms.fedoa.method",
+    "raysim.algorithms.fedoa.ditto",
+    "raysim.algorithms.fedoa.perada",
+    "raysim.algorithms.fedoa.pfedme",
+    "raysim.algorithms.fedoa.fedlora",
+    "raysim.algorithms.fedoa.fedsdr",
+    "raysim.algorithms.fedoa.centralized",
 )
 _loaded = False
 
@@ -57,11 +76,15 @@ class PluginError(ValueError):
     """A method module named in the config (or by an entry point) could not be imported."""
 
 
-def _source(method: Method) -> str | None:
+def _file(obj: type) -> str | None:
     try:
-        return inspect.getsourcefile(method.strategy) or None
+        return inspect.getsourcefile(obj) or None
     except TypeError:
         return None
+
+
+def _source(method: Method) -> str | None:
+    return _file(method.strategy)
 
 
 def register(method: Method) -> Method:
@@ -81,7 +104,7 @@ def register(method: Method) -> Method:
 
 
 def load_plugin(spec: str) -> str:
-    """Import a user's method module: a dotted module name or a path to a ``.py`` file.
+    """Import a user's module (methods, mixers or behaviours): a dotted name or a ``.py`` path.
 
     Returns the canonical spec (a file path made absolute), which the config stores so that every
     Ray process imports the same thing. Importing twice is harmless.
@@ -89,7 +112,7 @@ def load_plugin(spec: str) -> str:
     if spec.endswith(".py") or "/" in spec or "\\" in spec:
         path = Path(spec).expanduser().resolve()
         if not path.is_file():
-            raise PluginError(f"algorithm.module: no such file {spec!r}")
+            raise PluginError(f"module: no such file {spec!r}")
         name = "raysim_plugin_" + hashlib.sha1(str(path).encode()).hexdigest()[:12]
         if name not in sys.modules:
             loader_spec = importlib.util.spec_from_file_location(name, path)
@@ -99,13 +122,13 @@ def load_plugin(spec: str) -> str:
                 loader_spec.loader.exec_module(module)
             except Exception as e:
                 del sys.modules[name]
-                raise PluginError(f"algorithm.module {str(path)!r} failed to import: {e}") from e
+                raise PluginError(f"module {str(path)!r} failed to import: {e}") from e
         return str(path)
     try:
         importlib.import_module(spec)
     except ImportError as e:
         raise PluginError(
-            f"algorithm.module {spec!r} cannot be imported ({e}); is it installed, or on "
+            f"module {spec!r} cannot be imported ({e}); is it installed, or on "
             "PYTHONPATH in every Ray process?"
         ) from e
     return spec
@@ -123,6 +146,59 @@ def _load_builtins() -> None:
             ep.load()
         except Exception as e:  # noqa: BLE001 - name the broken plugin, do not hide it
             raise PluginError(f"entry point {ep.name!r} ({ep.value}) failed to load: {e}") from e
+
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Hook(Generic[T]):
+    """A registered hook: name, implementation class, params class, reference."""
+
+    name: str
+    cls: type[T]
+    params: type[HookParams] = HookParams
+    reference: str = ""
+
+    def build(self, params: Mapping[str, Any] | HookParams) -> T:
+        if not isinstance(params, HookParams):
+            params = self.params(**params)
+        return self.cls(params)
+
+
+class HookRegistry(Generic[T]):
+    """Name → ``Hook`` for one kind of hook; lookups load the built-in modules first."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._hooks: dict[str, Hook[T]] = {}
+
+    def register(self, hook: Hook[T]) -> Hook[T]:
+        old = self._hooks.get(hook.name)
+        if old is not None and old is not hook:
+            same = old.cls.__qualname__ == hook.cls.__qualname__ and _file(old.cls) == _file(
+                hook.cls
+            )
+            if not same:
+                raise ValueError(f"{self.kind} {hook.name!r} is registered twice")
+        self._hooks[hook.name] = hook
+        return hook
+
+    def get(self, name: str) -> Hook[T]:
+        _load_builtins()
+        if name not in self._hooks:
+            close = difflib.get_close_matches(name, list(self._hooks), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise KeyError(f"unknown {self.kind} {name!r}{hint}; known: {', '.join(self.names())}")
+        return self._hooks[name]
+
+    def names(self) -> list[str]:
+        _load_builtins()
+        return sorted(self._hooks)
+
+
+MIXERS: HookRegistry[Mixer] = HookRegistry("server hook")
+BEHAVIOURS: HookRegistry[ClientBehaviour] = HookRegistry("client behaviour")
 
 
 def get_method(name: str) -> Method:

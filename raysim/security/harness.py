@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from raysim.algorithms.fedbaf import INTEGER_BUFFERS, MatchedFoundation
+from raysim.algorithms.fedbaf.mixer import INTEGER_BUFFERS, MatchedFoundation
 from raysim.security.extraction import Closeness, e0_static_alpha, e1_one_round, e2_two_rounds
 from raysim.security.observations import ObservedRound
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from raysim.algorithms.fedbaf import MatchedFoundation, load_foundation
+from raysim.algorithms.fedbaf.mixer import MatchedFoundation, load_foundation
 
 NOISE_TAG = 0xF18  # rng = default_rng([seed, NOISE_TAG, i]) for the i-th (mode, e) point
 MODES = ("rms", "magnitude")

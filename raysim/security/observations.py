@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 
 from raysim.algorithms.base import Strategy, Update
-from raysim.algorithms.fedbaf import FedBaF
-from raysim.algorithms.hooks import MIXERS, ComposedStrategy
-from raysim.algorithms.registry import get_method
+from raysim.algorithms.fedbaf.mixer import FedBaF
+from raysim.algorithms.hooks import ComposedStrategy
+from raysim.algorithms.registry import MIXERS, get_method
 
 
 @dataclass

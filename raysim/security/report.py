@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from raysim.algorithms.fedbaf import FedBaFParams, matched_foundation
+from raysim.algorithms.fedbaf.mixer import FedBaFParams, matched_foundation
 from raysim.config import RunConfig, load_config
 from raysim.security.harness import Attempt, FeatureProbe, Harness, summarize, tau_scope
 from raysim.security.observations import read_observations, rebuild_aggregates

@@ -21,12 +21,11 @@ import os
 import socket
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from raysim.training.loop import LocalTrainingConfig
+from raysim.training.settings import LocalTrainingConfig
 
 BACKENDS = ("torch", "accelerate", "deepspeed")
 PenaltyFn = Callable[[Sequence[torch.Tensor]], torch.Tensor]

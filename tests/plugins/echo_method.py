@@ -14,7 +14,7 @@ import numpy as np
 
 from raysim.algorithms import ClientAlgorithm, Method, MethodParams, register
 from raysim.algorithms.base import Downlink
-from raysim.algorithms.fedavg import FedAvg
+from raysim.algorithms.general.fedavg import FedAvg
 from raysim.algorithms.private import PrivateTensors
 
 

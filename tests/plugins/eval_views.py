@@ -9,7 +9,7 @@ are evaluated (the shape of fedot.md §5's L-FedAvg, shortened).
 from __future__ import annotations
 
 from raysim.algorithms import ClientAlgorithm, Method, MethodParams, register
-from raysim.algorithms.fedavg import FedAvg
+from raysim.algorithms.general.fedavg import FedAvg
 from raysim.models.layout import ParamGroup
 from raysim.training.loop import train_local
 

@@ -1,0 +1,206 @@
+"""FedBaF's mixing (fedbaf.md §2.2, Alg. 1 lines 9–11) as a post-aggregation mixer on any base.
+
+After the base strategy produced ``w'`` from ``w_t``:
+
+    r_t = ‖ w'/‖w'‖ − w_t/‖w_t‖ ‖,   τ_t = r_t / sqrt(t+1),   τ_0 kept from the first call
+    α_t = (ψ/τ_0)·u_t, u_t ~ U(1, 2) from a server-only stream,   c_t = α_t τ_t
+    w_{t+1} = (w' + c_t·w_pre) / (1 + c_t)      on matched coordinates only; the rest stay w'
+
+Norms and the mix run in float64 and are cast back (§2.5); τ_0 is floored at 1e-12 and a zero
+vector normalises to zero (§2.5). ``tau_scope`` picks the vector of the norms (§2.4 (c)); ``rng``
+is ``seeded`` (reproducible, resumed with the run) or ``secure`` (OS entropy, deliberately not
+reproducible, §2.5). The foundation weights are read from ``foundation`` (a safetensors file or
+a directory holding ``model.safetensors``) in the server's process only, and held as
+``PrivateTensors``, which refuse to be pickled, so they never reach a Ray payload or a
+checkpoint. r_t, τ_t, u_t, α_t and c_t are logged on the server (§7.1) and never sent.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+from pydantic import Field
+
+from ..base import Secret
+from ..hooks import HookParams, Mixer
+from ..private import PrivateTensors
+from ..registry import MIXERS, Hook
+from .matching import INTEGER_BUFFERS, MatchRule, match_layers, matching_report
+
+if TYPE_CHECKING:
+    from ...models.layout import Layout
+
+log = logging.getLogger("raysim")
+TAU0_FLOOR = 1e-12
+
+
+class FedBaFParams(HookParams):
+    foundation: str = Field(description="the server-private foundation weights (safetensors)")
+    psi: float = Field(1.0, ge=0, description="ψ; c_0 ∈ [ψ, 2ψ] (§2.2; 1 is the default)")
+    match: MatchRule = Field("exact", description="the layer matcher (§2.4)")
+    exclude: list[str] = Field(default_factory=list, description="names never mixed (re.search)")
+    tau_scope: Literal["all", "matched"] = Field("all", description="the norms' vector, §2.4 (c)")
+    rng: Literal["seeded", "secure"] = Field("seeded", description="the u_t stream (§2.5)")
+    alpha_random: bool = Field(
+        True, description="false: u_t = 1.5 every round, a static α (§6.2's E0 control)"
+    )
+    log_private: bool = Field(
+        False,
+        description="log the matched foundation tensors as an MLflow artifact "
+        "(private/foundation.safetensors) and tag the run raysim.restricted (§7.1)",
+    )
+    variant: Literal["mix", "weight_init"] = Field(
+        "mix",
+        description="mix: FedBaF; weight_init: the §3 baseline, w_0 = w_pre on matched layers, "
+        "no mixing (it sends the foundation in round 0: the auditor's positive control)",
+    )
+
+
+def load_foundation(path: str | Path) -> dict[str, np.ndarray]:
+    """A foundation state dict from a safetensors file or a directory holding one."""
+    from safetensors.numpy import load_file
+
+    p = Path(path).expanduser()
+    if p.is_dir():
+        files = sorted(p.glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"no .safetensors file in the foundation directory {p}")
+        out: dict[str, np.ndarray] = {}
+        for f in files:
+            out.update(load_file(str(f)))
+        return out
+    if not p.is_file():
+        raise FileNotFoundError(f"foundation weights not found: {p}")
+    return load_file(str(p))
+
+
+@dataclass(frozen=True)
+class MatchedFoundation:
+    """The foundation on the global vector: the matched coordinates, their values (float64), one
+    (tensor name, start, end) block per matched tensor, the foundation tensors they came from,
+    and the matching report (§2.4)."""
+
+    indices: np.ndarray
+    values: np.ndarray
+    blocks: list[tuple[str, int, int]]
+    sources: tuple[str, ...]
+    report: str
+
+
+def matched_foundation(
+    layout: Layout, foundation: str | Path, match: MatchRule, exclude: Sequence[str] = ()
+) -> MatchedFoundation:
+    """Load the foundation weights and place them on ``layout`` by the layer matcher."""
+    weights = load_foundation(foundation)
+    shapes = {k: tuple(v.shape) for k, v in weights.items()}
+    matches, unmatched = match_layers(layout, shapes, match, list(exclude))
+    report = matching_report(matches, unmatched, layout)
+    idx = [m.global_indices(layout) for m in matches]
+    ends = np.cumsum([0, *(len(i) for i in idx)])
+    spans = zip(matches, ends[:-1], ends[1:], strict=True)
+    blocks = [(m.name, int(a), int(b)) for m, a, b in spans]
+    indices = np.concatenate(idx) if idx else np.zeros(0, np.int64)
+    values = [m.foundation_values(weights[m.foundation]) for m in matches]
+    pre = np.concatenate(values).astype(np.float64) if values else np.zeros(0)
+    sources = tuple(m.foundation for m in matches)
+    return MatchedFoundation(indices, pre, blocks, sources, report)
+
+
+def unit(x: np.ndarray) -> np.ndarray:
+    n = float(np.linalg.norm(x))
+    return x / n if n > 0 else np.zeros_like(x)
+
+
+class FedBaF(Mixer):
+    params: FedBaFParams
+    transient = ("pre", "indices", "scope", "report", "blocks")
+
+    def __init__(self, params: FedBaFParams) -> None:
+        super().__init__(params)
+        self.tau0: float | None = None
+        self.stream: np.random.Generator | None = None
+        self.last: dict[str, float] = {}
+
+    def setup(self, ctx) -> None:
+        super().setup(ctx)
+        p = self.params
+        found = matched_foundation(ctx.layout, p.foundation, p.match, p.exclude)
+        self.report, self.blocks, self.indices = found.report, found.blocks, found.indices
+        log.info("FedBaF layer matching:\n%s", self.report)
+        self.pre = PrivateTensors({"w_pre": found.values})
+        if p.tau_scope == "matched":
+            self.scope = self.indices
+        else:  # every aggregated floating-point coordinate
+            self.scope = np.flatnonzero(~ctx.layout.mask(pattern=INTEGER_BUFFERS))
+        if self.stream is None:
+            secure = p.rng == "secure"
+            self.stream = np.random.default_rng() if secure else ctx.rng("fedbaf/u")
+
+    def coefficient(self, round_index: int, previous: np.ndarray, aggregated: np.ndarray) -> float:
+        """c_t for this call (Alg. 1 lines 9–10), recording r_t, τ_t, u_t and α_t."""
+        a = aggregated[self.scope].astype(np.float64)
+        b = previous[self.scope].astype(np.float64)
+        r = float(np.linalg.norm(unit(a) - unit(b)))
+        tau = r / math.sqrt(round_index + 1)
+        if self.tau0 is None:
+            self.tau0 = max(tau, TAU0_FLOOR)
+        u = float(self.stream.uniform(1.0, 2.0)) if self.params.alpha_random else 1.5
+        alpha = self.params.psi / self.tau0 * u
+        c = alpha * tau
+        self.last = {
+            "fedbaf_r": r,
+            "fedbaf_tau": tau,
+            "fedbaf_tau0": self.tau0,
+            "fedbaf_u": u,
+            "fedbaf_alpha": alpha,
+            "fedbaf_c": c,
+        }
+        return c
+
+    def initial(self, weights: np.ndarray) -> np.ndarray:
+        if self.params.variant == "mix":
+            return weights  # FedBaF starts from the random init (Alg. 1 line 1)
+        out = np.array(weights, dtype=np.float32, copy=True)
+        out[self.indices] = self.pre["w_pre"].astype(np.float32)
+        return out
+
+    def secrets(self) -> list[Secret]:
+        pre = self.pre["w_pre"].astype(np.float32)
+        return [Secret(n, self.indices[a:b], pre[a:b]) for n, a, b in self.blocks if b > a]
+
+    def private_artifacts(self) -> list[Secret]:
+        return self.secrets() if self.params.log_private else []
+
+    def tables(self) -> dict[str, list[dict]]:
+        """The matching report, one row per global tensor (an MLflow artifact)."""
+        return {"fedbaf_matching": [{"line": line} for line in self.report.splitlines()]}
+
+    def mix(self, round_index: int, previous: np.ndarray, aggregated: np.ndarray) -> np.ndarray:
+        if self.params.variant == "weight_init":
+            return aggregated
+        c = self.coefficient(round_index, previous, aggregated)
+        if c == 0.0:
+            return aggregated  # ψ = 0: the base algorithm, bit for bit (§7.2 inv. 1)
+        out = np.array(aggregated, dtype=np.float32, copy=True)
+        x = aggregated[self.indices].astype(np.float64)
+        out[self.indices] = ((x + c * self.pre["w_pre"]) / (1.0 + c)).astype(np.float32)
+        return out
+
+    def metrics(self) -> dict[str, float]:
+        return dict(self.last)
+
+
+MIXERS.register(
+    Hook(
+        "fedbaf",
+        FedBaF,
+        FedBaFParams,
+        "FedBaF (Park et al. 2024): mix a server-private foundation model in; fedbaf.md §2",
+    )
+)

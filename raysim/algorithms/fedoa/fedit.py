@@ -1,0 +1,16 @@
+"""FedIT (Zhang et al. 2023, "Towards building the federated GPT"), as fedoa.md §3.2.
+
+FedAvg over the global LoRA adapter: each sampled client trains its copy of φ_g for K epochs on the
+causal-LM loss and uploads it; the server averages tensor-wise by data size (fedoa.md §2.7; A and B
+averaged separately because they are separate coordinates of the flat vector).
+"""
+
+from __future__ import annotations
+
+from ..base import Method
+from ..general.fedavg import FedAvg
+from ..registry import register
+
+METHOD = register(
+    Method(name="fedit", strategy=FedAvg, reference="Zhang et al. 2023; fedoa.md §3.2")
+)

@@ -1,0 +1,56 @@
+"""FedOA (papers 000/001; spec fedoa.md §2): a global and a personal LoRA adapter per client.
+
+Per round, client e (fedoa.md §2.3):
+(a) personal adapter φ_e, K epochs of ``CE(φ_e; ξ) + λ·D(Φ(φ_e; ξ), stop_grad Φ(φ_g^{t-1}; ξ))``,
+    teacher = the *round-start* global adapter on the same minibatch, no gradient through it;
+(b) the client's copy of φ_g, K epochs of plain CE (exactly FedIT), uploaded.
+The server is FedAvg (FedIT). φ_e never leaves the client and persists across rounds.
+
+Switches (fedoa.md §8, defaults first): ``distance`` l2 (un-squared Frobenius per micro-batch,
+§2.5) | l2_squared | l2_mean | mse | cosine | pearson | l1; ``feature_layer`` −1 (post-final-norm,
+§2.4); ``feature_pool`` last | mean | response_mean | token; ``personal_init`` fresh | copy_global,
+``personal_start_round`` 0 (paper) or 1 (authors' code) (§2.8); ``teacher_dropout`` off (§2.8);
+``order`` personal_first (code) | global_first (invariant I4); ``global_update_mode`` local_epochs |
+single_full_grad_step (Alg. 1 literally, §2.3 note 1).
+
+The client (``FedOAClient``, ``FedOAParams``) lives in ``personal.py``: Ditto, PerAda and FedSDR
+reuse it with one term swapped.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from ..base import Method
+from ..general.fedavg import FedAvg
+from ..registry import register
+from .personal import PERSONAL, PERSONAL_GROUPS, FedOAClient, FedOAParams
+
+METHOD = register(
+    Method(
+        name="fedoa",
+        strategy=FedAvg,
+        params=FedOAParams,
+        client=FedOAClient,
+        groups=PERSONAL_GROUPS,
+        evaluate_with=PERSONAL,
+        reference="FedOA (seeds 000/001); fedoa.md §2",
+    )
+)
+
+
+class LocalOnlyParams(FedOAParams):
+    lam: float = Field(0.0, ge=0, le=0, alias="lambda")
+
+
+METHOD_LOCAL = register(
+    Method(
+        name="local_only",
+        strategy=FedAvg,
+        params=LocalOnlyParams,
+        client=FedOAClient,
+        groups=PERSONAL_GROUPS,
+        evaluate_with=PERSONAL,
+        reference="Local-only personal adapters = FedOA with λ = 0; fedoa.md §3.7",
+    )
+)

@@ -1,0 +1,228 @@
+"""What the personalised-adapter methods share: FedOA's two-phase client and its helpers.
+
+Every method here keeps two LoRA adapters on the resident model, ``GLOBAL`` (trained FedIT-style,
+uploaded, averaged) and ``PERSONAL`` (never leaves the client, answers for a known client):
+
+- ``FedOAParams`` / ``FedOAClient``: FedOA's client (fedoa.md §2.3): per round the personal adapter
+  with ``CE + λ·R(E, G)`` against the round-start global adapter's features, then the global copy
+  with plain CE (exactly FedIT); ``regularizer`` is the term subclasses swap (FedOA, Local-only,
+  FedSDR);
+- ``ParamProxClient``: the same client with the feature term replaced by a parameter penalty
+  (Ditto, PerAda), plus ``squared_distance`` and ``param_distance``;
+- ``detached_code_penalty``: the authors'-code gradient-free prox term (fedoa.md §2.13; PerAda,
+  pFedMe).
+
+Method files import these from here, never from each other; each method registers itself in its
+own file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
+
+import numpy as np
+import torch
+from pydantic import Field
+
+from ...models.layout import ParamGroup
+from ...training.loop import minibatches, train_local
+from ..base import ClientAlgorithm, ClientContext, MethodParams
+from .feature_distance import Distance, Pool, feature_distance, pool_features
+
+GLOBAL, PERSONAL = "global", "personal"
+#: FedOA-style methods: a shared global adapter and a personal one (fedoa.md §2.1)
+PERSONAL_GROUPS = (ParamGroup(GLOBAL, "shared"), ParamGroup(PERSONAL, "personal"))
+
+
+class FedOAParams(MethodParams):
+    lam: float = Field(0.5, ge=0, alias="lambda", description="λ, weight of D (fedoa.md §2.2)")
+    distance: Distance = "l2"
+    feature_layer: int = -1
+    feature_pool: Pool = "last"
+    personal_init: Literal["fresh", "copy_global"] = "fresh"
+    personal_start_round: int = Field(0, ge=0)
+    teacher_dropout: bool = False
+    order: Literal["personal_first", "global_first"] = "personal_first"
+    global_update_mode: Literal["local_epochs", "single_full_grad_step"] = "local_epochs"
+    train_global: bool = True
+    log_feature_distance: bool = True
+
+    model_config = {"populate_by_name": True}
+
+
+def features(module: torch.nn.Module, batch: dict, layer: int, pool: Pool):
+    """(model output, pooled features of hidden layer ``layer``) for one batch."""
+    out = module(**batch, output_hidden_states=True)
+    feats = pool_features(out.hidden_states[layer], batch["attention_mask"], batch["labels"], pool)
+    return out, feats
+
+
+class FedOAClient(ClientAlgorithm):
+    """Trains the personal adapter (feature-regularised) and the global copy (plain CE)."""
+
+    params: FedOAParams
+
+    def teacher_features(self, ctx: ClientContext, batch: dict) -> torch.Tensor:
+        """Φ(φ_g^{t-1}; ξ): global adapter active, no grad, dropout off unless configured."""
+        p, h, module = self.params, ctx.model, ctx.model.module
+        h.use(GLOBAL)
+        was_training = module.training
+        if not p.teacher_dropout:
+            module.eval()
+        with torch.no_grad():
+            _, g = features(module, batch, p.feature_layer, p.feature_pool)
+        module.train(was_training)
+        h.use(PERSONAL)
+        return g.detach()
+
+    def regularizer(self, e: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        """The feature term R(E, G) weighted by λ: FedOA's distance D (subclasses swap it)."""
+        return feature_distance(e, g, self.params.distance)
+
+    def personal_objective(self, ctx: ClientContext):
+        p, module = self.params, ctx.model.module
+
+        def objective(batch: dict) -> torch.Tensor:
+            if p.lam == 0:
+                return module(**batch).loss
+            g = self.teacher_features(ctx, batch)
+            out, e = features(module, batch, p.feature_layer, p.feature_pool)
+            return out.loss + p.lam * self.regularizer(e, g)
+
+        return objective
+
+    def train_personal(self, ctx: ClientContext) -> dict[str, float]:
+        h = ctx.model
+        if ctx.first_visit and self.params.personal_init == "copy_global":
+            h.set_adapter(PERSONAL, h.get_adapter(GLOBAL))
+        if ctx.dispatch_round < self.params.personal_start_round:
+            return {}
+        h.use(PERSONAL)
+        params = h.adapter_parameters(PERSONAL)
+        m = train_local(
+            h.module,
+            params,
+            ctx.task,
+            ctx.data,
+            ctx.config,
+            ctx.phase(PERSONAL),
+            objective=self.personal_objective(ctx),
+        )
+        out = {"personal_train_loss": m["train_loss"]}
+        if self.params.log_feature_distance:
+            out["feature_distance"] = self.mean_distance(ctx)
+        return out
+
+    @torch.no_grad()
+    def mean_distance(self, ctx: ClientContext) -> float:
+        """Mean D(personal, global) over the client's data (fedoa.md §4.8 Fig. 2 diagnostic)."""
+        p, h, module = self.params, ctx.model, ctx.model.module
+        module.eval()
+        total, n = 0.0, ctx.task.num_examples(ctx.data)
+        for idx in torch.arange(n).split(ctx.config.batch_size):
+            batch = ctx.task.batch(ctx.data, idx)
+            h.use(GLOBAL)
+            _, g = features(module, batch, p.feature_layer, p.feature_pool)
+            h.use(PERSONAL)
+            _, e = features(module, batch, p.feature_layer, p.feature_pool)
+            total += float(feature_distance(e, g, p.distance)) * len(idx)
+        module.train()
+        return total / max(n, 1)
+
+    def train_global(self, ctx: ClientContext) -> dict[str, float]:
+        h = ctx.model
+        h.use(GLOBAL)
+        params = h.adapter_parameters(GLOBAL)
+        generator = ctx.phase(None)  # the job's own streams: the global path is exactly FedIT's
+        if self.params.global_update_mode == "single_full_grad_step":
+            return full_gradient_step(ctx, params, generator)
+        return train_local(h.module, params, ctx.task, ctx.data, ctx.config, generator)
+
+    def train(self, ctx: ClientContext) -> dict[str, float]:
+        h = ctx.model
+        round_start = h.get_adapter(GLOBAL)
+        metrics: dict[str, float] = {}
+        if self.params.order == "global_first" and self.params.train_global:
+            metrics.update(self.train_global(ctx))
+            trained = h.get_adapter(GLOBAL)
+            h.set_adapter(GLOBAL, round_start)  # teacher = round-start global (fedoa.md §2.3)
+            metrics.update(self.train_personal(ctx))
+            h.set_adapter(GLOBAL, trained)
+        else:
+            metrics.update(self.train_personal(ctx))
+            if self.params.train_global:
+                metrics.update(self.train_global(ctx))
+        h.use(GLOBAL)
+        return metrics
+
+
+def full_gradient_step(
+    ctx: ClientContext, params: list[torch.nn.Parameter], generator: torch.Generator
+) -> dict[str, float]:
+    """φ ← φ − η ∇R_e(φ) with the full-batch gradient (Algorithm 1 line 10 read literally)."""
+    module, task, n = ctx.model.module, ctx.task, ctx.task.num_examples(ctx.data)
+    for q in params:
+        q.grad = None
+    total = 0.0
+    for idx in minibatches(n, ctx.config.batch_size, generator):
+        loss = task.loss(module, task.batch(ctx.data, idx)) * (len(idx) / n)
+        loss.backward()
+        total += float(loss.detach())
+    with torch.no_grad():
+        for q in params:
+            q -= ctx.config.lr * q.grad
+            q.grad = None
+    return {"train_loss": total, "local_steps": 1.0}
+
+
+def squared_distance(params, centre) -> torch.Tensor:
+    """Σ_tensors ‖p − c‖² (differentiable in ``params``; ``centre`` is a detached snapshot)."""
+    return sum(((p - c) ** 2).sum() for p, c in zip(params, centre, strict=True))
+
+
+def param_distance(ctx: ClientContext) -> float:
+    """‖v − φ_g‖₂ between the personal and global adapters (flat vectors, float64)."""
+    h = ctx.model
+    diff = h.get_adapter(PERSONAL).astype(np.float64) - h.get_adapter(GLOBAL)
+    return float(np.linalg.norm(diff))
+
+
+class ParamProxClient(FedOAClient):
+    """FedOA's two-phase client with the feature term replaced by a parameter penalty.
+
+    Subclasses give ``penalty_fn(ctx)``: a closure computing the (differentiable) penalty on the
+    personal adapter, or None for none. The closure is built at the start of the personal phase,
+    so it may snapshot the round-start global adapter.
+    """
+
+    def penalty_fn(self, ctx: ClientContext) -> Callable[[], torch.Tensor | float] | None:
+        raise NotImplementedError
+
+    def personal_objective(self, ctx: ClientContext):
+        module, penalty = ctx.model.module, self.penalty_fn(ctx)
+
+        def objective(batch: dict) -> torch.Tensor:
+            loss = module(**batch).loss
+            return loss if penalty is None else loss + penalty()
+
+        return objective
+
+    def train_personal(self, ctx: ClientContext) -> dict[str, float]:
+        out = super().train_personal(ctx)
+        if out:
+            out["param_distance"] = param_distance(ctx)
+        return out
+
+
+#: The authors' code divides the summed per-tensor norms by 32 (LLaMA-7B's layer count).
+CODE_NORM_DIVISOR = 32.0
+
+
+def detached_code_penalty(personal, centre) -> float:
+    """Σ_tensors ‖θ_p − θ_g‖₂ / 32 as a float (the authors' ``.item()`` form, no gradient)."""
+    with torch.no_grad():
+        total = sum(
+            float(torch.linalg.vector_norm(p - c)) for p, c in zip(personal, centre, strict=True)
+        )
+    return total / CODE_NORM_DIVISOR

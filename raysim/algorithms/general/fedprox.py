@@ -1,0 +1,47 @@
+"""FedProx (Li et al. 2020): FedAvg aggregation, local loss + (μ/2)‖w − w_global‖²."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from pydantic import Field
+
+from ..base import ClientAlgorithm, Method, MethodParams, PenaltyFn
+from ..registry import register
+from .fedavg import FedAvg
+
+
+class FedProxParams(MethodParams):
+    mu: float = Field(0.01, ge=0, description="proximal coefficient μ")
+
+
+class FedProxClient(ClientAlgorithm):
+    """Adds the proximal term to every local step; anchored at the downloaded model."""
+
+    params: FedProxParams
+
+    def penalty(self, global_params: Sequence[torch.Tensor]) -> PenaltyFn | None:
+        mu = self.params.mu
+        if mu == 0:
+            return None
+
+        def proximal(params: Sequence[torch.Tensor]) -> torch.Tensor:
+            return (
+                0.5
+                * mu
+                * sum(((p - g) ** 2).sum() for p, g in zip(params, global_params, strict=False))
+            )
+
+        return proximal
+
+
+METHOD = register(
+    Method(
+        name="fedprox",
+        strategy=FedAvg,
+        params=FedProxParams,
+        client=FedProxClient,
+        reference="Li et al. 2020 (FedProx)",
+    )
+)

@@ -7,6 +7,12 @@ The table reports, per row, how many tries there were, how many survived, and ho
 
     python benchmarks/reliability.py                 # everything (about 15-20 min on 2 CPUs)
     python benchmarks/reliability.py --only inputs   # the bad-input half (about 3 min)
+    python benchmarks/reliability.py --only methods  # every method x every example config
+
+The method matrix runs ``raysim run EXAMPLE 'algorithm={name: M}' rounds=1`` for every registered
+method on every example that runs offline, and ``--dry-run`` on the paper-scale configs (their
+data and weights come from the hub): each pair must run (exit 0, a digest), or be refused in one
+line with exit 2 before Ray starts.
 
 ``tests/test_first_hour.py`` runs a fast subset of these in CI.
 """
@@ -168,6 +174,47 @@ def bad_inputs(rows: list[Row]) -> None:
             row.note = "; ".join(problems) or (lines[0][:90] if lines else "")
         rows.append(row)
         print(f"  {label}: {row.note}", flush=True)
+
+
+# --------------------------------------------------------------------------- method x example
+def method_matrix(rows: list[Row]) -> None:
+    from raysim.algorithms.registry import method_names
+
+    examples = sorted(p for p in (ROOT / "examples").rglob("*.yaml") if p.name != "methods.yaml")
+    for example in examples:
+        offline = "paper" not in example.relative_to(ROOT).parts[
+            :-1
+        ] and not example.stem.startswith("paper")
+        label = str(example.relative_to(ROOT / "examples")) + ("" if offline else " (dry run)")
+        row = Row("method x example", label)
+        ran, refused, failed = 0, 0, []
+        for name in method_names():
+            row.tried += 1
+            extra = ["rounds=1"] if offline else ["--dry-run"]
+            with tempfile.TemporaryDirectory() as tmp:
+                d = Path(tmp)
+                t0 = time.perf_counter()
+                res = raysim(["run", str(example), f"algorithm={{name: {name}}}", *extra], d)
+                took = time.perf_counter() - t0
+                lines = res.stderr.strip().splitlines()
+                if res.returncode == 0 and (not offline or _final_digest(res.stdout)):
+                    ran += 1
+                    verdict = f"ran ({took:.0f} s)"
+                elif res.returncode == 2 and len(lines) == 1 and "Traceback" not in res.stderr:
+                    refused += 1
+                    verdict = "refused: " + lines[0][:110]
+                else:
+                    failed.append(name)
+                    verdict = f"FAILED exit {res.returncode}, {len(lines)} stderr lines: " + (
+                        lines[-1][:110] if lines else ""
+                    )
+            print(f"  {label} · {name}: {verdict}", flush=True)
+        row.survived = ran + refused
+        row.lost = len(failed)
+        row.note = f"{ran} ran, {refused} refused in one line" + (
+            f"; failed: {', '.join(failed)}" if failed else ""
+        )
+        rows.append(row)
 
 
 # --------------------------------------------------------------------------- faults
@@ -392,7 +439,7 @@ def main() -> None:
         "concurrent": lambda ref, t, rng: concurrent_runs(rows),
         "stale-cluster": lambda ref, t, rng: stale_cluster_file(rows, ref),
     }
-    parser.add_argument("--only", choices=["inputs", "faults", *faults], default=None)
+    parser.add_argument("--only", choices=["inputs", "methods", "faults", *faults], default=None)
     parser.add_argument("--tries", type=int, default=2, help="tries per random fault row")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -402,7 +449,10 @@ def main() -> None:
     if args.only in (None, "inputs"):
         print(f"bad inputs ({len(BAD_INPUTS)} kinds)", flush=True)
         bad_inputs(rows)
-    if args.only != "inputs":
+    if args.only in (None, "methods"):
+        print("every method x every example config", flush=True)
+        method_matrix(rows)
+    if args.only not in ("inputs", "methods"):
         with tempfile.TemporaryDirectory() as tmp:
             ref = raysim(["run", QUICK], Path(tmp))
         reference = _final_digest(ref.stdout)

@@ -34,7 +34,7 @@ from raysim.algorithms.registry import (
 )
 from raysim.data import DataConfig
 from raysim.delays import DelayParams, NoDelayParams, parse_delay_params
-from raysim.models.registry import ModelConfig, model_names
+from raysim.models.registry import ModelConfig, model_names, model_traits
 from raysim.schema import StrictModel
 from raysim.sweeps.space import TuneSection
 from raysim.training.loop import LocalTrainingConfig
@@ -69,7 +69,9 @@ class ClientsConfig(StrictModel):
         return data
 
 
-def _split_named(data: Any, lookup: Callable[[str], Any], what: str, section: str) -> Any:
+def _split_named(
+    data: Any, lookup: Callable[[str], Any], what: str, section: str, entry_of: str = ""
+) -> Any:
     """``{name: X, k: v, ...}`` → ``{"name": X, "params": <X's params model>(k=v, ...)}``, with
     "did you mean" for unknown names and parameters."""
     if not isinstance(data, Mapping) or "params" in data:
@@ -98,7 +100,20 @@ def _split_named(data: Any, lookup: Callable[[str], Any], what: str, section: st
                     else ""
                 )
             )
-    return {"name": name, "params": entry.params(**data)}
+    try:
+        params = entry.params(**data)
+    except ValidationError as e:
+        missing = [".".join(map(str, err["loc"])) for err in e.errors() if err["type"] == "missing"]
+        if not missing:
+            raise
+        example = getattr(getattr(entry, "needs", None), "example", "")
+        keys = ", ".join(f"{section}.{m}" if section else m for m in missing)
+        raise ValueError(
+            f"{name} needs {', '.join(missing)}: set {keys}"
+            + (f" on its {entry_of} entry" if entry_of else "")
+            + (f" ({example} shows how)" if example else "")
+        ) from None
+    return {"name": name, "params": params}
 
 
 def _load_module(data: Mapping[str, Any], section: str) -> str | None:
@@ -159,7 +174,7 @@ class _HookConfig(StrictModel):
             return data
         data = dict(data)
         module = _load_module(data, section)
-        return {**_split_named(data, lookup, what, ""), "module": module}
+        return {**_split_named(data, lookup, what, "", entry_of=section), "module": module}
 
 
 class ServerHookConfig(_HookConfig):
@@ -328,6 +343,15 @@ class RunConfig(StrictModel):
             close = difflib.get_close_matches(self.model.name, names, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ValueError(f"unknown model {self.model.name!r}{hint}; known: {', '.join(names)}")
+        unmet = get_method(self.algorithm.name).needs.unmet(
+            self.algorithm.name,
+            self.model.name,
+            set(model_traits(self.model.name)),
+            self.data.server.id_size,
+            len(self.data.server.ood),
+        )
+        if unmet:
+            raise ValueError(unmet)
         for f in self.faults.corrupt_updates:
             if f.client >= self.clients.num:
                 raise ValueError(
@@ -420,7 +444,7 @@ def _format(error: ValidationError) -> str:
             got, dict
         ):
             msg += f" (got {got!r})"
-        lines.append(f"{loc or '<config>'}: {msg}")
+        lines.append(f"{loc}: {msg}" if loc else msg)
     if len(lines) == 1:
         return f"invalid config: {lines[0]}"
     return "invalid config:\n  " + "\n  ".join(lines)

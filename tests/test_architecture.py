@@ -142,3 +142,15 @@ def test_every_method_lives_in_a_subpackage():
     assert top == set(INTERFACE), top - set(INTERFACE)
     subpackages = {p.name for p in (ROOT / "algorithms").iterdir() if (p / "__init__.py").exists()}
     assert subpackages == set(PAPERS)
+
+
+def test_a_paper_imports_no_other_paper():
+    """A paper's package builds on the interface and ``general/``, never on another paper."""
+    for paper in PAPERS[1:]:
+        for path in sorted((ROOT / "algorithms" / paper).rglob("*.py")):
+            others = {
+                m.split(".")[2]
+                for m in raysim_imports(path)
+                if m.startswith("raysim.algorithms.") and m.split(".")[2] in PAPERS
+            } - {paper, "general"}
+            assert not others, (path.name, others)

@@ -545,3 +545,67 @@ def test_personal_state_stays_in_the_object_store_by_reference(ray_cluster):
             np.testing.assert_array_equal(got[name], value)
     finally:
         pool.close()
+
+
+# --------------------------------------------------------------------------- hooks from a module
+HOOKS_PLUGIN = ROOT / "tests" / "plugins" / "user_hooks.py"
+
+
+def test_hook_entries_take_a_module_and_keep_it_through_a_dump():
+    cfg = load_config(
+        tiny(
+            hooks={
+                "server": [{"name": "halve_step", "module": str(HOOKS_PLUGIN), "keep": 0.25}],
+                "clients": [{"name": "zero_update", "module": str(HOOKS_PLUGIN)}],
+            }
+        )
+    )
+    assert cfg.hooks.server[0].params.keep == 0.25
+    again = load_config(cfg.to_dict())  # what every Ray process reads
+    assert again.hooks.server[0].module == str(HOOKS_PLUGIN.resolve())
+    assert again.hooks.clients[0].name == "zero_update"
+    with pytest.raises(ConfigError, match="hooks.server.*no such file"):
+        load_config(tiny(hooks={"server": [{"name": "halve_step", "module": "/no/such.py"}]}))
+
+
+def test_a_users_mixer_halves_every_server_step():
+    plain = run_local(load_config(tiny(rounds=1)))
+    halved = run_local(
+        load_config(
+            tiny(rounds=1, hooks={"server": [{"name": "halve_step", "module": str(HOOKS_PLUGIN)}]})
+        )
+    )
+    w0 = local_core(load_config(tiny(rounds=1))).strategy.weights
+    np.testing.assert_allclose(
+        halved.strategy.weights - w0, 0.5 * (plain.strategy.weights - w0), rtol=1e-5, atol=1e-7
+    )
+
+
+@pytest.mark.slow
+def test_a_users_behaviour_runs_on_ray_workers_from_a_fresh_process(tmp_path):
+    """A behaviour known only through ``module:`` reaches every worker: all clients send zero
+    deltas, so the model never moves."""
+    hooks = {"clients": [{"name": "zero_update", "module": str(HOOKS_PLUGIN)}]}
+    script = textwrap.dedent(
+        f"""
+        import raysim
+        from raysim.actors.local import local_core
+        from raysim.config import load_config
+        cfg = {tiny(rounds=2, hooks=hooks)!r}
+        cfg["tracking"] = {{"enabled": False}}
+        res = raysim.run(cfg)
+        print("RESULT", res.weights_digest == local_core(load_config(cfg)).digest())
+        """
+    )
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    env.pop("RAY_ADDRESS", None)
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert [x for x in out.stdout.splitlines() if x.startswith("RESULT")] == ["RESULT True"]

@@ -274,13 +274,54 @@ class WeightedMean:
 
 
 @dataclass(frozen=True)
+class Needs:
+    """What a method needs from a run, checked against the config before Ray starts.
+
+    ``model``: traits the model must have (``raysim/models/registry.py`` gives each model its
+    traits: ``lora``, ``causal_lm``, ``classifier``, ``token_lm``); ``server_id``: labelled
+    in-distribution server data (``data.server.id_size``); ``ood_pool``: an out-of-domain server
+    pool (``data.server.ood``); ``example``: a config that shows how to give it all.
+    """
+
+    model: frozenset[str] = frozenset()
+    server_id: bool = False
+    ood_pool: bool = False
+    example: str = ""
+
+    def unmet(self, method: str, model: str, traits: set[str], id_size: int, pools: int) -> str:
+        """One line naming what is missing and what to set; "" when the run has it all."""
+        problem = ""
+        if self.model and not self.model <= traits:
+            want = " ".join(sorted(self.model))
+            have = ", ".join(sorted(traits)) or "none of them"
+            problem = (
+                f"{method} needs a model with traits [{want}]; model {model!r} has {have}: "
+                "set model.name"
+            )
+        elif self.server_id and id_size <= 0:
+            problem = f"{method} needs in-distribution server data: set data.server.id_size"
+        elif self.ood_pool and pools == 0:
+            problem = f"{method} needs an out-of-domain server pool: set data.server.ood"
+        if problem and self.example:
+            problem += f" ({self.example} shows how)"
+        return problem
+
+    def describe(self) -> str:
+        """For ``raysim methods``: what the method needs, or "any model"."""
+        parts = [f"model: {'+'.join(sorted(self.model))}"] if self.model else []
+        parts += ["server ID data"] * self.server_id + ["OOD pool"] * self.ood_pool
+        return ", ".join(parts) or "any model"
+
+
+@dataclass(frozen=True)
 class Method:
     """A registered method: its name, seed paper/spec section, its two halves and its model needs.
 
     ``groups`` are the parameter groups it trains (``models/layout.py``; the first is the shared,
     averaged one); ``evaluate_with`` names the group that answers for a known client (the
     personal one for personalised methods, fedoa.md §2.9; a new client always gets the global
-    model); ``wrap_model`` may put modules around the resident model (e.g. an input map).
+    model); ``wrap_model`` may put modules around the resident model (e.g. an input map);
+    ``needs`` is what the run must give it (checked before Ray starts).
     """
 
     name: str
@@ -291,6 +332,7 @@ class Method:
     groups: tuple[ParamGroup, ...] = DEFAULT_GROUPS
     evaluate_with: str = "global"
     wrap_model: ModelWrapper | None = None
+    needs: Needs = Needs()
 
     def __post_init__(self) -> None:
         check_groups(self.groups)

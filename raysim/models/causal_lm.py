@@ -156,7 +156,7 @@ def llama_config(shape: LlamaShape, vocab_size: int) -> Any:
     )
 
 
-@register_model("llama")
+@register_model("llama", traits=("causal_lm", "lora"))
 def build_llama(cfg: ModelConfig, spec: DataSpec, groups: Sequence[ParamGroup]) -> LoraHandle:
     """A LLaMA from ``cfg.llama`` (random init under the caller's torch seed)."""
     from transformers import LlamaForCausalLM
@@ -173,7 +173,7 @@ def build_llama(cfg: ModelConfig, spec: DataSpec, groups: Sequence[ParamGroup]) 
 build_llama.takes_groups = True
 
 
-@register_model("hf_causal_lm")
+@register_model("hf_causal_lm", traits=("causal_lm", "lora"))
 def build_hf_causal_lm(
     cfg: ModelConfig, spec: DataSpec, groups: Sequence[ParamGroup]
 ) -> LoraHandle:
@@ -192,7 +192,7 @@ def build_hf_causal_lm(
 build_hf_causal_lm.takes_groups = True
 
 
-@register_model("smollm2")
+@register_model("smollm2", traits=("causal_lm", "lora"))
 def build_smollm2(cfg: ModelConfig, spec: DataSpec, groups: Sequence[ParamGroup]) -> LoraHandle:
     from transformers import AutoModelForCausalLM
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -116,14 +116,27 @@ Builder = Callable[[ModelConfig, DataSpec], torch.nn.Module]
 #: A method's model wrapper: (built module, data spec) -> the module clients train.
 ModelWrapper = Callable[[torch.nn.Module, "DataSpec"], torch.nn.Module]
 _BUILDERS: dict[str, Builder] = {}
+_TRAITS: dict[str, frozenset[str]] = {}
 
 
-def register_model(name: str) -> Callable[[Builder], Builder]:
+def register_model(name: str, traits: Iterable[str] = ()) -> Callable[[Builder], Builder]:
+    """Register a builder under ``name`` with the traits methods may need (``Method.needs``):
+    ``classifier`` (labelled inputs → class logits, a last ``nn.Linear`` head), ``image``,
+    ``causal_lm`` (an HF causal LM on tokenised text), ``lora`` (its parameter groups are LoRA
+    adapters on a frozen base), ``token_lm`` (next-token prediction on pre-tokenised
+    sequences)."""
+
     def wrap(fn: Builder) -> Builder:
         _BUILDERS[name] = fn
+        _TRAITS[name] = frozenset(traits)
         return fn
 
     return wrap
+
+
+def model_traits(name: str) -> frozenset[str]:
+    """The traits ``name`` was registered with (none for an unknown model)."""
+    return _TRAITS.get(name, frozenset())
 
 
 def model_names() -> list[str]:

@@ -17,7 +17,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from ..base import ClientAlgorithm, ClientContext, Method
+from ..base import ClientAlgorithm, ClientContext, Method, Needs
 from ..general.mixers import Damp, DampParams
 from ..hooks import ComposedStrategy
 from ..registry import get_method, register
@@ -86,5 +86,6 @@ METHOD = register(
         params=FedBaFMethodParams,
         client=FedBaFClient,
         reference="FedBaF (Park et al. 2024) over FedAvg, FedProx or FedAdam; fedbaf.md §2",
+        needs=Needs(example="examples/fedbaf/mini.yaml"),
     )
 )

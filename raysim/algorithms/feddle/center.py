@@ -11,7 +11,7 @@ from pydantic import Field
 
 from ..base import Method, Strategy
 from ..registry import register
-from .server_training import ServerTrainingParams, id_pool, train_on_server
+from .server_training import ID_DATA, ServerTrainingParams, id_pool, train_on_server
 
 
 class CenterParams(ServerTrainingParams):
@@ -41,5 +41,11 @@ class Center(Strategy):
 
 
 METHOD = register(
-    Method(name="center", strategy=Center, params=CenterParams, reference="feddle.md §4.1")
+    Method(
+        name="center",
+        strategy=Center,
+        params=CenterParams,
+        reference="feddle.md §4.1",
+        needs=ID_DATA,
+    )
 )

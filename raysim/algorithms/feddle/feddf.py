@@ -22,7 +22,14 @@ from pydantic import Field
 from ..base import Method
 from ..general.fedavg import RoundBuffer
 from ..registry import register
-from .server_training import ServerTrainingParams, id_pool, ood_sample, train_on_server
+from .server_training import (
+    ID_CLASSIFIER,
+    OOD_CLASSIFIER,
+    ServerTrainingParams,
+    id_pool,
+    ood_sample,
+    train_on_server,
+)
 
 
 class FedDFParams(ServerTrainingParams):
@@ -99,6 +106,7 @@ METHOD = register(
         strategy=FedDF,
         params=FedDFParams,
         reference="Lin et al. 2020 (FedDF-ID); feddle.md §4.8",
+        needs=ID_CLASSIFIER,
     )
 )
 
@@ -113,5 +121,6 @@ METHOD_OOD = register(
         strategy=FedDF,
         params=FedDFOODParams,
         reference="Lin et al. 2020 (FedDF-OOD), on the OOD server pool; feddle.md §4.8",
+        needs=OOD_CLASSIFIER,
     )
 )

@@ -15,7 +15,7 @@ import numpy as np
 from ..base import Method, WeightedMean
 from ..general.fedavg import RoundBuffer
 from ..registry import register
-from .server_training import ServerTrainingParams, id_pool, train_on_server
+from .server_training import ID_DATA, ServerTrainingParams, id_pool, train_on_server
 
 
 class FedFTParams(ServerTrainingParams):
@@ -54,5 +54,11 @@ class FedFT(RoundBuffer):
 
 
 METHOD = register(
-    Method(name="fedft", strategy=FedFT, params=FedFTParams, reference="Fed+FT; feddle.md §4.6")
+    Method(
+        name="fedft",
+        strategy=FedFT,
+        params=FedFTParams,
+        reference="Fed+FT; feddle.md §4.6",
+        needs=ID_DATA,
+    )
 )

@@ -12,7 +12,7 @@ from __future__ import annotations
 from ..base import Method, WeightedMean
 from ..general.fedavg import RoundBuffer
 from ..registry import register
-from .server_training import id_pool, train_on_server
+from .server_training import ID_DATA, id_pool, train_on_server
 
 
 class HFCL(RoundBuffer):
@@ -29,4 +29,6 @@ class HFCL(RoundBuffer):
         return True
 
 
-METHOD = register(Method(name="hfcl", strategy=HFCL, reference="Elbir et al. 2021; feddle.md §4.7"))
+METHOD = register(
+    Method(name="hfcl", strategy=HFCL, reference="Elbir et al. 2021; feddle.md §4.7", needs=ID_DATA)
+)

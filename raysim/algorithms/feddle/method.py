@@ -29,7 +29,7 @@ from ..registry import register
 from .atlas import Atlas
 from .probe import ProbeTask, fit_probe, head_of, load_probe, new_probe, probe_state
 from .search import Objective, SearchConfig, search
-from .server_training import id_pool, ood_sample
+from .server_training import ID_DATA, OOD_CLASSIFIER, id_pool, ood_sample
 
 
 class FeddleParams(MethodParams):
@@ -280,6 +280,7 @@ METHOD = register(
         strategy=Feddle,
         params=FeddleParams,
         reference="Feddle (federated dual learning), in-domain server data; feddle.md §3",
+        needs=ID_DATA,
     )
 )
 
@@ -294,5 +295,6 @@ METHOD_OOD = register(
         strategy=Feddle,
         params=FeddleOODParams,
         reference="Feddle with out-of-domain server data (a probe surrogate); feddle.md §3.5",
+        needs=OOD_CLASSIFIER,
     )
 )

@@ -14,8 +14,14 @@ import torch
 from pydantic import Field
 
 from ...training.loop import LocalTrainingConfig, train_local
-from ..base import MethodParams
+from ..base import MethodParams, Needs
 from ..context import ServerContext, ServerPool
+
+#: what the server-data methods need from a run (checked before Ray starts)
+MINI = "examples/feddle/mini.yaml"
+ID_DATA = Needs(server_id=True, example=MINI)
+ID_CLASSIFIER = Needs(server_id=True, model=frozenset({"classifier"}), example=MINI)
+OOD_CLASSIFIER = Needs(ood_pool=True, model=frozenset({"classifier"}), example=MINI)
 
 
 class ServerTrainingParams(MethodParams):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,10 @@ from raysim.models.layout import Layout
 from raysim.runtime import data_spec, method_resident
 from raysim.training.loop import evaluate, local_accuracy, make_optimizer
 from raysim.training.tasks import task_for
+
+#: Prefix of ``ClientContext.state`` entries in a client's stored entry (no parameter name
+#: starts with "@", so they never meet the model's personal tensors).
+STATE_PREFIX = "@state/"
 
 #: Clients whose data tensors a runner keeps (oldest dropped first).
 TENSOR_CACHE_CLIENTS = 1024
@@ -84,7 +89,8 @@ class ClientRunner:
         its delta after the method's local work."""
         seed = job.seed
         self.model.set_global(weights)
-        self.model.set_state(self.resolve(job.state), seed)
+        model_state, client_state = split_store(self.resolve(job.state))
+        self.model.set_state(model_state, seed)
         data = self.client_data(job.client)
         torch.default_generator.manual_seed(seed)  # dropout etc.; cheaper than torch.manual_seed
         if torch.cuda.is_available():
@@ -103,6 +109,7 @@ class ClientRunner:
             seed=seed,
             downlink=downlink,
             received=weights,
+            state=client_state,
         )
         active = [b for b in self.behaviours if b.applies(job.client, job.dispatch_round)]
         for b in active:
@@ -116,7 +123,7 @@ class ClientRunner:
             delta = b.on_update(ctx, delta)
         self.jobs_run += 1
         n = self.task.num_examples(data)
-        state = self.model.get_state()
+        state = {**self.model.get_state(), **store_entries(ctx.state)}
         return ClientResult(job.job_id, job.client, delta, n, metrics, state, ctx.uplink)
 
     def _local_accuracy(self, data: Any) -> float:
@@ -130,9 +137,10 @@ class ClientRunner:
         """Scores of one view of ``weights`` (``EvalJob``) on each of its evaluation sets."""
         model = self.model
         model.set_global(weights)
+        model_state, client_state = split_store(self.resolve(job.state))
         if job.client is not None or not model.switches_groups:
             # personal groups: the client's state, or (global view) their built values
-            model.set_state(self.resolve(job.state), 0)
+            model.set_state(model_state, 0)
         if job.adapt:
             seed = job.seed
             torch.default_generator.manual_seed(seed)
@@ -145,6 +153,7 @@ class ClientRunner:
                 job.client,
                 job.round,
                 seed=seed,
+                state=client_state,
             )
             self.client_algorithm.adapt(ctx)
         model.use(job.group if job.client is not None else model.global_adapter)
@@ -202,6 +211,38 @@ class ClientRunner:
         out = [self.run(weights, job) for job in jobs]
         self.busy_s += time.perf_counter() - t0
         return out
+
+
+def split_store(stored: Mapping[str, Any] | None) -> tuple[dict[str, Any] | None, dict]:
+    """A client's stored entry → (its model's personal state, its ``ClientContext.state``).
+
+    ``None`` (first visit) gives ``(None, {})``. The context's arrays are writable copies: what
+    the object store hands back is read-only and shared."""
+    if stored is None:
+        return None, {}
+    model, named = {}, {}
+    for key, value in stored.items():
+        if key.startswith(STATE_PREFIX):
+            named[key[len(STATE_PREFIX) :]] = np.array(value, copy=True)
+        else:
+            model[key] = value
+    return model, named
+
+
+def store_entries(state: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """``ClientContext.state`` as entries of the client's stored entry (numpy copies)."""
+    out = {}
+    for name, value in state.items():
+        if isinstance(value, torch.Tensor):
+            value = value.detach().cpu()
+            value = (value.float() if value.dtype == torch.bfloat16 else value).numpy()
+        elif not isinstance(value, (np.ndarray, np.generic, int, float, bool)):
+            raise TypeError(
+                f"ClientContext.state[{name!r}] is a {type(value).__name__}; "
+                "it must hold arrays (numpy or torch) or numbers"
+            )
+        out[f"{STATE_PREFIX}{name}"] = np.array(value, copy=True)
+    return out
 
 
 def to_tensors(data: Any) -> Any:

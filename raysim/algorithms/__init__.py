@@ -4,7 +4,16 @@ This package never imports Ray or MLflow. ``docs/architecture.md`` maps every ho
 """
 
 from ..models.layout import Layout, ParamGroup
-from .base import ClientAlgorithm, ClientContext, Downlink, Method, MethodParams, Strategy, Update
+from .base import (
+    ClientAlgorithm,
+    ClientContext,
+    Downlink,
+    Method,
+    MethodParams,
+    Needs,
+    Strategy,
+    Update,
+)
 from .context import ServerContext, ServerData, ServerPool
 from .hooks import ClientBehaviour, HookParams, Mixer
 from .private import PrivateTensors
@@ -30,6 +39,7 @@ __all__ = [
     "Layout",
     "Method",
     "MethodParams",
+    "Needs",
     "Mixer",
     "ParamGroup",
     "PrivateTensors",

@@ -204,6 +204,12 @@ class ClientContext:
     uplink: dict[str, np.ndarray] = field(default_factory=dict)
     #: the global weights this job received (what a curious client can record)
     received: np.ndarray | None = None
+    #: this client's own named arrays that are no model parameter (SCAFFOLD's control variate,
+    #: FedDyn's linear term, running statistics): empty on the first visit, loaded before
+    #: ``train`` and saved after it, kept with the client's personal state (checkpointed, safe
+    #: from a killed worker, the same in pooled and per-client modes) and never sent to the
+    #: server; ``upload`` what the server should see. numpy or torch values (bf16 is kept as fp32)
+    state: dict[str, Any] = field(default_factory=dict)
 
     def upload(self, name: str, value: np.ndarray | torch.Tensor) -> None:
         """Send a named extra tensor up with this job's update (``Update.extras``)."""

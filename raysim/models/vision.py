@@ -12,7 +12,7 @@ Each model sits behind ``ImageInput``, which reshapes flat square inputs, replic
 three channels, resizes to ``image.size`` and normalises (§5.1), so a dataset is stored at its own
 resolution and a 224×224 copy is never kept. The head is the last ``nn.Linear`` (the classifier)
 and its input is the body's features: ResNet's 512-d pooled output, ViT's 768-d pre-logits CLS
-token (§3.5), which is the body/head split Feddle-OOD uses (``algorithms/feddle_ood.head_of``).
+token (§3.5), which is the body/head split Feddle-OOD uses (``algorithms/feddle/probe.head_of``).
 """
 
 from __future__ import annotations

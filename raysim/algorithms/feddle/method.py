@@ -8,7 +8,7 @@ the server loss plus ``(λ/2)‖c − c'‖²`` over ``c`` with a fresh optimise
 moves by ``Σ ĉ_m ā_m`` and every anchor's importance becomes ``|ĉ_m|``. BatchNorm buffers stay out
 of the anchors and follow ``bn_buffers`` (§3.1, A14). Every interpretation is a switch with the
 spec's default; Table 3's ablation rows are ``normalize`` × ``eviction`` × ``fallback_init`` × λ
-(§3.9). ``mode: ood`` searches on the OOD surrogate instead (§3.5, ``feddle_ood.py``): a linear
+(§3.9). ``mode: ood`` searches on the OOD surrogate instead (§3.5, ``probe.py``): a linear
 probe θ on the body's features, refitted each round at the start point, then frozen.
 """
 

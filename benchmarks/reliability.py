@@ -8,6 +8,7 @@ The table reports, per row, how many tries there were, how many survived, and ho
     python benchmarks/reliability.py                 # everything (about 15-20 min on 2 CPUs)
     python benchmarks/reliability.py --only inputs   # the bad-input half (about 3 min)
     python benchmarks/reliability.py --only methods  # every method x every example config
+    python benchmarks/reliability.py --only methods --examples quickstart  # one example's row
 
 The method matrix runs ``raysim run EXAMPLE 'algorithm={name: M}' rounds=1`` for every registered
 method on every example that runs offline, and ``--dry-run`` on the paper-scale configs (their
@@ -177,11 +178,12 @@ def bad_inputs(rows: list[Row]) -> None:
 
 
 # --------------------------------------------------------------------------- method x example
-def method_matrix(rows: list[Row]) -> None:
+def method_matrix(rows: list[Row], only: str = "") -> None:
+    """``only``: a substring an example's path must contain (all examples when empty)."""
     from raysim.algorithms.registry import method_names
 
     examples = sorted(p for p in (ROOT / "examples").rglob("*.yaml") if p.name != "methods.yaml")
-    for example in examples:
+    for example in (e for e in examples if only in str(e.relative_to(ROOT))):
         offline = "paper" not in example.relative_to(ROOT).parts[
             :-1
         ] and not example.stem.startswith("paper")
@@ -442,6 +444,7 @@ def main() -> None:
     parser.add_argument("--only", choices=["inputs", "methods", "faults", *faults], default=None)
     parser.add_argument("--tries", type=int, default=2, help="tries per random fault row")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--examples", default="", help="method matrix: paths containing this")
     args = parser.parse_args()
     print(f"machine={machine()}", flush=True)
     rows: list[Row] = []
@@ -451,7 +454,7 @@ def main() -> None:
         bad_inputs(rows)
     if args.only in (None, "methods"):
         print("every method x every example config", flush=True)
-        method_matrix(rows)
+        method_matrix(rows, args.examples)
     if args.only not in ("inputs", "methods"):
         with tempfile.TemporaryDirectory() as tmp:
             ref = raysim(["run", QUICK], Path(tmp))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -50,3 +52,16 @@ def tiny(**overrides) -> dict:
     }
     cfg.update(overrides)
     return cfg
+
+
+def fresh_cli(args: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``raysim ARGS`` in a fresh process started in ``cwd`` (its own private Ray)."""
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    return subprocess.run(
+        [sys.executable, "-m", "raysim.cli", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

@@ -131,9 +131,7 @@ def test_interface_modules_import_no_method():
     (``registry.BUILTIN_MODULES``) and imports none of them."""
     for name in INTERFACE:
         path = ROOT / "algorithms" / f"{name}.py"
-        bad = {
-            m for m in raysim_imports(path) if m.split(".")[2:3] and m.split(".")[2] in PAPERS
-        }
+        bad = {m for m in raysim_imports(path) if m.split(".")[2:3] and m.split(".")[2] in PAPERS}
         assert not bad, (name, bad)
 
 

@@ -3,11 +3,9 @@ example of ``docs/adding-a-method.md`` §8, saved from the page to a directory o
 
 from __future__ import annotations
 
-import os
 import pickle
 import re
-import subprocess
-import sys
+import shlex
 
 import numpy as np
 import pytest
@@ -18,7 +16,7 @@ from raysim import checkpoint
 from raysim.actors.local import local_core
 from raysim.actors.worker import STATE_PREFIX, split_store, store_entries
 from raysim.config import load_config
-from tests.conftest import ROOT, tiny
+from tests.conftest import ROOT, fresh_cli, tiny
 
 DOC = ROOT / "docs" / "adding-a-method.md"
 KEY = f"{STATE_PREFIX}c_i"
@@ -177,23 +175,14 @@ def test_the_page_example_runs_from_outside_the_repo_on_1_and_2_workers_and_resu
     (tmp_path / "scaffold.py").write_text(scaffold_source())
     blocks = re.findall(r"```bash\n(.*?)```", DOC.read_text(), flags=re.S)
     command = next(line for b in blocks for line in b.splitlines() if "scaffold" in line)
-    import shlex
 
     argv = [str(ROOT / a) if a.startswith("examples/") else a for a in shlex.split(command)]
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     resumed = ["checkpoint.every=1", f"checkpoint.dir={tmp_path / 'ckpt'}"]
     resumed += ["faults.kill_coordinator.round=1"]  # a new coordinator resumes from round 1
     digests = []
     for extra in (["workers.count=1"], ["workers.count=2", *resumed]):
-        out = subprocess.run(
-            [sys.executable, "-m", "raysim.cli", *argv[1:], "rounds=2", "clients.per_round=5"]
-            + ["tracking.enabled=false", *extra],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        args = [*argv[1:], "rounds=2", "clients.per_round=5", "tracking.enabled=false", *extra]
+        out = fresh_cli(args, tmp_path)
         assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
         digests.append(re.search(r"weights sha256: (\w+)", out.stdout).group(1))
     assert "took over from the checkpoint of round 1" in out.stdout + out.stderr

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
-import subprocess
-import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, fresh_cli
 
 DOC = ROOT / "docs" / "adding-a-method.md"
 
@@ -38,14 +35,6 @@ def test_adding_a_method_example_runs_from_the_cli(tmp_path):
     argv = shlex.split(command)
     argv = [str(ROOT / a) if a.startswith("examples/") else a for a in argv]
     argv += ["rounds=2", "tracking.enabled=false", "workers.count=1"]
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
-    out = subprocess.run(
-        [sys.executable, "-m", "raysim.cli", *argv[1:]],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    out = fresh_cli(argv[1:], tmp_path)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     assert "fedmedian" in out.stdout + out.stderr or "accuracy" in out.stdout

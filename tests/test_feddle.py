@@ -162,8 +162,11 @@ FEDDLE = {"name": "feddle", "server_epochs": 0, "fallback_lr": 0.5}
 def test_feddle_without_a_search_is_fedbuff_per_round(normalize):
     """I-6: E_g = 0 with the FedBuff fallback gives fedbuff_per_round's model every round."""
     delays = {"kind": "half_normal", "sigma": 2.0}
-    feddle = cfg_for({**FEDDLE, "normalize": normalize}, rounds=5, delays=delays)
-    fedbuff = cfg_for({"name": "fedbuff_per_round", "server_lr": 0.5}, rounds=5, delays=delays)
+    # Feddle needs server data even where it never searches on it (the same split for both)
+    feddle = cfg_for({**FEDDLE, "normalize": normalize}, rounds=5, id_size=32, delays=delays)
+    fedbuff = cfg_for(
+        {"name": "fedbuff_per_round", "server_lr": 0.5}, rounds=5, id_size=32, delays=delays
+    )
     a_hist, b_hist = [], []
     run(feddle, lambda core: a_hist.append(core.strategy.weights.copy()))
     run(fedbuff, lambda core: b_hist.append(core.strategy.weights.copy()))
@@ -174,7 +177,7 @@ def test_feddle_without_a_search_is_fedbuff_per_round(normalize):
 
 
 def test_zero_init_without_a_search_leaves_the_model_alone():
-    core = local_core(cfg_for({**FEDDLE, "fallback_init": "zero"}, rounds=3))
+    core = local_core(cfg_for({**FEDDLE, "fallback_init": "zero"}, rounds=3, id_size=32))
     start = core.strategy.weights.copy()
     while not core.done:
         core.step()
@@ -280,17 +283,15 @@ def test_a_feddle_ood_run_fits_its_probe_and_searches_on_the_ood_pool():
         {"name": "feddle_ood", "server_epochs": 1, "server_lr": 1e-2, "ood_samples_per_round": 64},
         rounds=3,
         id_size=64,
-    ).model_dump(mode="json")
-    cfg["data"]["server"]["ood"] = [{"name": "shapes", "size": 200}]
-    from raysim.config import load_config
-
-    core = run(load_config(cfg))
+        ood=[{"name": "shapes", "size": 200}],
+    )
+    core = run(cfg)
     m = core.strategy.metrics()
     assert core.strategy.params.tie == 0.01  # the OOD default λ (§3.5)
     assert np.isfinite(m["feddle_probe_loss"]) and -1.0 <= m["feddle_grad_cosine"] <= 1.0
     assert set(core.strategy.theta) == {"weight", "bias"}
     assert core.strategy.theta["weight"].shape == (4, 16)  # 4 shape labels × 16 features
-    again = run(load_config(cfg))
+    again = run(cfg)
     np.testing.assert_array_equal(again.strategy.weights, core.strategy.weights)
 
 
@@ -336,12 +337,10 @@ def test_feddle_example_configs_validate(path):
 
 def test_label_disjoint_ood_pool_takes_its_labels_away_from_the_clients():
     """feddle.md §8.1's second OOD option: clients see digits 0–4, the server's probe 5–9."""
-    from raysim.config import load_config
     from raysim.data import build_federated_dataset
 
-    raw = cfg_for({"name": "feddle_ood"}, id_size=30).model_dump(mode="json")
-    raw["data"]["server"]["ood"] = [{"name": "upper", "kind": "label_disjoint", "size": 300}]
-    cfg = load_config(raw)
+    ood = [{"name": "upper", "kind": "label_disjoint", "size": 300}]
+    cfg = cfg_for({"name": "feddle_ood"}, id_size=30, ood=ood)
     ds = build_federated_dataset(cfg.data, cfg.clients.num, cfg.seed)
     assert set(np.unique(ds.y_train)) == {0, 1, 2, 3, 4}
     assert set(np.unique(ds.y_test)) <= {0, 1, 2, 3, 4}
@@ -364,12 +363,14 @@ SMOKE = [
 
 
 def smoke_config(algorithm: dict):
-    from raysim.config import load_config
 
-    raw = cfg_for(algorithm, rounds=3, id_size=32).model_dump(mode="json")
-    raw["data"]["server"]["ood"] = [{"name": "shapes", "size": 100}]
-    raw["tracking"] = {"experiment": "feddle-smoke"}
-    return load_config(raw)
+    return cfg_for(
+        algorithm,
+        rounds=3,
+        id_size=32,
+        ood=[{"name": "shapes", "size": 100}],
+        tracking={"experiment": "feddle-smoke"},
+    )
 
 
 def in_process_digest(cfg) -> str:

@@ -18,12 +18,14 @@ from raysim.config import load_config
 DIGITS = {"name": "digits", "partition": {"kind": "dirichlet", "alpha": 0.3}}
 
 
-def cfg_for(algorithm, rounds=4, id_size=0, **extra):
+def cfg_for(algorithm, rounds=4, id_size=0, ood=(), **extra):
+    """A small digits run; ``ood``: the server's out-of-domain pools (``data.server.ood``)."""
+    server = {"id_size": id_size} | ({"ood": list(ood)} if ood else {})
     raw = {
         "seed": 2,
         "rounds": rounds,
         "clients": {"num": 20, "per_round": 5},
-        "data": {**DIGITS, "server": {"id_size": id_size}},
+        "data": {**DIGITS, "server": server},
         "model": {"name": "mlp", "hidden": [16]},
         "local": {"epochs": 1, "batch_size": 16, "lr": 0.1},
         "algorithm": algorithm,
@@ -202,11 +204,12 @@ def test_feddf_distillation_moves_the_student_towards_the_teachers(name, teacher
     """FedDF-ID on the ID set, FedDF-OOD on a fresh OOD subset each round, both teacher modes
     (feddle.md §4.8): the KL to the averaged teachers falls on the inputs distilled on."""
     algo = {"name": name, "server_epochs": 5, "server_lr": 1e-3, "feddf_teacher": teacher}
-    raw = cfg_for(algo, id_size=60).model_dump(mode="json")
     if name == "feddf_ood":
-        raw["data"]["server"] = {"ood": [{"name": "shapes", "size": 300}]}
-        raw["algorithm"]["ood_samples_per_round"] = 100
-    core = local_core(load_config(raw))
+        algo["ood_samples_per_round"] = 100
+        cfg = cfg_for(algo, ood=[{"name": "shapes", "size": 300}])
+    else:
+        cfg = cfg_for(algo, id_size=60)
+    core = local_core(cfg)
     s = core.strategy
     rng = np.random.default_rng(0)
     w0 = s.weights.copy()
@@ -227,7 +230,7 @@ def test_feddf_distillation_moves_the_student_towards_the_teachers(name, teacher
     s.on_round_end(0)
     after = _kl_to_teachers(s, s.weights, teachers, x)
     assert after < before
-    empty = local_core(load_config(raw)).strategy
+    empty = local_core(cfg).strategy
     w = empty.weights.copy()
     empty.on_round_end(0)
     np.testing.assert_array_equal(empty.weights, w)  # no arrival: unchanged
@@ -239,12 +242,12 @@ def test_server_methods_are_deterministic_and_resume(tmp_path):
 
     for name in ("fedft", "hfcl", "feddf", "feddf_ood", "ca2fl"):
         algo = {"name": name} | ({"buffer_size": 3} if name == "ca2fl" else {})
-        cfg = cfg_for(algo, rounds=4, id_size=40, delays={"kind": "half_normal", "sigma": 1.0})
+        ood = []
         if name == "feddf_ood":
-            raw = cfg.model_dump(mode="json")
-            raw["data"]["server"]["ood"] = [{"name": "shapes", "size": 200}]
-            raw["algorithm"]["ood_samples_per_round"] = 50
-            cfg = load_config(raw)
+            algo["ood_samples_per_round"] = 50
+            ood = [{"name": "shapes", "size": 200}]
+        delays = {"kind": "half_normal", "sigma": 1.0}
+        cfg = cfg_for(algo, rounds=4, id_size=40, ood=ood, delays=delays)
         a, b = run(cfg), run(cfg)
         assert a.digest() == b.digest(), name
         half = local_core(cfg)

@@ -38,6 +38,7 @@ class LoraHandle(ModelHandle):
     """
 
     switches_groups = True
+    has_hidden_states = True
 
     def __init__(self, peft_model: torch.nn.Module, groups: Sequence[ParamGroup]) -> None:
         self.module = peft_model
@@ -57,11 +58,6 @@ class LoraHandle(ModelHandle):
     def use(self, adapter: str) -> None:
         """Make ``adapter`` the one applied in forward passes (and the only trainable one)."""
         self.module.set_adapter(adapter)
-
-    # a group of a LoRA model is the adapter of the same name
-    adapter_parameters = ModelHandle.group_parameters
-    get_adapter = ModelHandle.get_group
-    set_adapter = ModelHandle.set_group
 
     def reset_adapter(self, adapter: str, seed: int) -> None:
         """Fresh LoRA init (A kaiming-uniform, B = 0) for ``adapter``, from ``seed``."""

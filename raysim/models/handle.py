@@ -25,17 +25,35 @@ def _persistent_buffers(module: torch.nn.Module) -> list[tuple[str, torch.Tensor
     return [(n, b) for n, b in module.named_buffers() if n in keys]
 
 
+def _sites(module: torch.nn.Module) -> dict[int, list[tuple[torch.nn.Module, str]]]:
+    """id(parameter) → every (owner module, attribute) it sits at (several when tied)."""
+    sites: dict[int, list[tuple[torch.nn.Module, str]]] = {}
+    for _, owner in module.named_modules():
+        for attr, p in owner._parameters.items():
+            if p is not None:
+                sites.setdefault(id(p), []).append((owner, attr))
+    return sites
+
+
 class ModelHandle:
     """A plain module whose trainable tensors are sorted into the method's parameter groups.
 
     A group with a name pattern takes the tensors it matches; the group without one takes the
-    rest. Personal and ascent groups start, on a client's first visit, from the values the model
-    was built with (every process builds it from the run's init stream).
+    rest. When several groups have no pattern (Ditto's ``global`` and ``personal``), the first
+    takes the module's own tensors of the rest and every other one a copy of them, named
+    ``"<group>/<name>"`` in ``get_state``; ``use(group)`` then puts that group's copy into the
+    module (``switches_groups``). Buffers (BatchNorm statistics) are never copied: every group
+    sees the same ones, which travel in the global vector.
+
+    Personal and ascent groups start, on a client's first visit, from the values the model was
+    built with (every process builds it from the run's init stream).
     """
 
-    #: whether ``use`` chooses which groups forward passes apply (LoRA adapters) rather than
-    #: every group always being applied (a plain module)
+    #: whether ``use`` chooses which groups forward passes apply (LoRA adapters, copies of the
+    #: rest) rather than every group always being applied
     switches_groups = False
+    #: whether ``module(..., output_hidden_states=True)`` returns per-layer features
+    has_hidden_states = False
 
     def __init__(
         self, module: torch.nn.Module, groups: Sequence[ParamGroup] = DEFAULT_GROUPS
@@ -43,11 +61,6 @@ class ModelHandle:
         self.module = module
         self.groups = check_groups(groups)
         rest = [g for g in self.groups if g.params is None]
-        if len(rest) > 1:
-            raise ValueError(
-                f"groups {[g.name for g in rest]} all claim 'the remaining parameters'; give "
-                "all but one a params pattern"
-            )
         self._by_group: dict[str, list[tuple[str, torch.nn.Parameter]]] = {
             g.name: [] for g in self.groups
         }
@@ -58,10 +71,25 @@ class ModelHandle:
             if group is None:
                 raise ValueError(f"parameter {name!r} belongs to no parameter group")
             self._by_group[group.name].append((name, p))
+        if len(rest) > 1:
+            self._copy_rest([g.name for g in rest])
         self.global_adapter = self.groups[0].name
         self._global = self._by_group[self.global_adapter]
         self._buffers = _persistent_buffers(module)
         self._initial_state = self.get_state()
+
+    def _copy_rest(self, rest: list[str]) -> None:
+        """Give every rest group after the first its own copy of the first one's tensors."""
+        originals = self._by_group[rest[0]]
+        sites = _sites(self.module)
+        self._rest = rest
+        self._sites = [sites[id(p)] for _, p in originals]
+        for g in rest[1:]:
+            self._by_group[g] = [
+                (f"{g}/{n}", torch.nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad))
+                for n, p in originals
+            ]
+        self.switches_groups = True
 
     # --------------------------------------------------------------- groups
     def group_parameters(self, group: str) -> list[torch.nn.Parameter]:
@@ -73,14 +101,26 @@ class ModelHandle:
     def set_group(self, group: str, flat: np.ndarray) -> None:
         assign(self.group_parameters(group), flat)
 
+    # the fedoa clients' names: on a LoRA model a group is the adapter of the same name
+    adapter_parameters = group_parameters
+    get_adapter = get_group
+    set_adapter = set_group
+
     def global_parameters(self) -> list[torch.nn.Parameter]:
         """The shared group: what local training updates and the server aggregates."""
         return [p for _, p in self._global]
 
     def use(self, group: str) -> None:
-        """Select what forward passes apply; on a plain module every group is always applied."""
+        """Select what forward passes apply: ``group``'s copy of the rest when it has one, else
+        the module's own tensors (every group with a pattern is always applied)."""
         if group not in self._by_group:
             raise ValueError(f"this model has no parameter group {group!r}")
+        if not self.switches_groups:
+            return
+        chosen = self._by_group[group if group in self._rest else self._rest[0]]
+        for (_, p), sites in zip(chosen, self._sites, strict=True):
+            for owner, attr in sites:
+                owner._parameters[attr] = p
 
     # --------------------------------------------------------------- the global vector
     def layout(self) -> Layout:

@@ -34,7 +34,8 @@ class ParamGroup:
 
     ``params`` is a regular expression over parameter names (``re.search``); ``None`` means: on a
     LoRA model, the adapter of this name; on a plain module, every trainable tensor that no other
-    group claims (at most one group may leave it ``None``).
+    group claims (when several groups leave it ``None``, the first takes those tensors and each
+    other one its own copy of them: ``ModelHandle``).
     """
 
     name: str

@@ -21,6 +21,14 @@ def minibatches(n: int, batch_size: int, generator: torch.Generator) -> list[tor
     return [order[s : s + batch_size] for s in range(0, n, batch_size)]
 
 
+def training_task(task: Task, data: Any, cfg: LocalTrainingConfig) -> Task:
+    """The task whose loss local training on ``data`` minimises: ``task``, or for a classifier
+    with ``cfg.absent_logits`` set, one that masks the classes ``data`` lacks."""
+    if cfg.absent_logits != "keep" and isinstance(task, ClassificationTask):
+        return AbsentClassTask(torch.unique(data[1]), cfg.absent_logits)
+    return task
+
+
 def train_local(
     module: torch.nn.Module,
     params: Sequence[torch.nn.Parameter],
@@ -41,8 +49,7 @@ def train_local(
     of that micro-batch mean.
     """
     module.train()
-    if cfg.absent_logits != "keep" and isinstance(task, ClassificationTask):
-        task = AbsentClassTask(torch.unique(data[1]), cfg.absent_logits)
+    task = training_task(task, data, cfg)
     n = task.num_examples(data)
     total_steps = total_optimizer_steps(n, cfg)
     if total_steps == 0:

@@ -1,19 +1,22 @@
-"""Ditto (Li et al. 2021, "Ditto: fair and robust federated learning through personalization")
-on LoRA adapters; fedoa.md §3.7 (extra baseline; the paper cites it as parameter regularisation).
+"""Ditto (Li et al. 2021, "Ditto: fair and robust federated learning through personalization");
+fedoa.md §3.7 (extra baseline; the paper cites it as parameter regularisation). Runs on any model:
+on a causal LM φ_g and v are two LoRA adapters; on a plain module φ_g is the module's trainable
+tensors and v a personal copy of them (``ModelHandle``; BatchNorm statistics stay shared).
 
 Per round, client e (same two-phase structure as FedOA, fedoa.md §2.3):
-(a) personal adapter v, K epochs of ``CE(v; ξ) + (λ/2) Σ_tensors ‖v − φ_g^{t-1}‖²``; the prox
-    centre is the *round-start* global adapter, fixed for the whole phase (no gradient to it);
-(b) the client's copy of φ_g, K epochs of plain CE (exactly FedIT, same RNG stream), uploaded.
+(a) personal model v, K epochs of ``L(v; ξ) + (λ/2) Σ_tensors ‖v − φ_g^{t-1}‖²``; the prox
+    centre is the *round-start* global model, fixed for the whole phase (no gradient to it);
+(b) the client's copy of φ_g, K epochs of the plain task loss (exactly FedIT / FedAvg, same RNG
+    stream), uploaded.
 The server is FedAvg; v never leaves the client and persists across rounds; v answers for a known
 client (``evaluate_with = personal``).
 
 Switches (defaults first): ``lambda`` (alias ``lam``) 0.1 [proposal; Ditto tunes λ per task];
 ``personal_init`` fresh (spec §2.8 default) | copy_global; ``personal_start_round`` 0 (paper) | 1
 (authors' code); ``order`` personal_first | global_first; ``global_update_mode`` local_epochs |
-single_full_grad_step; ``train_global`` true; ``log_feature_distance`` true (the Fig. 2 diagnostic;
-``distance``/``feature_layer``/``feature_pool``/``teacher_dropout`` only shape that diagnostic).
-Every round also logs ``param_distance`` = ‖v − φ_g^{t-1}‖₂ over the flat adapter vectors.
+single_full_grad_step; ``train_global`` true; ``log_feature_distance`` true (the Fig. 2 diagnostic,
+on a causal LM only; ``distance``/``feature_layer``/``feature_pool``/``teacher_dropout`` only shape
+that diagnostic). Every round also logs ``param_distance`` = ‖v − φ_g^{t-1}‖₂ (flat vectors).
 With λ = 0 the personal trajectory is Local-only's bit for bit (invariant I18).
 """
 

@@ -28,7 +28,7 @@ from ...training.loop import train_local
 from ..base import ClientAlgorithm, ClientContext, Method, MethodParams
 from ..general.fedavg import FedAvg
 from ..registry import register
-from .personal import GLOBAL, PERSONAL, PERSONAL_GROUPS
+from .personal import GLOBAL, LORA_LM, PERSONAL, PERSONAL_GROUPS, task_loss
 
 
 class FedLoRAParams(MethodParams):
@@ -45,15 +45,14 @@ class FedLoRAClient(ClientAlgorithm):
         h.set_adapter(PERSONAL, h.get_adapter(GLOBAL))
         h.use(PERSONAL)
         cfg = ctx.config.model_copy(update={"epochs": self.params.finetune_epochs})
-        module = h.module
         m = train_local(
-            module,
+            h.module,
             h.adapter_parameters(PERSONAL),
             ctx.task,
             ctx.data,
             cfg,
             ctx.phase(PERSONAL),
-            objective=lambda batch: module(**batch).loss,
+            objective=task_loss(ctx),
         )
         return {"personal_train_loss": m["train_loss"]} if m["local_steps"] else {}
 
@@ -76,5 +75,6 @@ METHOD = register(
         groups=PERSONAL_GROUPS,
         evaluate_with=PERSONAL,
         reference="Yi et al. 2023 (FedLoRA) as adapted by FedOA; fedoa.md §3.4",
+        needs=LORA_LM,
     )
 )

@@ -28,7 +28,7 @@ from pydantic import Field
 from ..base import Method
 from ..general.fedavg import FedAvg
 from ..registry import register
-from .personal import PERSONAL, PERSONAL_GROUPS, FedOAClient, FedOAParams
+from .personal import LORA_LM, PERSONAL, PERSONAL_GROUPS, FedOAClient, FedOAParams
 
 
 class FedSDRParams(FedOAParams):
@@ -58,5 +58,6 @@ METHOD = register(
         groups=PERSONAL_GROUPS,
         evaluate_with=PERSONAL,
         reference="Tang et al. 2024 (FedSDR), the FedOA authors' surrogate; fedoa.md §3.6",
+        needs=LORA_LM,
     )
 )

@@ -1,4 +1,5 @@
-"""FedOA (papers 000/001; spec fedoa.md §2): a global and a personal LoRA adapter per client.
+"""FedOA (papers 000/001; spec fedoa.md §2): a global and a personal LoRA adapter per client, and
+Local-only (FedOA with λ = 0).
 
 Per round, client e (fedoa.md §2.3):
 (a) personal adapter φ_e, K epochs of ``CE(φ_e; ξ) + λ·D(Φ(φ_e; ξ), stop_grad Φ(φ_g^{t-1}; ξ))``,
@@ -14,7 +15,10 @@ Switches (fedoa.md §8, defaults first): ``distance`` l2 (un-squared Frobenius p
 single_full_grad_step (Alg. 1 literally, §2.3 note 1).
 
 The client (``FedOAClient``, ``FedOAParams``) lives in ``personal.py``: Ditto, PerAda and FedSDR
-reuse it with one term swapped.
+reuse it with one term swapped. FedOA needs a LoRA causal LM (its term compares hidden states);
+Local-only trains the personal model on the task loss alone, so it runs on any model (on a plain
+module the personal model is a copy of the trainable tensors, ``ModelHandle``), and logs the
+Fig. 2 feature distance on a causal LM only.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from pydantic import Field
 from ..base import Method
 from ..general.fedavg import FedAvg
 from ..registry import register
-from .personal import PERSONAL, PERSONAL_GROUPS, FedOAClient, FedOAParams
+from .personal import LORA_LM, PERSONAL, PERSONAL_GROUPS, FedOAClient, FedOAParams
 
 METHOD = register(
     Method(
@@ -35,6 +39,7 @@ METHOD = register(
         groups=PERSONAL_GROUPS,
         evaluate_with=PERSONAL,
         reference="FedOA (seeds 000/001); fedoa.md §2",
+        needs=LORA_LM,
     )
 )
 
@@ -51,6 +56,6 @@ METHOD_LOCAL = register(
         client=FedOAClient,
         groups=PERSONAL_GROUPS,
         evaluate_with=PERSONAL,
-        reference="Local-only personal adapters = FedOA with λ = 0; fedoa.md §3.7",
+        reference="Local-only personal models = FedOA with λ = 0; fedoa.md §3.7",
     )
 )

@@ -36,6 +36,7 @@ from ..general.fedavg import FedAvg
 from ..registry import register
 from .personal import (
     GLOBAL,
+    LORA_LM,
     PERSONAL,
     PERSONAL_GROUPS,
     FedOAParams,
@@ -111,5 +112,6 @@ METHOD = register(
         groups=PERSONAL_GROUPS,
         evaluate_with=PERSONAL,
         reference="Xie et al. 2024 (PerAda), without distillation; fedoa.md §3.5",
+        needs=LORA_LM,
     )
 )

@@ -1,7 +1,9 @@
-"""What the personalised-adapter methods share: FedOA's two-phase client and its helpers.
+"""What the personalised methods share: FedOA's two-phase client and its helpers.
 
-Every method here keeps two LoRA adapters on the resident model, ``GLOBAL`` (trained FedIT-style,
-uploaded, averaged) and ``PERSONAL`` (never leaves the client, answers for a known client):
+Every method here keeps two parameter groups on the resident model, ``GLOBAL`` (trained
+FedIT-style, uploaded, averaged) and ``PERSONAL`` (never leaves the client, answers for a known
+client): two LoRA adapters on a causal LM, or on a plain module the module's trainable tensors and
+a personal copy of them (``ModelHandle``; buffers such as BatchNorm statistics stay shared):
 
 - ``FedOAParams`` / ``FedOAClient``: FedOA's client (fedoa.md §2.3): per round the personal adapter
   with ``CE + λ·R(E, G)`` against the round-start global adapter's features, then the global copy
@@ -19,20 +21,23 @@ own file.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
 from pydantic import Field
 
 from ...models.layout import ParamGroup
-from ...training.loop import minibatches, train_local
-from ..base import ClientAlgorithm, ClientContext, MethodParams
+from ...training.backends import PenaltyFn
+from ...training.loop import minibatches, train_local, training_task
+from ..base import ClientAlgorithm, ClientContext, MethodParams, Needs
 from .feature_distance import Distance, Pool, feature_distance, pool_features
 
 GLOBAL, PERSONAL = "global", "personal"
 #: FedOA-style methods: a shared global adapter and a personal one (fedoa.md §2.1)
 PERSONAL_GROUPS = (ParamGroup(GLOBAL, "shared"), ParamGroup(PERSONAL, "personal"))
+#: what the adapter methods need: per-layer hidden states or LoRA A/B factors of a causal LM
+LORA_LM = Needs(model=frozenset({"lora", "causal_lm"}), example="examples/fedoa/mini.yaml")
 
 
 class FedOAParams(MethodParams):
@@ -49,6 +54,17 @@ class FedOAParams(MethodParams):
     log_feature_distance: bool = True
 
     model_config = {"populate_by_name": True}
+
+
+#: a loss on one batch (``train_local``'s ``objective``)
+Objective = Callable[[Any], torch.Tensor]
+
+
+def task_loss(ctx: ClientContext) -> Objective:
+    """The client's training loss on one batch, as ``train_local`` computes it by default (on a
+    causal LM ``module(**batch).loss``)."""
+    module, task = ctx.model.module, training_task(ctx.task, ctx.data, ctx.config)
+    return lambda batch: task.loss(module, batch)
 
 
 def features(module: torch.nn.Module, batch: dict, layer: int, pool: Pool):
@@ -81,16 +97,20 @@ class FedOAClient(ClientAlgorithm):
         return feature_distance(e, g, self.params.distance)
 
     def personal_objective(self, ctx: ClientContext):
-        p, module = self.params, ctx.model.module
+        p, module, loss = self.params, ctx.model.module, task_loss(ctx)
 
         def objective(batch: dict) -> torch.Tensor:
             if p.lam == 0:
-                return module(**batch).loss
+                return loss(batch)
             g = self.teacher_features(ctx, batch)
             out, e = features(module, batch, p.feature_layer, p.feature_pool)
             return out.loss + p.lam * self.regularizer(e, g)
 
         return objective
+
+    def personal_terms(self, ctx: ClientContext) -> tuple[Objective | None, PenaltyFn | None]:
+        """What the personal phase gives ``train_local``: (``objective``, ``penalty``)."""
+        return self.personal_objective(ctx), None
 
     def train_personal(self, ctx: ClientContext) -> dict[str, float]:
         h = ctx.model
@@ -100,6 +120,7 @@ class FedOAClient(ClientAlgorithm):
             return {}
         h.use(PERSONAL)
         params = h.adapter_parameters(PERSONAL)
+        objective, penalty = self.personal_terms(ctx)
         m = train_local(
             h.module,
             params,
@@ -107,10 +128,11 @@ class FedOAClient(ClientAlgorithm):
             ctx.data,
             ctx.config,
             ctx.phase(PERSONAL),
-            objective=self.personal_objective(ctx),
+            penalty=penalty,
+            objective=objective,
         )
         out = {"personal_train_loss": m["train_loss"]}
-        if self.params.log_feature_distance:
+        if self.params.log_feature_distance and h.has_hidden_states:
             out["feature_distance"] = self.mean_distance(ctx)
         return out
 
@@ -161,7 +183,8 @@ def full_gradient_step(
     ctx: ClientContext, params: list[torch.nn.Parameter], generator: torch.Generator
 ) -> dict[str, float]:
     """φ ← φ − η ∇R_e(φ) with the full-batch gradient (Algorithm 1 line 10 read literally)."""
-    module, task, n = ctx.model.module, ctx.task, ctx.task.num_examples(ctx.data)
+    module, n = ctx.model.module, ctx.task.num_examples(ctx.data)
+    task = training_task(ctx.task, ctx.data, ctx.config)
     for q in params:
         q.grad = None
     total = 0.0
@@ -182,7 +205,7 @@ def squared_distance(params, centre) -> torch.Tensor:
 
 
 def param_distance(ctx: ClientContext) -> float:
-    """‖v − φ_g‖₂ between the personal and global adapters (flat vectors, float64)."""
+    """‖v − φ_g‖₂ between the personal and global groups (flat vectors, float64)."""
     h = ctx.model
     diff = h.get_adapter(PERSONAL).astype(np.float64) - h.get_adapter(GLOBAL)
     return float(np.linalg.norm(diff))
@@ -192,21 +215,28 @@ class ParamProxClient(FedOAClient):
     """FedOA's two-phase client with the feature term replaced by a parameter penalty.
 
     Subclasses give ``penalty_fn(ctx)``: a closure computing the (differentiable) penalty on the
-    personal adapter, or None for none. The closure is built at the start of the personal phase,
-    so it may snapshot the round-start global adapter.
+    personal group, or None for none. The closure is built at the start of the personal phase,
+    so it may snapshot the round-start global group.
     """
 
     def penalty_fn(self, ctx: ClientContext) -> Callable[[], torch.Tensor | float] | None:
         raise NotImplementedError
 
     def personal_objective(self, ctx: ClientContext):
-        module, penalty = ctx.model.module, self.penalty_fn(ctx)
+        """The personal phase's loss on one batch: task loss + penalty."""
+        task, penalty = task_loss(ctx), self.penalty_fn(ctx)
 
         def objective(batch: dict) -> torch.Tensor:
-            loss = module(**batch).loss
+            loss = task(batch)
             return loss if penalty is None else loss + penalty()
 
         return objective
+
+    def personal_terms(self, ctx: ClientContext) -> tuple[Objective | None, PenaltyFn | None]:
+        """The same sum, with the penalty as ``train_local``'s (so that a backend sees it: ZeRO-3
+        gathers the personal tensors it reads)."""
+        penalty = self.penalty_fn(ctx)
+        return None, None if penalty is None else lambda params: penalty()
 
     def train_personal(self, ctx: ClientContext) -> dict[str, float]:
         out = super().train_personal(ctx)

@@ -1,8 +1,10 @@
-"""pFedMe (T. Dinh, Tran, Nguyen 2020, "Personalized federated learning with Moreau envelopes") on
-LoRA adapter vectors; fedoa.md §3.3 (and §2.13 for the authors'-code mode).
+"""pFedMe (T. Dinh, Tran, Nguyen 2020, "Personalized federated learning with Moreau envelopes");
+fedoa.md §3.3 (and §2.13 for the authors'-code mode). Runs on any model: on a causal LM w and θ
+are two LoRA adapters; on a plain module w is the module's trainable tensors and θ a personal copy
+of them (``ModelHandle``; BatchNorm statistics stay shared).
 
-Standard mode (default). Client e holds a personal adapter θ_e (persisted, never uploaded) and
-trains its copy w_e ← w^{t-1} of the global adapter. For each local minibatch ξ (K epochs):
+Standard mode (default). Client e holds a personal model θ_e (persisted, never uploaded) and
+trains its copy w_e ← w^{t-1} of the global model. For each local minibatch ξ (K epochs):
 1. θ̃ ≈ argmin_θ f(θ; ξ) + (λ_p/2)‖θ − w_e‖² by ``inner_steps`` optimiser steps of lr η_p on the
    same ξ, warm-started from the current θ_e (which becomes θ̃);
 2. outer step w_e ← w_e − η λ_p (w_e − θ̃) (a plain step, as in pFedMe).
@@ -12,12 +14,13 @@ FedAvg bit for bit). θ_e answers for a known client.
 ``local`` optimiser, micro-batching, clipping and precision, lr η_p), so the optimiser state and lr
 schedule restart for every minibatch (pFedMe's own inner solver is stateless SGD; with SGD and a
 constant schedule this is exactly it); the outer step is a plain, unclipped step. The logged
-``train_loss`` is the mean inner objective (CE + prox), ``param_distance`` = ‖θ_e − w_e‖₂.
+``train_loss`` is the mean inner objective (task loss + prox), ``param_distance`` = ‖θ_e − w_e‖₂.
 
 Authors'-code mode (``authors_code = true``, spec §3.3 last bullet, §2.13): round index 0 trains
-only the global copy, FedIT-style; from round index 1 the personal adapter is trained K epochs on
-CE plus the detached (gradient-free) penalty λ Σ_tensors ‖θ_p − w‖₂ / 32, then the global copy takes
-one step w ← w − 2·λ·η·(w − θ_p) with no data pass (θ_p = this round's trained personal adapter).
+only the global copy, FedIT-style; from round index 1 the personal model is trained K epochs on
+the task loss plus the detached (gradient-free) penalty λ Σ_tensors ‖θ_p − w‖₂ / 32, then the
+global copy takes one step w ← w − 2·λ·η·(w − θ_p) with no data pass (θ_p = this round's trained
+personal model).
 
 Switches (defaults first, all [proposal] unless noted):
 - ``lambda`` (alias ``lam``) λ_p: 15 (pFedMe paper default) in standard mode, 0.5 (the authors'
@@ -47,6 +50,7 @@ from .personal import (
     detached_code_penalty,
     param_distance,
     squared_distance,
+    task_loss,
 )
 
 STANDARD_LAMBDA, CODE_LAMBDA = 15.0, 0.5
@@ -108,6 +112,7 @@ class PFedMeClient(ClientAlgorithm):
         )
         generator = ctx.phase(None)
         within = torch.Generator().manual_seed(ctx.seed)  # row order inside a minibatch only
+        loss = task_loss(ctx)  # the client's loss (a classifier's absent classes: all its data)
         n = task.num_examples(ctx.data)
         total, steps = 0.0, 0
         for _ in range(ctx.config.epochs):
@@ -118,7 +123,9 @@ class PFedMeClient(ClientAlgorithm):
                     return 0.5 * lam * squared_distance(params, centre)
 
                 sub = task.batch(ctx.data, idx)
-                m = train_local(h.module, theta, task, sub, inner, within, penalty=prox)
+                m = train_local(
+                    h.module, theta, task, sub, inner, within, penalty=prox, objective=loss
+                )
                 with torch.no_grad():
                     for q, t in zip(w, theta, strict=True):
                         q -= eta * lam * (q - t)
@@ -139,14 +146,13 @@ class PFedMeClient(ClientAlgorithm):
             return train_local(h.module, params, ctx.task, ctx.data, ctx.config, ctx.phase(None))
         theta, w = h.adapter_parameters(PERSONAL), h.adapter_parameters(GLOBAL)
         centre = [q.detach().clone() for q in w]
-        module = h.module
 
-        def objective(batch: dict) -> torch.Tensor:  # the penalty is a float: no gradient
-            return module(**batch).loss + lam * detached_code_penalty(theta, centre)
+        def penalty(params) -> float:  # a float: no gradient
+            return lam * detached_code_penalty(params, centre)
 
         h.use(PERSONAL)
         m = train_local(
-            module, theta, ctx.task, ctx.data, ctx.config, ctx.phase(PERSONAL), objective=objective
+            h.module, theta, ctx.task, ctx.data, ctx.config, ctx.phase(PERSONAL), penalty=penalty
         )
         eta = self.params.lr_global or ctx.config.lr
         with torch.no_grad():
@@ -163,6 +169,6 @@ METHOD = register(
         client=PFedMeClient,
         groups=PERSONAL_GROUPS,
         evaluate_with=PERSONAL,
-        reference="T. Dinh et al. 2020 (pFedMe) on adapters; fedoa.md §3.3",
+        reference="T. Dinh et al. 2020 (pFedMe); fedoa.md §3.3",
     )
 )

@@ -349,10 +349,12 @@ class Tracker:
 
 
 def rows_csv(rows: Sequence[Mapping[str, Any]]) -> str:
+    """A CSV of ``rows``; its columns are every key of any row, in order of first appearance
+    (a personalised run's clients that never reported yet have no scores: empty cells)."""
     if not rows:
         return ""
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
+    writer = csv.DictWriter(buf, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
     writer.writeheader()
     writer.writerows(rows)
     return buf.getvalue()

@@ -183,7 +183,12 @@ def method_matrix(rows: list[Row], only: str = "") -> None:
     from raysim.algorithms.registry import method_names
 
     examples = sorted(p for p in (ROOT / "examples").rglob("*.yaml") if p.name != "methods.yaml")
-    for example in (e for e in examples if only in str(e.relative_to(ROOT))):
+    examples = [e for e in examples if only in str(e.relative_to(ROOT))]
+    found = tempfile.TemporaryDirectory()  # the FedBaF foundations, as their examples make them
+    if any("foundations/" in e.read_text() for e in examples):
+        for kind in ("digits", "markov"):
+            raysim(["pretrain", kind, "--out", f"foundations/{kind}"], Path(found.name))
+    for example in examples:
         offline = "paper" not in example.relative_to(ROOT).parts[
             :-1
         ] and not example.stem.startswith("paper")
@@ -195,6 +200,8 @@ def method_matrix(rows: list[Row], only: str = "") -> None:
             extra = ["rounds=1"] if offline else ["--dry-run"]
             with tempfile.TemporaryDirectory() as tmp:
                 d = Path(tmp)
+                if (Path(found.name) / "foundations").is_dir():
+                    (d / "foundations").symlink_to(Path(found.name) / "foundations")
                 t0 = time.perf_counter()
                 res = raysim(["run", str(example), f"algorithm={{name: {name}}}", *extra], d)
                 took = time.perf_counter() - t0
@@ -217,6 +224,7 @@ def method_matrix(rows: list[Row], only: str = "") -> None:
             f"; failed: {', '.join(failed)}" if failed else ""
         )
         rows.append(row)
+    found.cleanup()
 
 
 # --------------------------------------------------------------------------- faults

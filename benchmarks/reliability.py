@@ -5,9 +5,10 @@ one line on stderr, no traceback, and nothing written to the store. Faults run r
 must end with the digest of an uninterrupted run, or a clear refusal, and no run left RUNNING.
 The table reports, per row, how many tries there were, how many survived, and how many were lost.
 
-    python benchmarks/reliability.py                 # everything (about 15-20 min on 2 CPUs)
+    python benchmarks/reliability.py                 # everything (about 3 h on 2 CPUs)
     python benchmarks/reliability.py --only inputs   # the bad-input half (about 3 min)
-    python benchmarks/reliability.py --only methods  # every method x every example config
+    python benchmarks/reliability.py --only faults   # the fault half (about 15-20 min)
+    python benchmarks/reliability.py --only methods  # method x example (about 2.5 h: ~25 s a run)
     python benchmarks/reliability.py --only methods --examples quickstart  # one example's row
 
 The method matrix runs ``raysim run EXAMPLE 'algorithm={name: M}' rounds=1`` for every registered

@@ -65,3 +65,21 @@ def fresh_cli(args: list[str], cwd: Path, timeout: float = 300) -> subprocess.Co
         text=True,
         timeout=timeout,
     )
+
+
+def resumed_through_checkpoint(cfg, stop_after: int):
+    """Run ``cfg`` in-process for ``stop_after`` rounds, pack the core into checkpoint files,
+    unpack them into a freshly built core and run that to the end: (the resumed core, the
+    unpacked core state)."""
+    from raysim import checkpoint
+    from raysim.actors.local import local_core
+
+    half = local_core(cfg)
+    for _ in range(stop_after):
+        half.step()
+    _, loaded = checkpoint.unpack(checkpoint.pack({"core": half.state_dict()}, cfg, half.round))
+    resumed = local_core(cfg)
+    resumed.load_state_dict(loaded["core"])
+    while not resumed.done:
+        resumed.step()
+    return resumed, loaded["core"]

@@ -12,11 +12,10 @@ import pytest
 import torch
 
 import raysim
-from raysim import checkpoint
 from raysim.actors.local import local_core
 from raysim.actors.worker import STATE_PREFIX, split_store, store_entries
 from raysim.config import load_config
-from tests.conftest import ROOT, fresh_cli, tiny
+from tests.conftest import ROOT, fresh_cli, resumed_through_checkpoint, tiny
 
 DOC = ROOT / "docs" / "adding-a-method.md"
 KEY = f"{STATE_PREFIX}c_i"
@@ -135,14 +134,8 @@ def test_client_state_reaches_the_server_only_as_its_upload(plugin):
 def test_client_state_resumes_bit_identically(plugin):
     cfg = load_config(config(plugin, rounds=4))
     full = run_local(cfg)
-    half = run_local(cfg, rounds=2)
-    files = checkpoint.pack({"core": half.state_dict()}, cfg, 2)
-    _, loaded = checkpoint.unpack(files)
-    assert KEY in loaded["core"]["client_states"][0]
-    resumed = local_core(cfg)
-    resumed.load_state_dict(loaded["core"])
-    while not resumed.done:
-        resumed.step()
+    resumed, saved = resumed_through_checkpoint(cfg, 2)
+    assert KEY in saved["client_states"][0]
     assert resumed.digest() == full.digest()
     a, b = resumed.materialized_states(), full.materialized_states()
     np.testing.assert_array_equal(controls(a), controls(b))

@@ -8,14 +8,13 @@ import pytest
 import torch
 from torch import nn
 
-from raysim import checkpoint
 from raysim.actors.local import local_core
 from raysim.algorithms.fedoa.personal import PERSONAL_GROUPS
 from raysim.config import load_config
 from raysim.models.handle import ModelHandle
 from raysim.models.layout import BUFFERS, SHARED
 from raysim.training.loop import evaluate
-from tests.conftest import ROOT
+from tests.conftest import ROOT, resumed_through_checkpoint
 
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"
 PERSONAL_METHODS = ("ditto", "pfedme", "local_only")
@@ -143,14 +142,7 @@ def test_other_backends_train_the_swapped_in_copy(backend):
 def test_personal_copies_resume_bit_identically():
     cfg = config("{name: ditto}", "rounds=3")
     full = run("{name: ditto}", "rounds=3")
-    half = local_core(cfg)
-    half.step()
-    files = checkpoint.pack({"core": half.state_dict()}, cfg, 1)
-    _, loaded = checkpoint.unpack(files)
-    resumed = local_core(cfg)
-    resumed.load_state_dict(loaded["core"])
-    while not resumed.done:
-        resumed.step()
+    resumed, _ = resumed_through_checkpoint(cfg, 1)
     assert resumed.digest() == full.digest()
     np.testing.assert_array_equal(flat_states(resumed), flat_states(full))
 

@@ -223,14 +223,10 @@ class ParamProxClient(FedOAClient):
         raise NotImplementedError
 
     def personal_objective(self, ctx: ClientContext):
-        """The personal phase's loss on one batch: task loss + penalty."""
-        task, penalty = task_loss(ctx), self.penalty_fn(ctx)
-
-        def objective(batch: dict) -> torch.Tensor:
-            loss = task(batch)
-            return loss if penalty is None else loss + penalty()
-
-        return objective
+        """The personal phase's loss on one batch, summed: task loss + penalty (training gives
+        ``train_local`` the two parts, ``personal_terms``)."""
+        loss, penalty = task_loss(ctx), self.penalty_fn(ctx)
+        return loss if penalty is None else lambda batch: loss(batch) + penalty()
 
     def personal_terms(self, ctx: ClientContext) -> tuple[Objective | None, PenaltyFn | None]:
         """The same sum, with the penalty as ``train_local``'s (so that a backend sees it: ZeRO-3

@@ -685,6 +685,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from raysim.actors.audit import LeakError
     from raysim.actors.coordinator_actor import RunSetupError
+    from raysim.algorithms.base import Diverged
     from raysim.api import CoordinatorLost
 
     args = build_parser().parse_args(argv)
@@ -695,7 +696,7 @@ def main(argv: list[str] | None = None) -> int:
     except CoordinatorLost as e:  # the run is marked FAILED; the message says where it stopped
         errors.print(f"raysim: error: {e}", style="red", markup=False)
         return 1
-    except (LeakError, RunSetupError) as e:  # raised in the coordinator; Ray wraps it
+    except (LeakError, RunSetupError, Diverged) as e:  # raised in the coordinator; Ray wraps it
         cause = getattr(e, "cause", None) or e
         errors.print(f"raysim: error: {cause}", style="red", markup=False)
         return 1

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -15,7 +15,6 @@ from raysim.config import RunConfig
 from raysim.data import FederatedDataset
 from raysim.models import DataSpec, ModelConfig, ModelHandle, build_handle
 from raysim.models.layout import DEFAULT_GROUPS, Layout, ParamGroup
-from raysim.models.registry import ModelWrapper
 from raysim.training.tasks import Task, task_for
 
 INIT_STREAM = 0x1417
@@ -40,9 +39,10 @@ def build_resident(
     spec: DataSpec,
     seed: int,
     groups: Sequence[ParamGroup] = DEFAULT_GROUPS,
-    wrap: ModelWrapper | None = None,
+    wrap: Callable[[torch.nn.Module, DataSpec], torch.nn.Module] | None = None,
 ) -> ModelHandle:
-    """Build the model under the run's init stream, so every process holds the same weights."""
+    """Build the model under the run's init stream, so every process holds the same weights
+    (``wrap``: the method's ``wrap_model`` with its params bound)."""
     with torch.random.fork_rng():
         torch.manual_seed(init_seed(seed))
         return build_handle(cfg, spec, groups, wrap)
@@ -51,7 +51,9 @@ def build_resident(
 def method_resident(cfg: RunConfig, spec: DataSpec) -> ModelHandle:
     """The resident model of a run: its method's parameter groups and model wrapper."""
     method = get_method(cfg.algorithm.name)
-    return build_resident(cfg.model, spec, cfg.seed, method.groups, method.wrap_model)
+    wrap = method.wrap_model
+    bound = None if wrap is None else lambda m, s: wrap(m, s, cfg.algorithm.params)
+    return build_resident(cfg.model, spec, cfg.seed, method.groups, bound)
 
 
 def server_model(cfg: RunConfig, spec: DataSpec) -> tuple[ModelHandle, Task]:

@@ -8,7 +8,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1] / "raysim"
 #: the method interface at the top of ``raysim/algorithms/``; every method lives in a subpackage
 INTERFACE = ("base", "context", "private", "hooks", "registry", "__init__")
-PAPERS = ("general", "fedoa", "feddle", "fedbaf")
+PAPERS = ("general", "fedoa", "feddle", "fedbaf", "fedot")
 
 
 def module_name(path: Path) -> str:

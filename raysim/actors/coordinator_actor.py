@@ -14,6 +14,7 @@ from raysim import checkpoint
 from raysim.actors.coordinator_core import CoordinatorCore
 from raysim.actors.evaluation import evaluator_for
 from raysim.actors.pool import RayWorkerPool
+from raysim.algorithms.base import Diverged
 from raysim.algorithms.registry import get_method
 from raysim.config import config_from_wire, flatten
 from raysim.runtime import attacking_clients, data_spec, run_dataset, server_context
@@ -140,7 +141,15 @@ class Coordinator:
         }
 
     def step(self) -> dict[str, float]:
-        metrics = self.core.step()
+        try:
+            metrics = self.core.step()
+        except Diverged as e:  # recorded on the run before it ends FAILED
+            if self.tracker is not None:
+                self.tracker.client.set_tag(self.tracker.run_id, "raysim.error", str(e))
+                self.tracker.client.set_tag(
+                    self.tracker.run_id, "raysim.diverged_round", str(self.core.round)
+                )
+            raise
         if self.checkpointer is not None and self.checkpointer.due(self.core.round):
             try:
                 self.save_checkpoint()

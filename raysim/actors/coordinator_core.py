@@ -19,7 +19,7 @@ import numpy as np
 from raysim.actors.audit import LeakAuditor
 from raysim.actors.executor import Executor
 from raysim.actors.jobs import ClientJob
-from raysim.algorithms.base import Downlink, Strategy, Update
+from raysim.algorithms.base import Diverged, Downlink, Strategy, Update
 from raysim.algorithms.context import ServerContext
 from raysim.algorithms.hooks import compose
 from raysim.algorithms.registry import MIXERS, get_method
@@ -282,6 +282,11 @@ class CoordinatorCore:
         st = self.stats[job.client]
         log.bytes_up += result.delta.nbytes + sum(a.nbytes for a in result.extras.values())
         if not np.isfinite(result.delta).all():
+            if self.strategy.stop_on_nonfinite:
+                raise Diverged(
+                    f"round {k}: client {job.client}'s update is not finite (the method stops "
+                    "on divergence; lower its step sizes)"
+                )
             st.rejected += 1
             log.rejected += 1
             self.totals["rejected_updates"] += 1

@@ -6,7 +6,9 @@ state the client keeps), and a ``ClientAlgorithm.adapt`` override (for example f
 before testing) makes every client evaluate its own adapted copy. Then each client is scored on
 every shared set and its own test split, and the metrics are the mean over clients (with their
 spread: ``_std``, ``_min``); the global model is scored on the shared sets too, with a
-``_global`` suffix. Otherwise the global model answers everywhere, with bare metric names.
+``_global`` suffix. With per-client input shifts (``data.shift``, fedot.md §6.5) every client
+is scored too, each on the test set in its own view, even where the global model answers.
+Otherwise the global model answers everywhere, with bare metric names.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class WorkerEvaluator:
         adapt: bool = False,
         num_clients: int = 0,
         seed: int = 0,
+        shifted: bool = False,
     ) -> None:
         self.executor = executor
         self.shared = tuple(name for name, client in eval_sets.items() if client is None)
@@ -53,13 +56,15 @@ class WorkerEvaluator:
         self.adapt = adapt
         self.num_clients = num_clients
         self.seed = seed
+        self.shifted = shifted
         self.cfg = eval_cfg
         self.last_clients: list[dict[str, Any]] = []
 
     @property
     def per_client(self) -> bool:
-        """Whether each client answers with its own view (personal state or adaptation)."""
-        return self.group != self.global_group or self.adapt
+        """Whether each client answers with its own view (personal state, adaptation, or its
+        own shift of the inputs: ``data.shift``)."""
+        return self.group != self.global_group or self.adapt or self.shifted
 
     def state_dict(self) -> dict[str, Any]:
         """The last per-client evaluation rows (joined into ``clients.csv`` at the end)."""
@@ -135,4 +140,5 @@ def evaluator_for(cfg: Any, dataset: Any, executor: Any) -> WorkerEvaluator:
         adapt=method.adapts_for_eval,
         num_clients=cfg.clients.num,
         seed=cfg.seed,
+        shifted=getattr(dataset, "shifts", None) is not None,
     )

@@ -138,6 +138,7 @@ class ClientRunner:
         model = self.model
         model.set_global(weights)
         model_state, client_state = split_store(self.resolve(job.state))
+        answer = None
         if job.client is not None or not model.switches_groups:
             # personal groups: the client's state, or (global view) their built values
             model.set_state(model_state, 0)
@@ -155,23 +156,37 @@ class ClientRunner:
                 seed=seed,
                 state=client_state,
             )
-            self.client_algorithm.adapt(ctx)
+            answer = self.client_algorithm.adapt(ctx)
         model.use(job.group if job.client is not None else model.global_adapter)
         try:
-            return {name: self._score(name, job.generate) for name in job.sets}
+            return {name: self._score(name, job.generate, job.client, answer) for name in job.sets}
         finally:
             model.use(model.global_adapter)
 
-    def _score(self, name: str, generate: bool) -> dict[str, float]:
-        """Labelled sets: accuracy and loss; text sets: loss (and ROUGE-1 when ``generate``)."""
+    def _score(
+        self,
+        name: str,
+        generate: bool,
+        client: int | None = None,
+        answer: torch.nn.Module | None = None,
+    ) -> dict[str, float]:
+        """Labelled sets: accuracy and loss; text sets: loss (and ROUGE-1 when ``generate``).
+
+        ``answer``: the module an ``adapt`` returned to answer instead of the resident one. With
+        per-client shifts (``data.shift``) a client scores the test set in its own view."""
         from raysim.data import LabelledSet
 
         eval_set = self.dataset.eval_sets[name]
+        module = self.model.module if answer is None else answer
+        shifts = getattr(self.dataset, "shifts", None)
+        if shifts is not None and client is not None and name == "test":
+            x = torch.from_numpy(shifts.test_view(client))
+            return evaluate(module, x, torch.tensor(eval_set.y, dtype=torch.long))
         if isinstance(eval_set, LabelledSet):
             if name not in self._eval_tensors:  # converted once per worker
                 x, y = torch.tensor(eval_set.x), torch.tensor(eval_set.y, dtype=torch.long)
                 self._eval_tensors[name] = x, y
-            return evaluate(self.model.module, *self._eval_tensors[name])
+            return evaluate(module, *self._eval_tensors[name])
         from raysim.metrics import rouge1
         from raysim.training.lm_eval import generate as greedy
         from raysim.training.lm_eval import lm_loss

@@ -77,6 +77,11 @@ class Secret:
     values: np.ndarray
 
 
+class Diverged(RuntimeError):
+    """Raised by a strategy (or by the coordinator for one that sets ``stop_on_nonfinite``) to
+    stop a run whose training diverged; the message names the round and the cause."""
+
+
 class Stateful:
     """Default checkpointing for server-side objects: every attribute but the context.
 
@@ -141,6 +146,9 @@ class Strategy(Stateful):
 
     #: False for server-only methods (Center): the coordinator then dispatches no client at all
     uses_clients: bool = True
+    #: True: a non-finite client update stops the run (``Diverged``) instead of being rejected
+    #: with a warning (for methods where a NaN means divergence, not one faulty client)
+    stop_on_nonfinite: bool = False
 
     def __init__(self, params: MethodParams, initial_weights: np.ndarray, num_clients: int) -> None:
         self.params = params
@@ -249,10 +257,13 @@ class ClientAlgorithm:
         """A term added to the local loss, given the downloaded global parameters; None = none."""
         return None
 
-    def adapt(self, ctx: ClientContext) -> None:
+    def adapt(self, ctx: ClientContext) -> torch.nn.Module | None:
         """Before this client is evaluated: change its view of the model in place (for example
-        fine-tune on ``ctx.data``, fedot.md §5's L-FedAvg and Fed-FOMAML). Overriding it makes
-        every client evaluate its own adapted copy; the default keeps the model as it is."""
+        fine-tune on ``ctx.data``, fedot.md §5's L-FedAvg and Fed-FOMAML), or return a module
+        that answers instead of the resident one (an ensemble: FedMI's output mixture).
+        Overriding it makes every client evaluate its own adapted copy; the default keeps the
+        model as it is."""
+        return None
 
     def train(self, ctx: ClientContext) -> dict[str, float]:
         params = ctx.model.global_parameters()

@@ -153,6 +153,10 @@ class ComposedStrategy(Strategy):
         return self.base.uses_clients
 
     @property
+    def stop_on_nonfinite(self) -> bool:
+        return self.base.stop_on_nonfinite
+
+    @property
     def weights(self) -> np.ndarray:
         return self.base.weights
 

@@ -68,6 +68,9 @@ BUILTIN_MODULES = (
     "raysim.algorithms.fedoa.fedlora",
     "raysim.algorithms.fedoa.fedsdr",
     "raysim.algorithms.fedoa.centralized",
+    # FedOT (fedot.md) and its personalisation baselines
+    "raysim.algorithms.fedot.method",
+    "raysim.algorithms.fedot.baselines",
 )
 _loaded = False
 

@@ -63,10 +63,19 @@ def twenty_classes(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray
 class DigitsConfig(StrictModel):
     """``data.digits`` (name: digits). ``split: fedbaf`` trains on §8.1's FL pool and tests on
     its 297 images; ``pixel_noise`` adds N(0, σ²) on the 0–16 pixel scale to the FL train images
-    only (§8.1's optional widening of the gaps), drawn from the run seed."""
+    only (§8.1's optional widening of the gaps), drawn from the run seed. ``split: fedot`` is
+    fedot.md §9.1's: ``train_size`` shuffled images for the clients, the rest for testing."""
 
-    split: Literal["random", "fedbaf"] = "random"
+    split: Literal["random", "fedbaf", "fedot"] = "random"
     split_seed: int = Field(0, description="fixes the fedbaf pools, whatever the run seed")
+    train_size: int = Field(
+        1500,
+        ge=1,
+        lt=1797,
+        description="split fedot: the first train_size images after a shuffle with the run "
+        "seed train the clients (n·m; partition.kind contiguous gives client i the i-th chunk), "
+        "the rest are the test pool (fedot.md §9.1)",
+    )
     pixel_noise: float = Field(0.0, ge=0, description="σ on the 0–16 scale (train images only)")
 
 
@@ -82,3 +91,17 @@ def load_fedbaf_digits(cfg: DigitsConfig, seed: int) -> RawData:
         x = (x + rng.normal(0.0, cfg.pixel_noise / 16.0, x.shape)).astype(np.float32)
     xt, yt = pools["test"]
     return RawData(x=x, y=y, num_classes=10, x_test=xt, y_test=yt)
+
+
+FEDOT_TAG = 0xF01  # rng = default_rng([run seed, FEDOT_TAG]) for fedot.md §9.1's shuffle
+
+
+def load_fedot_digits(cfg: DigitsConfig, seed: int) -> RawData:
+    """fedot.md §9.1: shuffle with the run seed; the first ``train_size`` images train, the rest
+    test (with n·m = train_size and a contiguous partition, client i holds the i-th m)."""
+    from raysim.data.builtin import load_digits
+
+    raw = load_digits()
+    order = np.random.default_rng([seed, FEDOT_TAG]).permutation(len(raw.y))
+    tr, te = order[: cfg.train_size], order[cfg.train_size :]
+    return RawData(x=raw.x[tr], y=raw.y[tr], num_classes=10, x_test=raw.x[te], y_test=raw.y[te])

@@ -9,7 +9,7 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from raysim.data.builtin import BUILTIN_LOADERS, RawData
-from raysim.data.digits_split import DigitsConfig, load_fedbaf_digits
+from raysim.data.digits_split import DigitsConfig, load_fedbaf_digits, load_fedot_digits
 from raysim.data.hf import HFConfig, load_hf
 from raysim.data.images import HFImageConfig, image_pool, load_hf_image
 from raysim.data.markov import MarkovConfig, load_markov
@@ -22,6 +22,7 @@ from raysim.data.server import (
     split_off_labels,
     subsample,
 )
+from raysim.data.shifts import ClientShifts, ShiftConfig, shift_clients
 from raysim.data.text import build_vocab, encode
 from raysim.data.text_lm import HFTextLMConfig, load_text_lm
 from raysim.data.text_tasks import (
@@ -55,9 +56,17 @@ class DataConfig(StrictModel):
     markov: MarkovConfig = Field(default_factory=MarkovConfig)
     digits: DigitsConfig = Field(default_factory=DigitsConfig)
     hf_lm: HFTextLMConfig = Field(default_factory=HFTextLMConfig)
+    shift: ShiftConfig = Field(default_factory=ShiftConfig)
 
     @model_validator(mode="after")
     def _check(self) -> DataConfig:
+        if self.shift.kind != "none":
+            if self.name in (*TEXT_TASK_DATASETS, "bbc_news", "markov", "hf_lm"):
+                raise ValueError(
+                    f"data.shift transforms dense inputs; name={self.name!r} has tokens"
+                )
+            if self.server != ServerDataConfig():
+                raise ValueError("data.shift does not combine with data.server yet")
         if self.name in TEXT_TASK_DATASETS and self.server != ServerDataConfig():
             raise ValueError(
                 f"data.server (server-side data) is not available for name={self.name!r} yet"
@@ -143,6 +152,9 @@ class FederatedDataset:
     server_ood: dict[str, tuple[np.ndarray, np.ndarray, int]] | None = None
     #: further shared evaluation sets (e.g. a backdoor's triggered inputs), by name
     extra_eval: dict[str, LabelledSet] | None = None
+    #: per-client input shifts (``data.shift``): train rows are already in their owner's view,
+    #: ``x_test`` is the reference view and ``shifts.test_view(j)`` client j's
+    shifts: ClientShifts | None = None
 
     @property
     def num_clients(self) -> int:
@@ -236,6 +248,8 @@ def load_raw(cfg: DataConfig, seed: int = 0) -> RawData:
     """Load the configured dataset before splitting (``seed``: the run's, for data noise)."""
     if cfg.name == "digits" and cfg.digits.split == "fedbaf":
         return load_fedbaf_digits(cfg.digits, seed)
+    if cfg.name == "digits" and cfg.digits.split == "fedot":
+        return load_fedot_digits(cfg.digits, seed)
     if cfg.name == "hf":
         return load_hf(cfg.hf)
     if cfg.name == "hf_image":
@@ -334,6 +348,13 @@ def build_federated_dataset(
     labels = y_train if split_labels is None else split_labels
     parts = partition(cfg.partition, labels, num_clients, rng, ids=train.client_ids)
     indices, offsets = pack(parts)
+    shifts = None
+    if cfg.shift.kind != "none":
+        if kind != "dense":
+            raise ValueError(f"data.shift needs dense inputs; {_dataset_name(cfg)} has {kind}")
+        shifts = ClientShifts(cfg.shift, seed, x_test)
+        x_train = shift_clients(shifts, x_train, indices, offsets)
+        x_test = shifts.reference(x_test)
     return FederatedDataset(
         name=_dataset_name(cfg),
         x_train=x_train,
@@ -347,4 +368,5 @@ def build_federated_dataset(
         vocab_size=vocab_size,
         server_id=server_id,
         server_ood=ood or None,
+        shifts=shifts,
     )

@@ -25,6 +25,12 @@ def _persistent_buffers(module: torch.nn.Module) -> list[tuple[str, torch.Tensor
     return [(n, b) for n, b in module.named_buffers() if n in keys]
 
 
+def _as_numpy(p: torch.Tensor) -> np.ndarray:
+    """A tensor's values as numpy: float64 kept (FedOT's dual heads), other floats as float32."""
+    p = p.detach().cpu()
+    return (p if p.dtype == torch.float64 else p.float()).numpy().copy()
+
+
 def _sites(module: torch.nn.Module) -> dict[int, list[tuple[torch.nn.Module, str]]]:
     """id(parameter) → every (owner module, attribute) it sits at (several when tied)."""
     sites: dict[int, list[tuple[torch.nn.Module, str]]] = {}
@@ -159,12 +165,9 @@ class ModelHandle:
         return [g.name for g in self.groups if g.role != "shared"]
 
     def get_state(self) -> dict[str, np.ndarray]:
-        """The client's personal state after local work: every non-shared tensor, by name."""
-        return {
-            n: p.detach().float().cpu().numpy().copy()
-            for g in self.personal_groups()
-            for n, p in self._by_group[g]
-        }
+        """The client's personal state after local work: every non-shared tensor, by name
+        (float32, or float64 for a float64 tensor)."""
+        return {n: _as_numpy(p) for g in self.personal_groups() for n, p in self._by_group[g]}
 
     def set_state(self, state: Mapping[str, np.ndarray] | None, seed: int) -> None:
         """Load a client's personal state; ``None`` = first visit (the built values)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from pydantic import Field
@@ -113,8 +113,9 @@ class ModelConfig(StrictModel):
 
 
 Builder = Callable[[ModelConfig, DataSpec], torch.nn.Module]
-#: A method's model wrapper: (built module, data spec) -> the module clients train.
-ModelWrapper = Callable[[torch.nn.Module, "DataSpec"], torch.nn.Module]
+#: A method's model wrapper: (built module, data spec, the method's params) -> the module
+#: clients train (``Method.wrap_model``).
+ModelWrapper = Callable[[torch.nn.Module, "DataSpec", Any], torch.nn.Module]
 _BUILDERS: dict[str, Builder] = {}
 _TRAITS: dict[str, frozenset[str]] = {}
 
@@ -148,7 +149,7 @@ def build_handle(
     cfg: ModelConfig,
     spec: DataSpec,
     groups: Sequence[ParamGroup] = DEFAULT_GROUPS,
-    wrap: ModelWrapper | None = None,
+    wrap: Callable[[torch.nn.Module, DataSpec], torch.nn.Module] | None = None,
 ) -> ModelHandle:
     """Build the resident model as a ``ModelHandle`` with the method's parameter ``groups``.
 

@@ -578,7 +578,10 @@ def get_backend(name: str) -> Backend:
 
 
 def total_optimizer_steps(n: int, cfg: LocalTrainingConfig) -> int:
-    """Optimizer steps of one local call: epochs × ⌈n / batch_size⌉, at most ``max_steps``."""
+    """Optimizer steps of one local call: epochs × ⌈n / batch_size⌉, at most ``max_steps``
+    (with ``sampling: independent``, ``max_steps`` when set)."""
+    if cfg.sampling == "independent" and cfg.max_steps is not None:
+        return cfg.max_steps if n else 0
     steps = cfg.epochs * math.ceil(n / cfg.batch_size)
     return steps if cfg.max_steps is None else min(steps, cfg.max_steps)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -19,6 +19,31 @@ def minibatches(n: int, batch_size: int, generator: torch.Generator) -> list[tor
     """One epoch of shuffled minibatch indices, drawn from ``generator`` only."""
     order = torch.randperm(n, generator=generator)
     return [order[s : s + batch_size] for s in range(0, n, batch_size)]
+
+
+def step_batches(
+    n: int, cfg: LocalTrainingConfig, generator: torch.Generator
+) -> Iterator[torch.Tensor]:
+    """The example indices of every optimizer step of one local call, drawn lazily from
+    ``generator`` only: ``cfg.epochs`` shuffled passes (``sampling: epochs``) or ``batch_size``
+    distinct samples afresh per step (``independent``), at most ``total_optimizer_steps``.
+    Every method that walks a client's data step by step shares this stream, so methods that
+    coincide in theory (FedOT with λ = 0, FedAvg) see the same batches."""
+    total = total_optimizer_steps(n, cfg)
+    steps = 0
+    if cfg.sampling == "independent":
+        while steps < total:
+            yield torch.randperm(n, generator=generator)[: cfg.batch_size]
+            steps += 1
+        return
+    for _ in range(cfg.epochs):
+        if steps == total:
+            return
+        for idx in minibatches(n, cfg.batch_size, generator):
+            yield idx
+            steps += 1
+            if steps == total:
+                return
 
 
 def training_task(task: Task, data: Any, cfg: LocalTrainingConfig) -> Task:
@@ -57,29 +82,20 @@ def train_local(
     stepper = get_backend(cfg.backend).prepare(module, params, cfg, total_steps)
     total, steps = 0.0, 0
     try:
-        for _ in range(cfg.epochs):
-            if steps == total_steps:
-                break
-            for idx in minibatches(n, cfg.batch_size, generator):
-                parts = list(micro_batches(idx, cfg))
-                step_loss = 0.0
-                for i, part in enumerate(parts):
-                    batch = stepper.cast(task.batch(data, part))
-                    with stepper.forward_context():
-                        loss = (
-                            objective(batch) if objective is not None else task.loss(module, batch)
-                        )
-                        if penalty is not None:
-                            loss = loss + stepper.penalty(penalty, params)
-                    step_loss += float(loss.detach())
-                    stepper.backward(
-                        loss / len(parts) if len(parts) > 1 else loss, i == len(parts) - 1
-                    )
-                stepper.step()
-                total += step_loss / len(parts)
-                steps += 1
-                if steps == total_steps:
-                    break
+        for idx in step_batches(n, cfg, generator):
+            parts = list(micro_batches(idx, cfg))
+            step_loss = 0.0
+            for i, part in enumerate(parts):
+                batch = stepper.cast(task.batch(data, part))
+                with stepper.forward_context():
+                    loss = objective(batch) if objective is not None else task.loss(module, batch)
+                    if penalty is not None:
+                        loss = loss + stepper.penalty(penalty, params)
+                step_loss += float(loss.detach())
+                stepper.backward(loss / len(parts) if len(parts) > 1 else loss, i == len(parts) - 1)
+            stepper.step()
+            total += step_loss / len(parts)
+            steps += 1
     finally:
         stepper.finish()
     return {"train_loss": total / steps if steps else float("nan"), "local_steps": float(steps)}

@@ -37,6 +37,12 @@ class LocalTrainingConfig(StrictModel):
     #: stop after this many optimizer steps (a fraction of an epoch, fedbaf.md §4.4's E/λ)
     max_steps: int | None = Field(None, ge=0)
     batch_size: int = Field(16, ge=1)  # the effective batch of one optimizer step
+    sampling: Literal["epochs", "independent"] = Field(
+        "epochs",
+        description="epochs: shuffled passes over the client's data (the last batch of a pass "
+        "may be short); independent: every step draws batch_size distinct samples afresh "
+        "(fedot.md §3.5 'sample B examples'; a client with fewer samples uses them all)",
+    )
     lr: float = Field(0.05, gt=0)
     optimizer: Literal["sgd", "adam", "adamw"] = "sgd"
     momentum: float = Field(0.0, ge=0, lt=1)

@@ -1,0 +1,81 @@
+"""FedOT-GDA's hyper-parameters and switches (fedot.md §3–4, §6.4, §10), defaults first."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import ConfigDict, Field, model_validator
+
+from ..base import MethodParams
+from .families import MapFamily, PotentialFamily
+
+
+class FedOTParams(MethodParams):
+    """Descent runs at ``local.lr`` (η1) with plain SGD; the local iterations τ are the steps of
+    ``local:`` (``max_steps`` with ``sampling: independent`` draws B samples afresh per
+    iteration, §3.5); each iteration's ``k_max`` ascent steps and its descent step share its
+    batch and draw nothing from the client's random stream."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    lam: float = Field(1.0, ge=0, alias="lambda", description="λ, weight of the OT term (eq. 10)")
+    gamma: float = Field(0.5, ge=0, lt=1, description="γ of eq. 10 (not reported; §6.4 default)")
+    rho_v: float | None = Field(
+        None, gt=0, description="ρ_v on ‖v_i‖² (None: λ/(1−γ), eq. 10; §2.5 keeps it apart)"
+    )
+    rho_u: float | None = Field(
+        None, gt=0, description="ρ_U on ‖U‖_F² (None: λ/(1−γ); lower it when U collapses, §4.3)"
+    )
+    lr_map: float | None = Field(None, ge=0, description="η_θ of the maps (None: local.lr)")
+    lr_ascent: float | None = Field(None, gt=0, description="η2 of the potentials (None: local.lr)")
+    k_max: int | None = Field(
+        None, ge=1, description="ascent steps per descent step (None: 10 alternating, 1 simult.)"
+    )
+    gda_mode: Literal["alternating", "simultaneous"] = Field(
+        "alternating", description="§3.4: k_max ascent then 1 descent | Alg. 1's joint step"
+    )
+    personal_step: Literal["local", "literal_alg1"] = Field(
+        "local", description="§3.2: personal deltas as they are | divided by n (Alg. 1 literal)"
+    )
+    dual_centering: Literal["sync"] = Field(
+        "sync",
+        description="§3.3 sync centring with the server's mean v̄; 'exact' (per-step centring in "
+        "one lockstep graph) runs in raysim.algorithms.fedot.lockstep, not from a config yet",
+    )
+    cost: Literal["w2_reg", "w1_lip"] = Field(
+        "w2_reg", description="eq. 10 (regularised W2) | eq. 8 (W1: ‖v_i‖ ≤ 1, spectral caps)"
+    )
+    psi_family: MapFamily = "affine_diag"
+    psi_scope: Literal["pixel", "image"] = "pixel"
+    potential: PotentialFamily = "quad_diag"
+    hidden: int = Field(32, ge=1, description="h_φ, width of the nn potential's trunk (§4.2)")
+    gamma_cap: Literal["none", "clamp", "rescale"] = Field(
+        "none", description="§4.3 cap ‖V_i‖₂ ≤ γ on quadratic heads (the code has none)"
+    )
+    trunk_cap: bool = Field(True, description="‖U_l‖₂ ≤ 1 after each ascent step and averaging")
+    divergence_limit: float = Field(
+        1e6, gt=0, description="stop the run when ‖v_i‖, ‖ψ_i − id‖ or the loss exceeds it"
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> FedOTParams:
+        if self.gda_mode == "simultaneous" and self.k_max not in (None, 1):
+            raise ValueError("gda_mode simultaneous takes one ascent step per descent (k_max 1)")
+        return self
+
+    @property
+    def ascent_steps(self) -> int:
+        if self.k_max is not None:
+            return self.k_max
+        return 10 if self.gda_mode == "alternating" else 1
+
+    @property
+    def rho(self) -> tuple[float, float]:
+        """(ρ_v, ρ_U); both 0 under ``cost: w1_lip`` (eq. 8 has constraints, no penalty)."""
+        if self.cost == "w1_lip":
+            return 0.0, 0.0
+        default = self.lam / (1.0 - self.gamma)
+        return (
+            default if self.rho_v is None else self.rho_v,
+            default if self.rho_u is None else self.rho_u,
+        )

@@ -1,0 +1,115 @@
+"""FedOT-GDA's server (fedot.md §3.5, §3.3, §8.1).
+
+At round end: w (and the nn potential's trunk U, which travels in the global vector) ← the mean
+of the participants' copies (FedAvg's sample-weighted mean: uniform for the paper's equal m);
+U ← its spectral projection ‖U_l‖₂ ≤ 1 (§4.3); v̄ ← v̄ + (1/n) Σ_{i∈S} Δṽ_i over all n clients
+(sync centring, §3.3). θ_i and ṽ_i never reach it. Each round it logs ‖Σ_i v_i‖ as the
+bookkeeping leaves it (Σ Δṽ in float64 against n·v̄) and the trunk's norms, and it stops the run
+(``Diverged``) when anything it sees is not finite or a client's ‖v_i‖, ‖ψ_i − id‖ or loss passes
+``divergence_limit``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..base import Diverged, Downlink, Update
+from ..context import ServerContext
+from ..general.fedavg import FedAvg
+from .client import DUAL_DELTA, PERSONAL_SCALE, VBAR
+from .model import TRUNK_PREFIX
+from .params import FedOTParams
+
+#: client metrics the divergence guard watches
+WATCHED = ("dual_norm", "map_deviation", "train_loss")
+
+
+class FedOTStrategy(FedAvg):
+    params: FedOTParams
+    stop_on_nonfinite = True
+
+    def __init__(self, params, initial_weights, num_clients) -> None:
+        super().__init__(params, initial_weights, num_clients)
+        self.vbar: np.ndarray | None = None  # float64, sized by the first Δṽ (the head's size)
+        self.delta_sum: np.ndarray | None = None  # Σ_i Δṽ_i in float64 (= Σ_i ṽ_i)
+        self.round_deltas: list[np.ndarray] = []
+
+    def setup(self, ctx: ServerContext) -> None:
+        super().setup(ctx)
+        local = ctx.local
+        if local.optimizer != "sgd" or local.momentum or local.weight_decay:
+            raise ValueError(
+                "fedot trains with plain SGD (fedot.md §6.4): set local.optimizer sgd, "
+                "local.momentum 0 and local.weight_decay 0"
+            )
+        if local.backend != "torch" or local.grad_accumulation != 1:
+            raise ValueError(
+                "fedot's client steps by hand: set local.backend torch, no accumulation"
+            )
+        self.trunk = [t for t in ctx.layout.select(pattern="^" + TRUNK_PREFIX) if len(t.shape) == 2]
+
+    transient = ("trunk",)
+
+    def configure(self, round_index: int, clients: Sequence[int]) -> Downlink:
+        tensors = {}
+        if self.vbar is not None:
+            tensors[VBAR] = self.vbar
+        if self.params.personal_step == "literal_alg1":
+            tensors[PERSONAL_SCALE] = np.array([1.0 / self.num_clients], dtype=np.float32)
+        return Downlink(tensors=tensors)
+
+    def on_arrival(self, update: Update) -> bool:
+        for key in WATCHED:
+            value = update.metrics.get(key)
+            if value is not None and not abs(value) <= self.params.divergence_limit:
+                who = f"round {update.arrival_round}: client {update.client_id}"
+                raise Diverged(
+                    f"{who}'s {key} is {value:.4g}"
+                    f" (divergence_limit {self.params.divergence_limit:g}); lower the step sizes"
+                    " (lr_map, lr_ascent, local.lr) or λ, or set gamma_cap (fedot.md §9.2)"
+                )
+        self.round_deltas.append(np.asarray(update.extras[DUAL_DELTA], dtype=np.float64))
+        return super().on_arrival(update)
+
+    def on_round_end(self, round_index: int) -> bool:
+        changed = super().on_round_end(round_index)
+        if self.trunk and self.params.trunk_cap:
+            self.weights = project_trunk(self.weights, self.trunk)
+        if self.round_deltas:
+            if self.vbar is None:
+                size = len(self.round_deltas[0])
+                self.vbar = np.zeros(size, np.float64)
+                self.delta_sum = np.zeros(size, np.float64)
+            total = np.sum(self.round_deltas, axis=0)
+            self.vbar = self.vbar + total / self.num_clients
+            self.delta_sum = self.delta_sum + total
+            self.round_deltas = []
+        for name, value in (("weights", self.weights), ("v̄", self.vbar)):
+            if value is not None and not np.isfinite(value).all():
+                raise Diverged(f"round {round_index}: the server's {name} are not finite")
+        return changed
+
+    def metrics(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        if self.vbar is not None:
+            residual = self.delta_sum - self.num_clients * self.vbar
+            out["dual_sum_norm"] = float(np.linalg.norm(residual))
+            out["dual_mean_norm"] = float(np.linalg.norm(self.vbar))
+        if self.trunk:
+            u = [self.weights[t.slice].reshape(t.shape) for t in self.trunk]
+            out["trunk_norm"] = float(np.sqrt(sum((x.astype(np.float64) ** 2).sum() for x in u)))
+            out["trunk_sigma_max"] = max(float(np.linalg.norm(x, 2)) for x in u)
+        return out
+
+
+def project_trunk(weights: np.ndarray, trunk) -> np.ndarray:
+    """A copy of ``weights`` with every trunk matrix U_l divided by max(1, σ_max(U_l))."""
+    out = weights.copy()
+    for t in trunk:
+        u = out[t.slice].reshape(t.shape)
+        sigma = float(np.linalg.norm(u.astype(np.float64), 2))
+        if sigma > 1.0:
+            out[t.slice] = (u / np.float32(sigma)).reshape(-1)
+    return out

@@ -57,6 +57,14 @@ def sq_norm(tensors: list[torch.Tensor]) -> torch.Tensor | float:
     return sum((t * t).sum() for t in tensors) if tensors else 0.0
 
 
+def mapped_features(model: FedOTModel, x: torch.Tensor):
+    """(ψ_i(x) flattened, the potential's mean features of it or None), without gradients."""
+    with torch.no_grad():
+        y = model.psi(x)
+        y = y.reshape(len(y), -1)
+        return y, model.potential.mean_features(y)
+
+
 class FedOTClient(ClientAlgorithm):
     params: FedOTParams
 
@@ -93,32 +101,64 @@ class FedOTClient(ClientAlgorithm):
                     for t in heads:
                         t.div_(norm)
 
-    def ascent(self, model: FedOTModel, x: torch.Tensor, heads, trunk, lr: float) -> None:
-        """k_max ascent steps on (v_i, U) with θ_i fixed: ψ_i(x) is computed once, and for a
-        potential linear in its head (the quadratic ones) so is the gradient's data part:
+    def ascent_gradient(self, model: FedOTModel, y: torch.Tensor, features, heads, trunk):
+        """∇ of L̂_i in (v_i, U) at the current point, for mapped inputs ``y`` (flat) whose
+        ``features`` the potential gave (None for the nn one); None when nothing moves (λ = 0
+        and no regulariser). A potential linear in its head has the closed form
         ∇_v = λ·mean_B features − 2ρ_v·v."""
-        ascent_params = heads + trunk
-        with torch.no_grad():
-            y = model.psi(x)
-            features = model.potential.mean_features(y.reshape(len(y), -1))
+        lam, rho_v = self.params.lam, self.params.rho[0]
         if features is not None:
-            rho_v = self.params.rho[0]
-            lam = self.params.lam
-            for _ in range(self.params.ascent_steps):
-                with torch.no_grad():
-                    for v, f in zip(heads, features, strict=True):
-                        v.add_(lam * f - 2.0 * rho_v * v, alpha=lr)
-                self.project(model, heads, trunk)
-            return
+            with torch.no_grad():
+                return [lam * f - 2.0 * rho_v * v for v, f in zip(heads, features, strict=True)]
+        objective = -self.regulariser(heads, trunk)
+        if lam:
+            objective = objective + self.dual_term(model, y)
+        if not isinstance(objective, torch.Tensor) or not objective.requires_grad:
+            return None
+        params = heads + trunk
+        grads = torch.autograd.grad(objective, params, allow_unused=True)
+        return [torch.zeros_like(q) if g is None else g for q, g in zip(params, grads, strict=True)]
+
+    def ascent(self, model: FedOTModel, x: torch.Tensor, heads, trunk, lr: float) -> None:
+        """k_max ascent steps on (v_i, U) with θ_i fixed (ψ_i(x) is computed once)."""
+        y, features = mapped_features(model, x)
         for _ in range(self.params.ascent_steps):
-            objective = -self.regulariser(heads, trunk)
-            if self.params.lam:
-                objective = objective + self.dual_term(model, y)
-            if not isinstance(objective, torch.Tensor) or not objective.requires_grad:
-                return  # λ = 0 and no regulariser: nothing moves
-            grads = torch.autograd.grad(objective, ascent_params)
-            sgd(ascent_params, grads, -lr)
+            grads = self.ascent_gradient(model, y, features, heads, trunk)
+            if grads is None:
+                return
+            sgd(heads + trunk, grads, -lr)
             self.project(model, heads, trunk)
+
+    def descend(self, model: FedOTModel, task, batch, w, theta, lr: float, lr_map: float):
+        """One descent step on (w, θ_i): the task loss plus λ·mean φ_i(ψ_i(x)) (the task loss
+        alone when λ = 0); returns (task loss, dual term)."""
+        loss = task.loss(model, batch)
+        objective, penalty = loss, float("nan")
+        if self.params.lam:
+            dual = self.dual_term(model, model.mapped)
+            objective, penalty = loss + dual, float(dual.detach())
+        grads = torch.autograd.grad(objective, w + theta)
+        sgd(w, grads[: len(w)], lr)
+        sgd(theta, grads[len(w) :], lr_map)
+        return float(loss.detach()), penalty
+
+    def joint_gradient(self, model: FedOTModel, task, batch, params):
+        """Alg. 1's simultaneous step: ∇ L̂_i in ``params`` (descent then ascent ones) at one
+        point; returns (gradients, task loss, dual term)."""
+        loss = task.loss(model, batch)
+        dual = self.dual_term(model, model.mapped)
+        objective = loss + dual - self.regulariser(*self.ascent_split(model, params))
+        grads = torch.autograd.grad(objective, params, allow_unused=True)
+        grads = [
+            torch.zeros_like(q) if g is None else g for q, g in zip(params, grads, strict=True)
+        ]
+        return grads, float(loss.detach()), float(dual.detach())
+
+    @staticmethod
+    def ascent_split(model: FedOTModel, params):
+        head_ids = {id(q) for q in model.potential.head.parameters()}
+        trunk = [q for n, q in model.named_parameters() if n.startswith(TRUNK_PREFIX)]
+        return [q for q in params if id(q) in head_ids], trunk
 
     def train(self, ctx: ClientContext) -> dict[str, float]:
         p, cfg = self.params, ctx.config
@@ -135,37 +175,22 @@ class FedOTClient(ClientAlgorithm):
         task = training_task(ctx.task, ctx.data, cfg)
         n = task.num_examples(ctx.data)
         descent = w + theta
-        losses, penalty = [], float("nan")
+        losses: list[float] = []
+        penalty = float("nan")
         model.train()
         for idx in step_batches(n, cfg, ctx.generator):
             batch = task.batch(ctx.data, idx)
-            x = batch[0]
             if p.gda_mode == "alternating":
-                self.ascent(model, x, heads, trunk, lr_up)
-                loss = task.loss(model, batch)
-                objective = loss
-                if p.lam:
-                    dual = self.dual_term(model, model.mapped)
-                    objective = loss + dual
-                    penalty = float(dual.detach())
-                grads = torch.autograd.grad(objective, descent)
-                sgd(w, grads[: len(w)], cfg.lr)
-                sgd(theta, grads[len(w) :], lr_map)
+                self.ascent(model, batch[0], heads, trunk, lr_up)
+                loss, penalty = self.descend(model, task, batch, w, theta, cfg.lr, lr_map)
             else:  # simultaneous: both gradients at the same point, then both steps
-                loss = task.loss(model, batch)
-                dual = self.dual_term(model, model.mapped)
-                penalty = float(dual.detach())
-                objective = loss + dual - self.regulariser(heads, trunk)
-                grads = torch.autograd.grad(objective, descent + heads + trunk, allow_unused=True)
-                grads = tuple(
-                    torch.zeros_like(q) if g is None else g
-                    for q, g in zip(descent + heads + trunk, grads, strict=True)
-                )
+                params = descent + heads + trunk
+                grads, loss, penalty = self.joint_gradient(model, task, batch, params)
                 sgd(w, grads[: len(w)], cfg.lr)
                 sgd(theta, grads[len(w) : len(descent)], lr_map)
                 sgd(heads + trunk, grads[len(descent) :], -lr_up)
                 self.project(model, heads, trunk)
-            losses.append(float(loss.detach()))
+            losses.append(loss)
         dual_norm = float(np.linalg.norm(flat64(heads)))
         delta = flat64(heads) - v_start
         scale = ctx.downlink.get(PERSONAL_SCALE)

@@ -1,0 +1,493 @@
+"""FedOT-GDA against fedot.md §8.2's invariants 1–15 (tiny models, CPU, in-process).
+
+Each test names its invariant; each fails when the rule it checks is broken (the comments say
+which change would break it).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from raysim.actors.jobs import client_seed
+from raysim.actors.local import local_core
+from raysim.algorithms.base import Diverged
+from raysim.algorithms.fedot.client import DUAL_DELTA, VBAR, FedOTClient
+from raysim.algorithms.fedot.families import AffineDiag, AffineFull, PixelReLU
+from raysim.algorithms.fedot.lockstep import Lockstep
+from raysim.algorithms.fedot.model import FedOTModel, wrap
+from raysim.algorithms.fedot.params import FedOTParams
+from raysim.algorithms.fedot.server import FedOTStrategy
+from raysim.config import load_config
+from raysim.models import DataSpec, ModelConfig
+from raysim.models.small import build_mlp
+from raysim.training.loop import step_batches
+from raysim.training.tasks import ClassificationTask
+
+HEAD_KEYS = ("potential.head.l", "potential.head.q")
+
+
+def fedot_cfg(
+    n: int = 6,
+    m: int = 20,
+    rounds: int = 3,
+    per_round: int | None = None,
+    algorithm: dict | None = None,
+    local: dict | None = None,
+    **algo,
+):
+    """n clients with m affine-shifted digits each; FedOT with §9.2's step sizes (or
+    ``algorithm``)."""
+    fedot = {"name": "fedot", "lambda": 1.0, "lr_map": 0.01, "lr_ascent": 0.05, "k_max": 3}
+    return load_config(
+        {
+            "name": "fedot-tiny",
+            "seed": 1,
+            "rounds": rounds,
+            "clients": {"num": n, "per_round": per_round or n},
+            "data": {
+                "name": "digits",
+                "digits": {"split": "fedot", "train_size": n * m},
+                "partition": {"kind": "contiguous"},
+                "shift": {"kind": "affine"},
+            },
+            "model": {"name": "mlp", "hidden": [16]},
+            "local": {
+                "batch_size": 10,
+                "sampling": "independent",
+                "max_steps": 2,
+                "lr": 0.05,
+                **(local or {}),
+            },
+            "algorithm": algorithm or {**fedot, **algo},
+            "eval": {"every": rounds},
+            "tracking": {"enabled": False},
+        }
+    )
+
+
+def run(cfg, evaluate: bool = False):
+    core = local_core(cfg, evaluate=evaluate)
+    while not core.done:
+        core.step()
+    return core
+
+
+def heads(state: dict) -> np.ndarray:
+    return np.concatenate([np.asarray(state[k], np.float64) for k in HEAD_KEYS])
+
+
+def tiny_model(d: int = 8, classes: int = 3, **params) -> tuple[FedOTModel, FedOTParams]:
+    p = FedOTParams(**params)
+    torch.manual_seed(0)
+    spec = DataSpec("dense", (d,), classes)
+    return wrap(build_mlp(ModelConfig(name="mlp", hidden=[8]), spec), spec, p), p
+
+
+# ------------------------------------------------------------------------------------ I-1
+def test_i1_lambda_zero_with_a_frozen_identity_map_is_fedavg_bit_for_bit():
+    """λ = 0, η_θ = 0, duals at 0: the predictor's trajectory is FedAvg's exactly, for k_max 3
+    and τ 2 (a dual term left in the descent loss, or another batch stream, breaks it)."""
+    fedot = run(fedot_cfg(**{"lambda": 0.0, "lr_map": 0.0}))
+    plain = run(fedot_cfg(algorithm={"name": "fedavg"}))
+    assert np.array_equal(fedot.weights, plain.weights)
+    for state in fedot.materialized_states().values():
+        assert not heads(state).any()  # ∇_v = −2ρ_v v = 0 from v = 0
+
+
+def test_i1_the_trunk_only_decays_and_the_predictor_still_follows_fedavg():
+    cfg = fedot_cfg(**{"lambda": 0.0, "lr_map": 0.0, "potential": "nn", "rho_u": 0.5})
+    fedot = run(cfg)
+    start = local_core(cfg).weights
+    plain = run(fedot_cfg(algorithm={"name": "fedavg"}))
+    layout = fedot.server.layout
+    predictor = np.concatenate(
+        [fedot.weights[t.slice] for t in layout.select(pattern="^predictor")]
+    )
+    assert np.array_equal(predictor, plain.weights)
+    trunk = layout.select(pattern="^potential.trunk")
+    before = np.concatenate([start[t.slice] for t in trunk])
+    after = np.concatenate([fedot.weights[t.slice] for t in trunk])
+    assert 0 < np.linalg.norm(after) < np.linalg.norm(before)
+    cos = after @ before / np.linalg.norm(after) / np.linalg.norm(before)
+    assert cos == pytest.approx(1.0, abs=1e-6)  # a pure decay: U ← (1 − 2η2ρ_U)^k U
+
+
+# ------------------------------------------------------------------------------------ I-2
+@pytest.mark.parametrize(
+    "psi, x",
+    [
+        (AffineDiag((8,)), torch.randn(5, 8)),
+        (AffineFull((8,)), torch.randn(5, 8)),
+        (PixelReLU((4, 3), "pixel"), torch.rand(5, 4, 3)),
+        (PixelReLU((12,), "image"), torch.rand(5, 12)),
+    ],
+)
+def test_i2_every_map_starts_as_the_identity(psi, x):
+    assert torch.equal(psi(x), x)
+
+
+def test_i2_initial_personalised_logits_are_the_predictors():
+    model, _ = tiny_model()
+    x = torch.rand(4, 8)
+    assert torch.equal(model(x), model.predictor(x))
+
+
+# ------------------------------------------------------------------------------------ I-3
+def test_i3_maps_and_heads_never_reach_the_server_and_non_participants_keep_theirs(monkeypatch):
+    """Every payload is spied on: no θ or ṽ in the global vector, the downlink or the uplink
+    (only Δṽ goes up); a participant keeps its trained map, a non-participant its old one."""
+    seen_up, seen_down = [], []
+    arrive, configure = FedOTStrategy.on_arrival, FedOTStrategy.configure
+
+    def spy_arrival(self, update):
+        seen_up.append(update)
+        return arrive(self, update)
+
+    def spy_configure(self, round_index, clients):
+        out = configure(self, round_index, clients)
+        seen_down.append(out)
+        return out
+
+    monkeypatch.setattr(FedOTStrategy, "on_arrival", spy_arrival)
+    monkeypatch.setattr(FedOTStrategy, "configure", spy_configure)
+    core = local_core(fedot_cfg(per_round=3, rounds=4))
+    names = core.server.layout.names
+    assert all(n.startswith("predictor.") for n in names), names
+    before = {}
+    for _ in range(4):
+        before = {
+            c: {k: np.array(v) for k, v in s.items()} for c, s in core.materialized_states().items()
+        }
+        core.step()
+        after = core.materialized_states()
+        dispatched = {u.client_id for u in seen_up if u.arrival_round == core.round - 1}
+        for c, state in after.items():
+            changed = c not in before or not np.array_equal(state["psi.a"], before[c]["psi.a"])
+            assert changed == (c in dispatched), (c, dispatched)
+    assert seen_up and all(set(u.extras) == {DUAL_DELTA} for u in seen_up)
+    assert all(len(u.delta) == len(core.weights) for u in seen_up)
+    assert all(set(d.tensors) <= {VBAR} and not d.per_client for d in seen_down)
+
+
+# ------------------------------------------------------------------------------------ I-4
+@pytest.mark.parametrize("per_round", [6, 2])
+def test_i4_heads_sum_to_zero_over_all_clients_after_every_sync(per_round):
+    core = local_core(fedot_cfg(per_round=per_round, rounds=5))
+    worst = 0.0
+    for _ in range(5):
+        core.step()
+        states = core.materialized_states()
+        vbar = core.strategy.vbar
+        effective = [heads(states[c]) - vbar if c in states else -vbar for c in range(6)]
+        biggest = max(np.linalg.norm(v) for v in effective)
+        assert biggest > 0
+        total = np.linalg.norm(np.sum(effective, axis=0))
+        assert total <= 1e-6 * biggest, (total, biggest)
+        worst = max(worst, core.strategy.metrics()["dual_sum_norm"] / biggest)
+    assert worst <= 1e-6  # the logged ‖Σ v_i‖ says the same
+
+
+# ------------------------------------------------------------------------------------ I-5
+def objective(model: FedOTModel, client: FedOTClient, x, y) -> float:
+    with torch.no_grad():
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        dual = client.dual_term(model, model.mapped)
+        reg = client.regulariser(
+            list(model.potential.head.parameters()),
+            [q for n, q in model.named_parameters() if "trunk" in n],
+        )
+        return float(loss + dual - reg)
+
+
+@pytest.mark.parametrize("potential", ["quad_diag", "quad_full", "nn"])
+def test_i5_one_ascent_step_raises_and_one_descent_step_lowers_the_objective(potential):
+    model, p = tiny_model(potential=potential, k_max=1, **{"lambda": 1.0})
+    client = FedOTClient(p)
+    torch.manual_seed(1)
+    x, y = torch.randn(16, 8) * 2 + 1, torch.randint(0, 3, (16,))
+    with torch.no_grad():  # start away from the optimum: random heads
+        for h in model.potential.head.parameters():
+            h.normal_(0, 0.3)
+    heads = list(model.potential.head.parameters())
+    trunk = [q for n, q in model.named_parameters() if "trunk" in n]
+    start = objective(model, client, x, y)
+    rho_v = p.rho[0]
+    client.ascent(model, x, heads, trunk, lr=0.2 / rho_v)  # η2 < 1/ρ_v
+    raised = objective(model, client, x, y)
+    assert raised > start
+    w = [q for q in model.predictor.parameters()]
+    task = ClassificationTask()
+    client.descend(model, task, (x, y), w, list(model.psi.parameters()), 1e-3, 1e-3)
+    assert objective(model, client, x, y) < raised
+
+
+# ------------------------------------------------------------------------------------ I-6
+def lockstep_fixture(n=4, d=8, centring="exact", **params):
+    template, p = tiny_model(d=d, **params)
+    torch.manual_seed(2)
+    data = []
+    for i in range(n):
+        s, z = torch.rand(d) + 0.5, torch.randn(d)
+        x = torch.rand(20, d) * s + z + 0.3 * i
+        data.append((x, torch.randint(0, 3, (20,))))
+    ls = Lockstep(template, n, p, ClassificationTask(), lr=0.0, centring=centring)
+    return ls, data
+
+
+def test_i6_exact_ascent_converges_to_the_closed_form_dual_and_its_penalty():
+    """quad_diag, exact centring, no cap, θ and w fixed: l_i* = λ(M1_i − M̄1)/(2ρ_v),
+    q_i* = λ(M2_i − M̄2)/(4ρ_v), and the penalty is §2.6's moment-dispersion formula."""
+    lam = 1.5
+    ls, data = lockstep_fixture(k_max=400, lr_map=0.0, lr_ascent=0.05, **{"lambda": lam})
+    everything = [[torch.arange(20)] for _ in data]
+    ls.round(data, everything)
+    rho = ls.params.rho[0]
+    m1 = torch.stack([x.mean(0) for x, _ in data]).double()
+    m2 = torch.stack([(x * x).mean(0) for x, _ in data]).double()
+    l_star = lam * (m1 - m1.mean(0)) / (2 * rho)
+    q_star = lam * (m2 - m2.mean(0)) / (4 * rho)
+    v = ls.effective_heads()
+    d = data[0][0].shape[1]
+    np.testing.assert_allclose(v[:, :d], l_star.numpy(), atol=1e-6)  # head order: l, q
+    np.testing.assert_allclose(v[:, d:], q_star.numpy(), atol=1e-6)
+    penalty = np.mean(
+        [
+            lam * float(ls.models[i].potential_values(x).double().mean()) - rho * float(v[i] @ v[i])
+            for i, (x, _) in enumerate(data)
+        ]
+    )
+    formula = float(
+        (
+            (lam**2 / (4 * rho)) * ((m1 - m1.mean(0)) ** 2).sum(1)
+            + (lam**2 / (16 * rho)) * ((m2 - m2.mean(0)) ** 2).sum(1)
+        ).mean()
+    )
+    assert penalty == pytest.approx(formula, rel=1e-5)
+
+
+# ------------------------------------------------------------------------------------ I-7
+def test_i7_identical_clients_exact_duals_stay_zero():
+    ls, data = lockstep_fixture(k_max=10, lr_ascent=0.05)
+    same = [data[0]] * 4
+    ls.lr = 0.05
+    for _ in range(3):
+        ls.round(same, [[torch.arange(20)]] * 4)
+        assert np.abs(ls.effective_heads()).max() <= 1e-12
+
+
+def test_i7_identical_clients_sync_duals_are_zero_after_every_sync():
+    """In a real run: every client holds the same 20 images and takes all of them as its batch
+    (τ = 1), so each round's drift is common and centring removes it."""
+    from raysim.actors.local import local_core as core_for
+    from raysim.runtime import run_dataset
+
+    cfg = fedot_cfg(n=4, m=20, rounds=3).model_copy()
+    cfg = load_config(
+        {
+            **cfg.to_dict(),
+            "data": {"name": "digits", "partition": {"kind": "iid"}, "test_fraction": 0.5},
+            "local": {"batch_size": 20, "max_steps": 1, "lr": 0.05},
+        }
+    )
+    ds = run_dataset(cfg)
+    rows = ds.client_train_indices(0)[:20]
+    ds.client_indices = np.concatenate([rows] * 4)
+    ds.client_offsets = np.arange(5) * 20
+    core = core_for(cfg, ds)
+    for _ in range(3):
+        core.step()
+        states = core.materialized_states()
+        drift = max(np.abs(heads(s) - core.strategy.vbar).max() for s in states.values())
+        spread = np.abs(core.strategy.vbar).max()
+        assert spread > 1e-3  # the common drift is real...
+        assert drift <= 1e-6 * spread  # ...and gone after the sync
+
+
+# ------------------------------------------------------------------------------------ I-8
+def test_i8_oracle_maps_leave_almost_no_dual_penalty():
+    """ψ_i frozen to the true inverse shift (x − z_i)/s_i: the converged penalty is sampling
+    noise only, far below the identity maps' one."""
+    torch.manual_seed(3)
+    n, d, m = 5, 8, 400
+    base = [torch.rand(m, d) for _ in range(n)]
+    shifts = [(torch.rand(d) + 0.5, torch.randn(d)) for _ in range(n)]
+    data = [
+        (x * s + z, torch.zeros(m, dtype=torch.long))
+        for x, (s, z) in zip(base, shifts, strict=False)
+    ]
+
+    def converged_penalty(oracle: bool) -> float:
+        template, p = tiny_model(d=d, k_max=300, lr_map=0.0, lr_ascent=0.05)
+        ls = Lockstep(template, n, p, ClassificationTask(), lr=0.0)
+        if oracle:
+            with torch.no_grad():
+                for model, (s, z) in zip(ls.models, shifts, strict=False):
+                    model.psi.a.copy_(1 / s)
+                    model.psi.b.copy_(-z / s)
+        ls.round(data, [[torch.arange(m)]] * n)
+        v = ls.effective_heads()
+        return float(
+            np.mean(
+                [
+                    float(ls.models[i].potential_values(ls.models[i].psi(x)).double().mean())
+                    - p.rho[0] * v[i] @ v[i]
+                    for i, (x, _) in enumerate(data)
+                ]
+            )
+        )
+
+    oracle, identity = converged_penalty(True), converged_penalty(False)
+    assert 0 <= oracle < 0.02 * identity, (oracle, identity)
+
+
+# ------------------------------------------------------------------------------------ I-9
+def test_i9_one_client_keeps_zero_duals_and_is_erm_with_a_trainable_map():
+    """n = 1: the effective head is 0 after every sync; with Alg. 1's simultaneous step and
+    τ = 1 the descent sees v = 0, so the run is λ = 0's (plain ERM through the map) bit for
+    bit."""
+    simultaneous = {"gda_mode": "simultaneous", "k_max": None, "local": {"max_steps": 1}}
+    ot = local_core(fedot_cfg(n=1, m=60, rounds=3, **simultaneous))
+    erm = run(fedot_cfg(n=1, m=60, rounds=3, **{"lambda": 0.0}, **simultaneous))
+    for _ in range(3):
+        ot.step()
+        state = ot.materialized_states()[0]
+        assert np.array_equal(heads(state), ot.strategy.vbar)
+    assert np.array_equal(ot.weights, erm.weights)
+    assert np.array_equal(
+        ot.materialized_states()[0]["psi.a"], erm.materialized_states()[0]["psi.a"]
+    )
+
+
+# ------------------------------------------------------------------------------------ I-11
+def test_i11_sync_and_exact_centring_agree_with_frozen_maps():
+    """Quadratic potentials, η_θ = 0, full participation: the ascent is affine in v and commutes
+    with centring, so both modes give the same effective duals after every round."""
+    out = {}
+    for mode in ("exact", "sync"):
+        ls, data = lockstep_fixture(centring=mode, k_max=4, lr_map=0.0, lr_ascent=0.05)
+        ls.lr = 0.05
+        g = torch.Generator().manual_seed(0)
+        history = []
+        for _ in range(3):
+            ls.round(data, [[torch.randperm(20, generator=g)[:10] for _ in range(2)] for _ in data])
+            history.append(ls.effective_heads())
+        out[mode] = history
+    for a, b in zip(out["exact"], out["sync"], strict=False):
+        np.testing.assert_allclose(a, b, atol=1e-9)
+    assert np.abs(out["exact"][-1]).max() > 1e-3
+
+
+def test_i11_the_simulator_reproduces_the_lockstep_sync_reference():
+    """The simulator's jobs, with sync centring over a server mean, against ``Lockstep`` with
+    the same batches: the same predictor, maps and effective heads."""
+    cfg = fedot_cfg(n=4, rounds=3)
+    core = run(cfg)
+    from raysim.runtime import data_spec, method_resident, run_dataset
+
+    ds = run_dataset(cfg)
+    handle = method_resident(cfg, data_spec(ds))
+    ls = Lockstep(
+        handle.module, 4, cfg.algorithm.params, ClassificationTask(), lr=0.05, centring="sync"
+    )
+    data = [tuple(torch.from_numpy(a) for a in ds.client_data(i)) for i in range(4)]
+    for r in range(3):
+        batches = [
+            list(
+                step_batches(
+                    20, cfg.local, torch.Generator().manual_seed(client_seed(cfg.seed, i, r))
+                )
+            )
+            for i in range(4)
+        ]
+        ls.round(data, batches)
+    states = core.materialized_states()
+    vbar = core.strategy.vbar
+    for i, model in enumerate(ls.models):
+        np.testing.assert_allclose(heads(states[i]) - vbar, ls.effective_heads()[i], atol=1e-6)
+        np.testing.assert_allclose(states[i]["psi.a"], model.psi.a.detach().numpy(), atol=1e-6)
+    w = torch.cat([q.detach().reshape(-1) for q in ls.models[0].predictor.parameters()])
+    np.testing.assert_allclose(core.weights, w.numpy(), atol=1e-5)
+
+
+def test_i11_literal_alg1_takes_plain_gradient_steps_on_the_mean_objective():
+    """τ = 1, simultaneous, personal_step literal_alg1 on 3 clients: θ_i moves by
+    −η_θ·∇_θi (1/n)Σ_k L̂_k = −(η_θ/n)∇L̂_i, and the head by +(η2/n)∇_v L̂_i."""
+    cfg = fedot_cfg(
+        n=3,
+        rounds=1,
+        gda_mode="simultaneous",
+        k_max=None,
+        personal_step="literal_alg1",
+        lr_map=0.2,
+        lr_ascent=0.3,
+    )
+    cfg = load_config(
+        {
+            **cfg.to_dict(),
+            "local": {"batch_size": 10, "sampling": "independent", "max_steps": 1, "lr": 0.05},
+        }
+    )
+    core = run(cfg)
+    from raysim.runtime import data_spec, method_resident, run_dataset
+
+    ds = run_dataset(cfg)
+    for i in range(3):
+        model = method_resident(cfg, data_spec(ds)).module
+        x, y = (torch.from_numpy(a) for a in ds.client_data(i))
+        idx = next(
+            iter(
+                step_batches(
+                    20, cfg.local, torch.Generator().manual_seed(client_seed(cfg.seed, i, 0))
+                )
+            )
+        )
+        client = FedOTClient(cfg.algorithm.params)
+        params = list(model.psi.parameters()) + list(model.potential.head.parameters())
+        grads, _, _ = client.joint_gradient(model, ClassificationTask(), (x[idx], y[idx]), params)
+        state = core.materialized_states()[i]
+        np.testing.assert_allclose(state["psi.a"] - 1.0, -0.2 / 3 * grads[0].numpy(), atol=1e-7)
+        np.testing.assert_allclose(state["potential.head.l"], 0.3 / 3 * grads[2].numpy(), atol=1e-9)
+
+
+# ------------------------------------------------------------------------------------ I-13
+def test_i13_a_client_scored_with_another_clients_map_does_worse():
+    cfg = fedot_cfg(n=4, m=60, rounds=25, lr_map=0.05)
+    core = run(cfg, evaluate=True)
+    states = core.materialized_states()
+    runner = core.executor.runner
+    from raysim.actors.jobs import EvalJob
+
+    def acc(client: int, state_of: int) -> float:
+        job = EvalJob(0, ("test",), client, "map", states[state_of], False)
+        return runner.evaluate(core.weights, job)["test"]["accuracy"]
+
+    own = np.mean([acc(i, i) for i in range(4)])
+    swapped = np.mean([acc(i, (i + 1) % 4) for i in range(4)])
+    assert own > swapped + 0.05, (own, swapped)
+
+
+# ------------------------------------------------------------------------------------ I-15
+def test_i15_the_trunk_is_projected_after_every_aggregation(monkeypatch):
+    """nn potential, a large ascent step and the clients' own caps switched off: the server's
+    projection alone keeps σ_max(U) ≤ 1 (without it σ_max grows past 1)."""
+    monkeypatch.setattr(FedOTClient, "project", lambda self, model, heads, trunk: None)
+    cfg = fedot_cfg(potential="nn", lr_ascent=0.2, rho_u=0.001, hidden=8, **{"lambda": 4.0})
+    core = local_core(cfg)
+    layout = core.server.layout
+    (weight,) = [t for t in layout.select(pattern="^potential.trunk") if len(t.shape) == 2]
+    for _ in range(2):  # without the server's cap σ_max is 1.5 after the first round
+        core.step()
+        u = core.weights[weight.slice].reshape(weight.shape)
+        assert np.linalg.norm(u.astype(np.float64), 2) <= 1 + 1e-6
+        assert core.strategy.metrics()["trunk_sigma_max"] <= 1 + 1e-6
+
+
+# ------------------------------------------------------------------------------------ guard
+def test_the_divergence_guard_stops_the_run_and_says_why():
+    core = local_core(fedot_cfg(lr_map=50.0, lr_ascent=5.0, **{"lambda": 4.0}, rounds=20))
+    with pytest.raises(Diverged, match=r"round \d+: client \d+"):
+        while not core.done:
+            core.step()
+    assert core.round < 20

@@ -124,17 +124,17 @@ class Lockstep:
             self._project()
 
     def _simultaneous(self, batches) -> list[float]:
-        losses, grads, splits = [], [], []
+        losses, grads, descents = [], [], []
         for m, batch in zip(self.models, batches, strict=True):
-            descent = self.shared_descent(m)
-            params = descent + self.heads(m) + self.trunk(m)
+            k = len(self.shared_descent(m))
+            params = self.shared_descent(m) + self.heads(m) + self.trunk(m)
             g, loss, _ = self.client.joint_gradient(m, self.task, batch, params)
-            grads.append(g[len(descent) :])
-            splits.append((descent, g[: len(descent)]))
+            grads.append(g[k:])
+            descents.append(g[:k])
             losses.append(loss)
         if self.centring == "exact":
             self._centre(grads, len(self.heads(self.models[0])))
-        for m, (descent, gd), ga in zip(self.models, splits, grads, strict=True):
+        for m, gd, ga in zip(self.models, descents, grads, strict=True):
             w = [q for q in m.predictor.parameters() if q.requires_grad]
             sgd(w, gd[: len(w)], self.lr)
             sgd(list(m.psi.parameters()), gd[len(w) :], self.lr_map)

@@ -35,6 +35,7 @@ def fedot_cfg(
     per_round: int | None = None,
     algorithm: dict | None = None,
     local: dict | None = None,
+    shift: str = "affine",
     **algo,
 ):
     """n clients with m affine-shifted digits each; FedOT with §9.2's step sizes (or
@@ -50,7 +51,7 @@ def fedot_cfg(
                 "name": "digits",
                 "digits": {"split": "fedot", "train_size": n * m},
                 "partition": {"kind": "contiguous"},
-                "shift": {"kind": "affine"},
+                "shift": {"kind": shift},
             },
             "model": {"name": "mlp", "hidden": [16]},
             "local": {

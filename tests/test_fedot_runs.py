@@ -1,0 +1,101 @@
+"""FedOT through the runtime: resume, an actor per client (invariant 10) and the CI smoke through
+``raysim run`` (FedOT and FedAvg on affine-shifted digits, 1 and 2 workers, a killed worker and a
+resumed coordinator)."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import raysim
+from raysim.actors.local import local_core
+from raysim.config import load_config
+from tests.conftest import ROOT, fresh_cli, resumed_through_checkpoint
+
+from .test_fedot import fedot_cfg, heads, run
+
+MINI = ROOT / "examples" / "fedot" / "mini.yaml"
+
+
+def same_states(a: dict, b: dict) -> None:
+    assert sorted(a) == sorted(b)
+    for c in a:
+        np.testing.assert_array_equal(heads(a[c]), heads(b[c]))
+        np.testing.assert_array_equal(a[c]["psi.a"], b[c]["psi.a"])
+        np.testing.assert_array_equal(a[c]["psi.b"], b[c]["psi.b"])
+
+
+def test_fedot_resumes_bit_identically_maps_heads_and_server_mean_included():
+    cfg = fedot_cfg(per_round=3, rounds=4)
+    full = run(cfg)
+    resumed, saved = resumed_through_checkpoint(cfg, 2)
+    assert "psi.a" in saved["client_states"][0]
+    assert resumed.digest() == full.digest()
+    same_states(resumed.materialized_states(), full.materialized_states())
+    np.testing.assert_array_equal(resumed.strategy.vbar, full.strategy.vbar)
+
+
+def test_i10_an_actor_per_client_and_a_pool_of_two_give_the_in_process_result(ray_cluster):
+    """Clients served by their own actors, or by 2 pooled workers in whatever order, give the
+    same weights, maps and heads as the in-process run."""
+    cfg = fedot_cfg(n=4, per_round=3, rounds=3)
+    reference = run(cfg)
+    wire = cfg.to_dict()
+    for workers in (["workers.count=per_client", "workers.num_cpus=0.1"], ["workers.count=2"]):
+        res = raysim.run(wire, workers)
+        assert res.weights_digest == reference.digest()
+        same_states(res.client_states, reference.materialized_states())
+
+
+def cli_digest(args: list[str], cwd) -> tuple[str, str]:
+    out = fresh_cli(args, cwd)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    return re.search(r"weights sha256: (\w+)", out.stdout).group(1), out.stdout + out.stderr
+
+
+@pytest.mark.slow
+def test_the_fedot_example_gives_one_digest_on_1_and_2_workers_through_a_kill_and_a_resume(
+    tmp_path,
+):
+    """``raysim run examples/fedot/mini.yaml``: one worker; then two, with one killed in round 1
+    and the coordinator killed before round 2 (its successor resumes from the checkpoint of
+    round 2). The same digest as each other and as the in-process run."""
+    common = [
+        "run",
+        str(MINI),
+        "rounds=3",
+        "clients.num=8",
+        "clients.per_round=8",
+        "data.digits.train_size=240",
+        "tracking.enabled=false",
+    ]
+    faults = ["checkpoint.every=1", f"checkpoint.dir={tmp_path / 'ckpt'}"]
+    faults += ["faults.kill_worker.round=1", "faults.kill_worker.worker=1"]
+    faults += ["faults.kill_coordinator.round=2"]
+    one, _ = cli_digest([*common, "workers.count=1"], tmp_path)
+    two, said = cli_digest([*common, "workers.count=2", *faults], tmp_path)
+    assert "worker 1 restarted" in said and "took over from the checkpoint of round 2" in said
+    assert one == two
+    overrides = [a for a in common[2:]]
+    assert run(load_config(MINI, overrides)).digest() == one
+
+
+@pytest.mark.slow
+def test_fedavg_on_the_fedot_example_gives_the_in_process_digest_on_2_workers(tmp_path):
+    common = [
+        "run",
+        str(MINI),
+        "rounds=3",
+        "clients.num=8",
+        "clients.per_round=8",
+        "data.digits.train_size=240",
+        "tracking.enabled=false",
+        "algorithm={name: fedavg}",
+    ]
+    two, _ = cli_digest([*common, "workers.count=2"], tmp_path)
+    core = local_core(load_config(MINI, common[2:]))
+    while not core.done:
+        core.step()
+    assert core.digest() == two

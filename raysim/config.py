@@ -349,6 +349,7 @@ class RunConfig(StrictModel):
             set(model_traits(self.model.name)),
             self.data.server.id_size,
             len(self.data.server.ood),
+            self.local,
         )
         if unmet:
             raise ValueError(unmet)

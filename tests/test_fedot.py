@@ -492,3 +492,11 @@ def test_the_divergence_guard_stops_the_run_and_says_why():
         while not core.done:
             core.step()
     assert core.round < 20
+
+
+def test_fedot_on_an_sgd_with_momentum_is_refused_in_one_line_naming_the_setting():
+    from raysim.config import ConfigError
+    from tests.conftest import EXAMPLES
+
+    with pytest.raises(ConfigError, match=r"fedot steps plain SGD by hand: set local.momentum 0"):
+        load_config(EXAMPLES / "quickstart.yaml", ["algorithm.name=fedot"])

@@ -71,7 +71,9 @@ def test_every_method_the_quickstart_accepts_runs_a_round():
         ran.append(name)
     # the classic methods and the personalisation methods that run on any model all run
     assert {"fedavg", "fedprox", "fedadam", "fedbuff", "ditto", "pfedme", "local_only"} <= set(ran)
+    assert {"l_fedavg", "fedmi"} <= set(ran)
     assert {"feddle", "feddle_ood", "center", "fedoa", "fedlora", "fedbaf"} <= set(refused)
+    assert {"fedot", "fed_fomaml"} <= set(refused)  # the quickstart's SGD has momentum
 
 
 def test_a_refused_method_exits_2_in_one_line_before_ray_starts(tmp_path):

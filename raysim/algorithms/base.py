@@ -303,12 +303,38 @@ class Needs:
     model: frozenset[str] = frozenset()
     server_id: bool = False
     ood_pool: bool = False
+    #: local steps taken by hand as plain SGD: no momentum, weight decay or accumulation
+    plain_sgd: bool = False
     example: str = ""
 
-    def unmet(self, method: str, model: str, traits: set[str], id_size: int, pools: int) -> str:
+    def unmet(
+        self,
+        method: str,
+        model: str,
+        traits: set[str],
+        id_size: int,
+        pools: int,
+        local: LocalTrainingConfig | None = None,
+    ) -> str:
         """One line naming what is missing and what to set; "" when the run has it all."""
         problem = ""
-        if self.model and not self.model <= traits:
+        if self.plain_sgd and local is not None:
+            wrong = [
+                f"local.{key} {want}"
+                for key, have, want in (
+                    ("optimizer", local.optimizer, "sgd"),
+                    ("momentum", local.momentum, 0.0),
+                    ("weight_decay", local.weight_decay, 0.0),
+                    ("backend", local.backend, "torch"),
+                    ("grad_accumulation", local.grad_accumulation, 1),
+                )
+                if have != want
+            ]
+            if wrong:
+                problem = f"{method} steps plain SGD by hand: set {', '.join(wrong)}"
+        if problem:
+            pass
+        elif self.model and not self.model <= traits:
             want = " ".join(sorted(self.model))
             have = ", ".join(sorted(traits)) or "none of them"
             problem = (
@@ -327,6 +353,7 @@ class Needs:
         """For ``raysim methods``: what the method needs, or "any model"."""
         parts = [f"model: {'+'.join(sorted(self.model))}"] if self.model else []
         parts += ["server ID data"] * self.server_id + ["OOD pool"] * self.ood_pool
+        parts += ["plain SGD"] * self.plain_sgd
         return ", ".join(parts) or "any model"
 
 

@@ -23,7 +23,7 @@ from pydantic import Field
 from ...models.layout import ParamGroup
 from ...training.backends import total_optimizer_steps
 from ...training.loop import step_batches, train_local, training_task
-from ..base import ClientAlgorithm, ClientContext, Method, MethodParams
+from ..base import ClientAlgorithm, ClientContext, Method, MethodParams, Needs
 from ..general.fedavg import FedAvg
 from ..registry import register
 from .client import sgd
@@ -181,6 +181,7 @@ register(
         strategy=FedAvg,
         params=FOMAMLParams,
         client=FOMAMLClient,
+        needs=Needs(plain_sgd=True, example="examples/fedot/mini.yaml"),
         reference="Fallah et al. 2020 (Per-FedAvg, first order); fedot.md §5",
     )
 )

@@ -8,12 +8,15 @@ the spec section that fixes each default: ``params.FedOTParams``.
 
 from __future__ import annotations
 
-from ..base import Method
+from ..base import Method, Needs
 from ..registry import register
 from .client import FedOTClient
 from .model import GROUPS, MAP, wrap
 from .params import FedOTParams
 from .server import FedOTStrategy
+
+#: FedOT-GDA and Fed-FOMAML step by hand with plain SGD (fedot.md §6.4)
+PLAIN_SGD = Needs(plain_sgd=True, example="examples/fedot/mini.yaml")
 
 METHOD = register(
     Method(
@@ -24,6 +27,7 @@ METHOD = register(
         groups=GROUPS,
         evaluate_with=MAP,
         wrap_model=wrap,
+        needs=PLAIN_SGD,
         reference="FedOT-GDA (seed 004, Farnia et al.); fedot.md §3",
     )
 )

@@ -38,16 +38,6 @@ class FedOTStrategy(FedAvg):
 
     def setup(self, ctx: ServerContext) -> None:
         super().setup(ctx)
-        local = ctx.local
-        if local.optimizer != "sgd" or local.momentum or local.weight_decay:
-            raise ValueError(
-                "fedot trains with plain SGD (fedot.md §6.4): set local.optimizer sgd, "
-                "local.momentum 0 and local.weight_decay 0"
-            )
-        if local.backend != "torch" or local.grad_accumulation != 1:
-            raise ValueError(
-                "fedot's client steps by hand: set local.backend torch, no accumulation"
-            )
         self.trunk = [t for t in ctx.layout.select(pattern="^" + TRUNK_PREFIX) if len(t.shape) == 2]
 
     transient = ("trunk",)

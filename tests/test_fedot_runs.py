@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 import raysim
-from raysim.actors.local import local_core
 from raysim.config import load_config
 from tests.conftest import ROOT, fresh_cli, resumed_through_checkpoint
 
@@ -49,53 +48,37 @@ def test_i10_an_actor_per_client_and_a_pool_of_two_give_the_in_process_result(ra
         same_states(res.client_states, reference.materialized_states())
 
 
-def cli_digest(args: list[str], cwd) -> tuple[str, str]:
-    out = fresh_cli(args, cwd)
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
-    return re.search(r"weights sha256: (\w+)", out.stdout).group(1), out.stdout + out.stderr
+SMOKE = [
+    "rounds=3",
+    "clients.num=8",
+    "clients.per_round=8",
+    "data.digits.train_size=240",
+    "tracking.enabled=false",
+]
 
 
 @pytest.mark.slow
-def test_the_fedot_example_gives_one_digest_on_1_and_2_workers_through_a_kill_and_a_resume(
+def test_the_fedot_example_gives_the_in_process_digest_on_2_workers_through_a_kill_and_a_resume(
     tmp_path,
 ):
-    """``raysim run examples/fedot/mini.yaml``: one worker; then two, with one killed in round 1
-    and the coordinator killed before round 2 (its successor resumes from the checkpoint of
-    round 2). The same digest as each other and as the in-process run."""
-    common = [
-        "run",
-        str(MINI),
-        "rounds=3",
-        "clients.num=8",
-        "clients.per_round=8",
-        "data.digits.train_size=240",
-        "tracking.enabled=false",
-    ]
+    """``raysim run examples/fedot/mini.yaml`` on two workers, one killed in round 1 and the
+    coordinator killed before round 2 (its successor resumes from the checkpoint of round 2):
+    the digest of the uninterrupted in-process run."""
     faults = ["checkpoint.every=1", f"checkpoint.dir={tmp_path / 'ckpt'}"]
     faults += ["faults.kill_worker.round=1", "faults.kill_worker.worker=1"]
     faults += ["faults.kill_coordinator.round=2"]
-    one, _ = cli_digest([*common, "workers.count=1"], tmp_path)
-    two, said = cli_digest([*common, "workers.count=2", *faults], tmp_path)
+    out = fresh_cli(["run", str(MINI), *SMOKE, "workers.count=2", *faults], tmp_path)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    said = out.stdout + out.stderr
     assert "worker 1 restarted" in said and "took over from the checkpoint of round 2" in said
-    assert one == two
-    overrides = [a for a in common[2:]]
-    assert run(load_config(MINI, overrides)).digest() == one
+    digest = re.search(r"weights sha256: (\w+)", out.stdout).group(1)
+    assert run(load_config(MINI, SMOKE)).digest() == digest
 
 
-@pytest.mark.slow
-def test_fedavg_on_the_fedot_example_gives_the_in_process_digest_on_2_workers(tmp_path):
-    common = [
-        "run",
-        str(MINI),
-        "rounds=3",
-        "clients.num=8",
-        "clients.per_round=8",
-        "data.digits.train_size=240",
-        "tracking.enabled=false",
-        "algorithm={name: fedavg}",
-    ]
-    two, _ = cli_digest([*common, "workers.count=2"], tmp_path)
-    core = local_core(load_config(MINI, common[2:]))
-    while not core.done:
-        core.step()
-    assert core.digest() == two
+def test_fedavg_on_the_fedot_example_gives_the_in_process_digest_on_1_and_2_workers(
+    ray_cluster,
+):
+    overrides = [*SMOKE, "algorithm={name: fedavg}"]
+    reference = run(load_config(MINI, overrides)).digest()
+    for workers in ("workers.count=1", "workers.count=2"):
+        assert raysim.run(str(MINI), [*overrides, workers]).weights_digest == reference

@@ -122,6 +122,7 @@ def test_i1_the_trunk_only_decays_and_the_predictor_still_follows_fedavg():
         (AffineDiag((8,)), torch.randn(5, 8)),
         (AffineFull((8,)), torch.randn(5, 8)),
         (PixelReLU((4, 3), "pixel"), torch.rand(5, 4, 3)),
+        (PixelReLU((3, 4, 4), "pixel"), torch.rand(5, 3, 4, 4)),
         (PixelReLU((12,), "image"), torch.rand(5, 12)),
     ],
 )

@@ -125,3 +125,14 @@ def test_any_method_is_scored_per_client_on_its_own_view():
     assert m["clients_evaluated"] == 5
     assert {"accuracy", "accuracy_std", "accuracy_min", "accuracy_global"} <= set(m)
     assert m["accuracy_std"] > 0  # different views, different scores
+
+
+def test_a_one_channel_image_becomes_a_channels_first_colour_image():
+    x = np.zeros((2, 1, 3, 3), np.float32)
+    x[:, 0, 1, 1] = 0.5
+    shifts = ClientShifts(ShiftConfig(kind="colour"), 0, x)
+    out, p = shifts.apply(4, x), shifts.params(4, 9)
+    assert out.shape == (2, 3, 3, 3)
+    assert np.array_equal(out[0, :, 0, 0], p["a"].astype(np.float32))
+    assert np.array_equal(out[1, :, 1, 1], (0.5 * p["b"]).astype(np.float32))
+    assert shifts.reference(x).shape == (2, 3, 3, 3)

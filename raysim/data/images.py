@@ -6,6 +6,8 @@ and stores float32 ``(N, C, H, W)`` in [0, 1], at ``size`` when given. Presets n
 sets by their hub ids and columns; every field can still be overridden (for example ``path`` to a
 local copy on a machine with no internet):
 
+- ``mnist``: ``ylecun/mnist``, one channel (FedOT's MNIST and, with ``data.shift.kind: colour``,
+  its Colored-MNIST, fedot.md §6.2);
 - ``cifar10``: ``uoft-cs/cifar10``;
 - ``cifar100_superclass``: ``uoft-cs/cifar100``, trained on the 20 superclasses
   (``coarse_label``) and partitioned over the 100 fine classes (``fine_label``), §5.2;
@@ -27,6 +29,7 @@ from raysim.data.builtin import RawData
 from raysim.data.hf import HFSource, client_ids, label_ids, load_split
 
 Preset = Literal[
+    "mnist",
     "cifar10",
     "cifar100_superclass",
     "fashion_mnist",
@@ -40,6 +43,7 @@ CHUNK = 512  # images decoded at a time
 
 #: the preset's field values (a field the config sets wins)
 PRESETS: dict[str, dict[str, Any]] = {
+    "mnist": {"path": "ylecun/mnist", "channels": 1},
     "cifar10": {"path": "uoft-cs/cifar10", "image_column": "img", "channels": 3},
     "cifar100_superclass": {
         "path": "uoft-cs/cifar100",
@@ -82,6 +86,9 @@ class HFImageConfig(HFSource):
     )
     keep_labels: int | None = Field(None, ge=1, description="keep only labels below this")
     size: int | None = Field(None, ge=1, description="resize images to size×size")
+    train_size: int | None = Field(
+        None, ge=1, description="keep the first train_size train images (fedot.md §6.1: n·m)"
+    )
     channels: Literal[1, 3] | None = Field(None, description="1 = grayscale, 3 = RGB; None keeps")
 
     @model_validator(mode="before")
@@ -160,6 +167,12 @@ def load_hf_image(cfg: HFImageConfig) -> RawData:
     """Load the train (and test) split of an image dataset into a ``RawData``."""
     cfg.check()
     train = load_split(cfg, cfg.train_split)
+    if cfg.train_size is not None:
+        if cfg.train_size > len(train):
+            raise ValueError(
+                f"hf_image.train_size {cfg.train_size} exceeds the {len(train)} train images"
+            )
+        train = train.select(range(cfg.train_size))
     y = column(train, cfg.label_column)
     rows = _kept(y, cfg.keep_labels)
     pick = slice(None) if rows is None else rows

@@ -85,7 +85,7 @@ class ClientShifts:
         if c.kind == "colour":
             background = (flat <= c.threshold)[..., None]
             out = np.where(background, p["a"], flat[..., None] * p["b"])
-            return out.reshape(*x.shape, 3).astype(np.float32)
+            return _colour_layout(out, x.shape)
         if c.affine_mode == "code_full":
             out = flat + flat @ p["M"] + p["z"]
             if c.quantise:
@@ -97,12 +97,22 @@ class ClientShifts:
     def reference(self, x: np.ndarray) -> np.ndarray:
         """The unshifted view of raw inputs in the shifted format (identity; grey for colour)."""
         if self.cfg.kind == "colour":
-            return np.repeat(np.asarray(x, np.float32)[..., None], 3, axis=-1)
+            flat = np.asarray(x, np.float32).reshape(len(x), -1)
+            return _colour_layout(np.repeat(flat[..., None], 3, axis=-1), x.shape)
         return np.asarray(x, np.float32)
 
     def test_view(self, client: int) -> np.ndarray:
         """The shared test inputs as client ``client`` sees them (fedot.md §6.5)."""
         return self.apply(client, self.x_test_raw)
+
+
+def _colour_layout(rgb: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """(N, P, 3) colour values → the input's layout: a one-channel image (N, 1, H, W) becomes
+    (N, 3, H, W) (channels first, as image models read it); anything else (N, ..., 3)."""
+    if len(shape) == 4 and shape[1] == 1:
+        n, _, h, w = shape
+        return np.ascontiguousarray(rgb.reshape(n, h, w, 3).transpose(0, 3, 1, 2), np.float32)
+    return rgb.reshape(*shape, 3).astype(np.float32)
 
 
 def shift_clients(

@@ -60,19 +60,27 @@ class AffineFull(nn.Module):
 
 
 class PixelReLU(nn.Module):
-    """ReLU(Θ₂ x + θ₁) + θ₀ on the last axis (``pixel``) or on the flat input (``image``)."""
+    """ReLU(Θ₂ x + θ₁) + θ₀ per pixel on its colour channels (``pixel``: the last axis of a
+    (P, 3) input, the first of a (3, H, W) image) or on the flat input (``image``)."""
 
     def __init__(self, shape: tuple[int, ...], scope: Literal["pixel", "image"]) -> None:
         super().__init__()
         self.scope = scope
-        c = shape[-1] if scope == "pixel" else math.prod(shape)
+        self.channels_first = scope == "pixel" and len(shape) == 3 and shape[0] == 3
+        c = (shape[0] if self.channels_first else shape[-1]) if scope == "pixel" else 0
+        c = c or math.prod(shape)
         self.theta2 = nn.Parameter(torch.eye(c))
         self.theta1 = nn.Parameter(torch.zeros(c))
         self.theta0 = nn.Parameter(torch.zeros(c))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        z = x if self.scope == "pixel" else x.reshape(len(x), -1)
+        if self.scope == "image":
+            z = x.reshape(len(x), -1)
+        else:
+            z = x.movedim(1, -1) if self.channels_first else x
         out = torch.relu(z @ self.theta2.T + self.theta1) + self.theta0
+        if self.channels_first:
+            return out.movedim(-1, 1)
         return out.reshape(x.shape)
 
     def identity(self) -> list[torch.Tensor]:
@@ -85,7 +93,9 @@ def build_map(family: MapFamily, shape: tuple[int, ...], scope: str = "pixel") -
         return AffineDiag(shape)
     if family == "affine_full":
         return AffineFull(shape)
-    if scope == "pixel" and len(shape) < 2:
+    if scope == "pixel" and not (
+        len(shape) == 2 and shape[-1] == 3 or len(shape) == 3 and shape[0] == 3
+    ):
         raise ValueError(
             "psi_family pixel_relu with psi_scope pixel needs per-pixel channels (a colour-shifted "
             f"input, data.shift.kind colour); the input has shape {shape}: set psi_scope image"

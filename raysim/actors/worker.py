@@ -82,6 +82,24 @@ class ClientRunner:
         """The value behind an ``Executor.put`` handle (in-process: the value itself)."""
         return handle
 
+    def view_of(self, client: int | None) -> None:
+        """Model-side per-client input shifts (``data.shift.kind: embedding``): shift the next
+        forward passes as ``client`` sees its inputs (None: unshifted)."""
+        shifts = getattr(self.dataset, "shifts", None)
+        if shifts is None or shifts.cfg.kind != "embedding":
+            return
+        if getattr(self, "_embedding_shift", None) is None:
+            from raysim.data.shifts import EmbeddingShift, embedding_model
+
+            target = embedding_model(self.model.module)
+            if target is None:
+                raise ValueError(
+                    "data.shift.kind embedding needs a model with input embeddings "
+                    "(model.name lm_classifier)"
+                )
+            self._embedding_shift = EmbeddingShift(shifts, target)
+        self._embedding_shift.use(client)
+
     def run(self, weights: np.ndarray, job: ClientJob) -> ClientResult:
         """One client's local work on the global ``weights``, with its personal state swapped in.
 
@@ -92,6 +110,7 @@ class ClientRunner:
         model_state, client_state = split_store(self.resolve(job.state))
         self.model.set_state(model_state, seed)
         data = self.client_data(job.client)
+        self.view_of(job.client)
         torch.default_generator.manual_seed(seed)  # dropout etc.; cheaper than torch.manual_seed
         if torch.cuda.is_available():
             torch.cuda.manual_seed_all(seed)
@@ -139,6 +158,7 @@ class ClientRunner:
         model.set_global(weights)
         model_state, client_state = split_store(self.resolve(job.state))
         answer = None
+        self.view_of(job.client)
         if job.client is not None or not model.switches_groups:
             # personal groups: the client's state, or (global view) their built values
             model.set_state(model_state, 0)

@@ -61,9 +61,16 @@ class DataConfig(StrictModel):
     @model_validator(mode="after")
     def _check(self) -> DataConfig:
         if self.shift.kind != "none":
-            if self.name in (*TEXT_TASK_DATASETS, "bbc_news", "markov", "hf_lm"):
+            tokens = self.name in ("bbc_news", "markov", "hf_lm", *TEXT_TASK_DATASETS) or (
+                self.name == "hf" and self.hf.text_column is not None
+            )
+            if self.name in (*TEXT_TASK_DATASETS, "markov", "hf_lm"):
+                raise ValueError(f"data.shift does not apply to name={self.name!r}")
+            if tokens != (self.shift.kind == "embedding"):
                 raise ValueError(
-                    f"data.shift transforms dense inputs; name={self.name!r} has tokens"
+                    "data.shift.kind embedding shifts token embeddings (text data); affine and "
+                    f"colour shift dense inputs: name={self.name!r} does not take "
+                    f"{self.shift.kind!r}"
                 )
             if self.server != ServerDataConfig():
                 raise ValueError("data.shift does not combine with data.server yet")
@@ -350,8 +357,8 @@ def build_federated_dataset(
     indices, offsets = pack(parts)
     shifts = None
     if cfg.shift.kind != "none":
-        if kind != "dense":
-            raise ValueError(f"data.shift needs dense inputs; {_dataset_name(cfg)} has {kind}")
+        if (kind == "tokens") != (cfg.shift.kind == "embedding"):
+            raise ValueError(f"data.shift {cfg.shift.kind!r} does not apply to {kind} inputs")
         shifts = ClientShifts(cfg.shift, seed, x_test)
         x_train = shift_clients(shifts, x_train, indices, offsets)
         x_test = shifts.reference(x_test)

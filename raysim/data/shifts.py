@@ -12,6 +12,11 @@ round sees the same one, and it is the same for the client's train rows and its 
   ``x ≤ threshold`` (background) and ``x · b_j`` elsewhere, with ``a_j, b_j ~ U[0, 1]³``; a flat
   ``(N, P)`` input becomes ``(N, P, 3)``.
 
+- ``embedding`` (fedot.md §9.4's synthetic benchmark, on token data): client j's input
+  embeddings become ``s_j ⊙ e + z_j`` with ``s_j ~ U[scale]^d`` and ``z_j ~ N(0, σ_e²·I)``, σ_e
+  the std of the embedding table; the tokens stay as they are and the model applies the shift
+  (``EmbeddingShift``, attached by the worker to a model with ``input_embeddings()``).
+
 The dataset keeps the train rows shifted by their owner and a *reference view* of the shared sets
 (the identity for affine shifts, grey ``(x, x, x)`` for colour: what the global model is scored
 on); ``ClientShifts.test_view`` gives a client's own view of the test set.
@@ -22,6 +27,7 @@ from __future__ import annotations
 from typing import Literal
 
 import numpy as np
+import torch
 from pydantic import Field, model_validator
 
 from raysim.schema import StrictModel
@@ -32,7 +38,7 @@ SHIFT_TAG = 0xF07  # rng = default_rng([seed, SHIFT_TAG, client])
 class ShiftConfig(StrictModel):
     """``data.shift``: a per-client transform of the inputs (fedot.md §6.2)."""
 
-    kind: Literal["none", "affine", "colour"] = "none"
+    kind: Literal["none", "affine", "colour", "embedding"] = "none"
     affine_mode: Literal["paper_diag", "code_full"] = Field(
         "paper_diag", description="paper_diag: diag(s)x + z (paper); code_full: x + xM + z (code)"
     )
@@ -44,6 +50,9 @@ class ShiftConfig(StrictModel):
         True, description="code_full: truncate 127.5x'+127.5 to an integer and map back"
     )
     threshold: float = Field(1e-4, ge=0, description="colour: ζ, background where x ≤ ζ")
+    embedding_std: float | None = Field(
+        None, gt=0, description="embedding: σ_e of z (None: the std of the embedding table)"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ShiftConfig:
@@ -78,7 +87,10 @@ class ClientShifts:
         return {"s": s, "z": rng.normal(0.0, np.sqrt(c.sigma), d)}
 
     def apply(self, client: int, x: np.ndarray) -> np.ndarray:
-        """Client ``client``'s view of raw inputs ``x`` (float32)."""
+        """Client ``client``'s view of raw inputs ``x`` (float32; tokens unchanged for an
+        ``embedding`` shift, which the model applies)."""
+        if self.cfg.kind == "embedding":
+            return x
         flat = x.reshape(len(x), -1).astype(np.float64)
         p = self.params(client, flat.shape[1])
         c = self.cfg
@@ -96,6 +108,8 @@ class ClientShifts:
 
     def reference(self, x: np.ndarray) -> np.ndarray:
         """The unshifted view of raw inputs in the shifted format (identity; grey for colour)."""
+        if self.cfg.kind == "embedding":
+            return x
         if self.cfg.kind == "colour":
             flat = np.asarray(x, np.float32).reshape(len(x), -1)
             return _colour_layout(np.repeat(flat[..., None], 3, axis=-1), x.shape)
@@ -104,6 +118,44 @@ class ClientShifts:
     def test_view(self, client: int) -> np.ndarray:
         """The shared test inputs as client ``client`` sees them (fedot.md §6.5)."""
         return self.apply(client, self.x_test_raw)
+
+
+class EmbeddingShift:
+    """Applies client j's ``embedding`` shift to a model's input embeddings (a forward hook on
+    ``model.input_embeddings()``); ``use(j)`` selects the client, ``use(None)`` none (the global
+    view)."""
+
+    def __init__(self, shifts: ClientShifts, model: torch.nn.Module) -> None:
+        table = model.input_embeddings().weight.detach()
+        self.d = table.shape[1]
+        self.std = shifts.cfg.embedding_std or float(table.float().std())
+        self.shifts = shifts
+        self.client: int | None = None
+        self._params: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        model.input_embeddings().register_forward_hook(self._hook)
+
+    def params(self, client: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if client not in self._params:
+            rng = np.random.default_rng([self.shifts.seed, SHIFT_TAG, client])
+            lo, hi = self.shifts.cfg.scale
+            s = torch.from_numpy(rng.uniform(lo, hi, self.d).astype(np.float32))
+            z = torch.from_numpy(rng.normal(0.0, self.std, self.d).astype(np.float32))
+            self._params[client] = s, z
+        return self._params[client]
+
+    def use(self, client: int | None) -> None:
+        self.client = client
+
+    def _hook(self, module, inputs, output: torch.Tensor) -> torch.Tensor | None:
+        if self.client is None:
+            return None
+        s, z = self.params(self.client)
+        return output * s.to(output) + z.to(output)
+
+
+def embedding_model(module: torch.nn.Module) -> torch.nn.Module | None:
+    """The first submodule with ``input_embeddings()`` (an ``lm_classifier``), or None."""
+    return next((m for m in module.modules() if hasattr(m, "input_embeddings")), None)
 
 
 def _colour_layout(rgb: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:

@@ -3,7 +3,13 @@
 The registry knows no model; the zoo modules register theirs on import, here, once.
 """
 
-from raysim.models import causal_lm, small, tf_nets, vision  # noqa: F401  (register the built-ins)
+from raysim.models import (  # noqa: F401  (register the built-in models)
+    causal_lm,
+    lm_classifier,
+    small,
+    tf_nets,
+    vision,
+)
 from raysim.models.handle import ModelHandle
 from raysim.models.registry import (
     DataSpec,

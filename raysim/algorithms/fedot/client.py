@@ -58,11 +58,11 @@ def sq_norm(tensors: list[torch.Tensor]) -> torch.Tensor | float:
 
 
 def mapped_features(model: FedOTModel, x: torch.Tensor):
-    """(ψ_i(x) flattened, the potential's mean features of it or None), without gradients."""
+    """(ψ_i of the batch, its real-token mask or None, the potential's mean features or None),
+    without gradients."""
     with torch.no_grad():
-        y = model.psi(x)
-        y = y.reshape(len(y), -1)
-        return y, model.potential.mean_features(y)
+        y, mask = model.map(x)
+        return y, mask, model.mean_features(y, mask)
 
 
 class FedOTClient(ClientAlgorithm):
@@ -74,9 +74,11 @@ class FedOTClient(ClientAlgorithm):
         w = [q for q in model.predictor.parameters() if q.requires_grad]
         return w, ctx.model.group_parameters(MAP), ctx.model.group_parameters(DUAL), trunk
 
-    def dual_term(self, model: FedOTModel, y: torch.Tensor) -> torch.Tensor:
+    def dual_term(
+        self, model: FedOTModel, y: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """λ · mean_B φ_i(y)."""
-        return self.params.lam * model.potential_values(y).mean()
+        return self.params.lam * model.potential_values(y, mask).mean()
 
     def regulariser(self, heads, trunk) -> torch.Tensor | float:
         rho_v, rho_u = self.params.rho
@@ -101,7 +103,7 @@ class FedOTClient(ClientAlgorithm):
                     for t in heads:
                         t.div_(norm)
 
-    def ascent_gradient(self, model: FedOTModel, y: torch.Tensor, features, heads, trunk):
+    def ascent_gradient(self, model: FedOTModel, y, mask, features, heads, trunk):
         """∇ of L̂_i in (v_i, U) at the current point, for mapped inputs ``y`` (flat) whose
         ``features`` the potential gave (None for the nn one); None when nothing moves (λ = 0
         and no regulariser). A potential linear in its head has the closed form
@@ -112,7 +114,7 @@ class FedOTClient(ClientAlgorithm):
                 return [lam * f - 2.0 * rho_v * v for v, f in zip(heads, features, strict=True)]
         objective = -self.regulariser(heads, trunk)
         if lam:
-            objective = objective + self.dual_term(model, y)
+            objective = objective + self.dual_term(model, y, mask)
         if not isinstance(objective, torch.Tensor) or not objective.requires_grad:
             return None
         params = heads + trunk
@@ -121,9 +123,9 @@ class FedOTClient(ClientAlgorithm):
 
     def ascent(self, model: FedOTModel, x: torch.Tensor, heads, trunk, lr: float) -> None:
         """k_max ascent steps on (v_i, U) with θ_i fixed (ψ_i(x) is computed once)."""
-        y, features = mapped_features(model, x)
+        y, mask, features = mapped_features(model, x)
         for _ in range(self.params.ascent_steps):
-            grads = self.ascent_gradient(model, y, features, heads, trunk)
+            grads = self.ascent_gradient(model, y, mask, features, heads, trunk)
             if grads is None:
                 return
             sgd(heads + trunk, grads, -lr)
@@ -135,7 +137,7 @@ class FedOTClient(ClientAlgorithm):
         loss = task.loss(model, batch)
         objective, penalty = loss, float("nan")
         if self.params.lam:
-            dual = self.dual_term(model, model.mapped)
+            dual = self.dual_term(model, model.mapped, model.mask)
             objective, penalty = loss + dual, float(dual.detach())
         grads = torch.autograd.grad(objective, w + theta)
         sgd(w, grads[: len(w)], lr)
@@ -146,7 +148,7 @@ class FedOTClient(ClientAlgorithm):
         """Alg. 1's simultaneous step: ∇ L̂_i in ``params`` (descent then ascent ones) at one
         point; returns (gradients, task loss, dual term)."""
         loss = task.loss(model, batch)
-        dual = self.dual_term(model, model.mapped)
+        dual = self.dual_term(model, model.mapped, model.mask)
         objective = loss + dual - self.regulariser(*self.ascent_split(model, params))
         grads = torch.autograd.grad(objective, params, allow_unused=True)
         grads = [

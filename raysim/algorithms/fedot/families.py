@@ -26,7 +26,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-MapFamily = Literal["affine_diag", "affine_full", "pixel_relu"]
+MapFamily = Literal["affine_diag", "affine_full", "pixel_relu", "lowrank_affine"]
 PotentialFamily = Literal["quad_diag", "quad_full", "nn"]
 
 
@@ -88,7 +88,29 @@ class PixelReLU(nn.Module):
         return [torch.eye(c), torch.zeros(c), torch.zeros(c)]
 
 
-def build_map(family: MapFamily, shape: tuple[int, ...], scope: str = "pixel") -> nn.Module:
+class LowRankAffine(nn.Module):
+    """``ψ(e) = e + B A e + b`` on the last axis with A = 0 (§9.4: a LoRA whose input and output
+    are the same space; the identity at init), B ~ N(0, 1/d), b = 0."""
+
+    def __init__(self, d: int, rank: int) -> None:
+        super().__init__()
+        self.A = nn.Parameter(torch.zeros(rank, d))
+        self.B = nn.Parameter(torch.randn(d, rank) / math.sqrt(d))
+        self.b = nn.Parameter(torch.zeros(d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + (x @ self.A.T) @ self.B.T + self.b
+
+    def identity(self) -> list[torch.Tensor]:
+        """A = 0 and b = 0 make ψ the identity whatever B is."""
+        return [torch.zeros_like(self.A), self.B.detach(), torch.zeros_like(self.b)]
+
+
+def build_map(
+    family: MapFamily, shape: tuple[int, ...], scope: str = "pixel", rank: int = 4
+) -> nn.Module:
+    if family == "lowrank_affine":
+        return LowRankAffine(shape[-1], rank)
     if family == "affine_diag":
         return AffineDiag(shape)
     if family == "affine_full":
@@ -131,9 +153,13 @@ class QuadDiag(nn.Module):
     def curvature(self) -> list[torch.Tensor]:
         return [self.head["q"]]
 
-    def mean_features(self, y: torch.Tensor) -> list[torch.Tensor]:
-        """∂ mean_B φ / ∂ (q, l): φ is linear in its head, so this is its whole gradient."""
-        feats = {"q": 0.5 * (y * y).mean(dim=0), "l": y.mean(dim=0)}
+    def mean_features(self, y: torch.Tensor, weights: torch.Tensor | None = None):
+        """∂ mean_B φ / ∂ (q, l): φ is linear in its head, so this is its whole gradient (rows
+        weighted by ``weights`` summing to 1 when given)."""
+        if weights is None:
+            feats = {"q": 0.5 * (y * y).mean(dim=0), "l": y.mean(dim=0)}
+        else:
+            feats = {"q": 0.5 * (weights @ (y * y)), "l": weights @ y}
         return [feats[k] for k in self.head]  # the head's own (parameter) order
 
 
@@ -150,10 +176,13 @@ class QuadFull(nn.Module):
     def curvature(self) -> list[torch.Tensor]:
         return [self.head["V"]]
 
-    def mean_features(self, y: torch.Tensor) -> list[torch.Tensor]:
+    def mean_features(self, y: torch.Tensor, weights: torch.Tensor | None = None):
         """∂ mean_B φ / ∂ (V, l) = (½ mean y yᵀ, mean y) (symmetric, so the symmetrisation
         passes it through unchanged)."""
-        feats = {"V": 0.5 * (y.T @ y) / len(y), "l": y.mean(dim=0)}
+        if weights is None:
+            feats = {"V": 0.5 * (y.T @ y) / len(y), "l": y.mean(dim=0)}
+        else:
+            feats = {"V": 0.5 * (y.T * weights) @ y, "l": weights @ y}
         return [feats[k] for k in self.head]  # the head's own (parameter) order
 
 
@@ -172,7 +201,7 @@ class NNPotential(nn.Module):
     def curvature(self) -> list[torch.Tensor]:
         return []
 
-    def mean_features(self, y: torch.Tensor) -> None:
+    def mean_features(self, y: torch.Tensor, weights: torch.Tensor | None = None) -> None:
         """None: φ is not linear in (v, U) jointly; the ascent differentiates it."""
         return None
 

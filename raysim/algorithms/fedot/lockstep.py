@@ -112,8 +112,8 @@ class Lockstep:
         mapped = [mapped_features(m, x) for m, x in zip(self.models, xs, strict=True)]
         for _ in range(self.params.ascent_steps):
             grads = []
-            for m, (y, feats) in zip(self.models, mapped, strict=True):
-                g = self.client.ascent_gradient(m, y, feats, self.heads(m), self.trunk(m))
+            for m, (y, mask, feats) in zip(self.models, mapped, strict=True):
+                g = self.client.ascent_gradient(m, y, mask, feats, self.heads(m), self.trunk(m))
                 if g is None:
                     return
                 grads.append(g)

@@ -31,28 +31,58 @@ TRUNK_PREFIX = "potential.trunk."
 
 
 class FedOTModel(nn.Module):
-    """``predictor ∘ ψ`` with the potential alongside; remembers the last mapped batch."""
+    """``predictor ∘ ψ`` with the potential alongside; remembers the last mapped batch.
+
+    A predictor that reads token ids and exposes its embedding step (``embed``,
+    ``from_embeddings``: ``lm_classifier``) is mapped on its token embeddings instead (§9.4): ψ_i
+    acts on each token's embedding, and the potential's value for a sample is the mean over its
+    real tokens (padding, id 0, masked out)."""
 
     def __init__(self, predictor: nn.Module, psi: nn.Module, potential: nn.Module) -> None:
         super().__init__()
         self.psi = psi
         self.predictor = predictor
         self.potential = potential
+        self.on_embeddings = hasattr(predictor, "from_embeddings")
         self.mapped: torch.Tensor | None = None
+        self.mask: torch.Tensor | None = None
+
+    def map(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(ψ_i of the inputs or of their token embeddings, the real-token mask or None)."""
+        if self.on_embeddings:
+            return self.psi(self.predictor.embed(x)), x != 0
+        return self.psi(x), None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.psi(x)
-        self.mapped = y
+        y, mask = self.map(x)
+        self.mapped, self.mask = y, mask
+        if mask is not None:
+            return self.predictor.from_embeddings(y, mask)
         return self.predictor(y)
 
-    def potential_values(self, y: torch.Tensor) -> torch.Tensor:
-        """φ_i(y) per sample, on the flattened mapped inputs."""
-        return self.potential(y.reshape(len(y), -1))
+    def potential_values(self, y: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """φ_i per sample: on the flattened mapped input, or the mean over real tokens."""
+        if mask is None:
+            return self.potential(y.reshape(len(y), -1))
+        tokens = self.potential(y.reshape(-1, y.shape[-1])).reshape(mask.shape)
+        weights = mask.to(tokens.dtype)
+        return (tokens * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
+
+    def mean_features(self, y: torch.Tensor, mask: torch.Tensor | None = None):
+        """The batch mean of the potential's features (None for the nn potential): the rows of
+        the flattened input, or every real token weighted 1/(its sample's tokens · N)."""
+        if mask is None:
+            return self.potential.mean_features(y.reshape(len(y), -1))
+        weights = mask.to(y.dtype)
+        weights = weights / weights.sum(dim=1, keepdim=True).clamp(min=1.0) / len(y)
+        return self.potential.mean_features(y.reshape(-1, y.shape[-1]), weights.reshape(-1))
 
 
 def wrap(module: nn.Module, spec: Any, params: Any) -> FedOTModel:
-    """``Method.wrap_model`` for FedOT: the built predictor inside a map and a potential."""
-    shape = tuple(spec.feature_shape)
-    psi = build_map(params.psi_family, shape, params.psi_scope)
+    """``Method.wrap_model`` for FedOT: the built predictor inside a map and a potential (on
+    the token embeddings of a predictor that exposes them, §9.4)."""
+    dim = getattr(module, "embedding_dim", None)
+    shape = (dim,) if dim is not None else tuple(spec.feature_shape)
+    psi = build_map(params.psi_family, shape, params.psi_scope, params.psi_rank)
     potential = build_potential(params.potential, math.prod(shape), params.hidden)
     return FedOTModel(module, psi, potential)

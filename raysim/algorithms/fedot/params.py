@@ -47,6 +47,7 @@ class FedOTParams(MethodParams):
     )
     psi_family: MapFamily = "affine_diag"
     psi_scope: Literal["pixel", "image"] = "pixel"
+    psi_rank: int = Field(4, ge=1, description="rank of lowrank_affine maps (§9.4)")
     potential: PotentialFamily = "quad_diag"
     hidden: int = Field(32, ge=1, description="h_φ, width of the nn potential's trunk (§4.2)")
     gamma_cap: Literal["none", "clamp", "rescale"] = Field(

@@ -1,0 +1,101 @@
+"""FedOT's foundation-model extension (fedot.md §9.4): maps on the token embeddings of a frozen
+LLaMA with a shared LoRA predictor, moment-matching potentials over real tokens, and the
+synthetic per-client embedding shift (the CPU checks §9.4 lists)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from raysim.actors.local import local_core
+from raysim.algorithms.fedot.model import FedOTModel, wrap
+from raysim.algorithms.fedot.params import FedOTParams
+from raysim.config import load_config
+from raysim.models import DataSpec, ModelConfig, build_model
+from tests.conftest import EXAMPLES
+
+FM = EXAMPLES / "fedot" / "fm-mini.yaml"
+SMALL = ["clients.num=4", "clients.per_round=4", "rounds=2", "data.max_tokens=16",
+         "eval.every=2", "tracking.enabled=false"]  # fmt: skip
+
+
+def lm_model(**params) -> FedOTModel:
+    torch.manual_seed(0)
+    spec = DataSpec("tokens", (16,), 5, vocab_size=300)
+    cfg = ModelConfig(name="lm_classifier", llama={"hidden_size": 32, "intermediate_size": 64})
+    return wrap(build_model(cfg, spec), spec, FedOTParams(**params))
+
+
+@pytest.mark.parametrize("family", ["affine_diag", "lowrank_affine"])
+def test_identity_maps_give_the_backbone_and_lora_logits_exactly(family):
+    model = lm_model(psi_family=family)
+    tokens = torch.randint(1, 300, (3, 16))
+    tokens[:, 10:] = 0
+    model.eval()
+    assert torch.equal(model(tokens), model.predictor(tokens))
+    assert model.mapped.shape == (3, 16, 32) and model.mask.sum() == 30
+
+
+def test_the_moment_features_average_real_tokens_per_sample_then_over_the_batch():
+    model = lm_model()
+    y = torch.randn(2, 5, 32)
+    mask = torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
+    q, l_ = (f for f in model.mean_features(y, mask)[::-1])  # head order: l, q
+    per_sample = [y[0, :2].mean(0), y[1].mean(0)]
+    np.testing.assert_allclose(l_, (per_sample[0] + per_sample[1]) / 2, atol=1e-6)
+    sq = [(0.5 * y[0, :2] ** 2).mean(0), (0.5 * y[1] ** 2).mean(0)]
+    np.testing.assert_allclose(q, (sq[0] + sq[1]) / 2, atol=1e-6)
+    with torch.no_grad():  # the potential's value agrees with its features
+        for h in model.potential.head.parameters():
+            h.normal_()
+    values = model.potential_values(y, mask).mean()
+    heads = dict(model.potential.head.named_parameters())
+    linear = float(heads["q"].float() @ q + heads["l"].float() @ l_)
+    assert float(values) == pytest.approx(linear, rel=1e-5)
+
+
+def test_lambda_zero_with_frozen_maps_follows_fedavg_lora_and_keeps_maps_and_heads_home():
+    fedot = local_core(load_config(FM, [*SMALL, "algorithm.lambda=0", "algorithm.lr_map=0"]))
+    plain = local_core(load_config(FM, [*SMALL, "algorithm={name: fedavg}"]))
+    for core in (fedot, plain):
+        while not core.done:
+            core.step()
+    names = fedot.server.layout.names
+    assert all(n.startswith("predictor.") for n in names)
+    assert any("lora_A" in n for n in names) and any("head" in n for n in names)
+    assert not any("backbone" in n and "lora" not in n for n in names)  # the base never travels
+    assert np.array_equal(fedot.weights, plain.weights)
+    state = fedot.materialized_states()[0]
+    assert {"psi.a", "psi.b", "potential.head.l", "potential.head.q"} == set(state)
+
+
+def test_every_client_sees_its_own_embedding_shift_with_any_method():
+    cfg = load_config(FM, [*SMALL, "algorithm={name: fedavg}"])
+    core = local_core(cfg, evaluate=True)
+    core.step()
+    m = core.step()
+    assert m["clients_evaluated"] == 4 and m["accuracy_std"] >= 0
+    runner = core.executor.runner
+    tokens = torch.from_numpy(runner.dataset.x_test[:2])
+    module = runner.model.module
+    views = []
+    for client in (None, 0, 1, 0):
+        runner.view_of(client)
+        views.append(module.input_embeddings()(tokens))
+    assert not torch.equal(views[0], views[1]) and not torch.equal(views[1], views[2])
+    assert torch.equal(views[1], views[3])  # the same client, the same shift
+    shift = runner._embedding_shift
+    s, z = shift.params(1)
+    assert 0.5 <= float(s.min()) and float(s.max()) <= 1.5
+    table = module.input_embeddings().weight
+    assert shift.std == pytest.approx(float(table.std()))
+    np.testing.assert_allclose(views[2], views[0] * s + z, atol=1e-6)
+
+
+def test_fedot_trains_maps_and_heads_on_embeddings():
+    core = local_core(load_config(FM, SMALL), evaluate=True)
+    core.step()
+    m = core.step()
+    assert m["client_map_deviation"] > 0 and m["client_dual_norm"] > 0
+    assert np.isfinite(m["accuracy"]) and m["dual_sum_norm"] <= 1e-9

@@ -1,8 +1,7 @@
 """``cluster/``: the launcher YAMLs pass Ray's own validation, the KubeRay manifests carry what a
 RayJob needs, and a real multi-process cluster on this machine (``ray start --head`` plus a second
-``ray start`` node with logical GPUs, token authentication on) runs ``raysim run`` submitted as
-a Ray job, landing complete in an MLflow server on the head (a sweep across two nodes is
-``tests/test_multinode.py``'s)."""
+``ray start`` node with logical GPUs, token authentication on) runs ``raysim run`` and
+``raysim tune`` submitted as Ray jobs, landing complete in an MLflow server on the head."""
 
 from __future__ import annotations
 
@@ -226,6 +225,25 @@ def test_jobs_on_a_multi_process_cluster_land_in_the_heads_mlflow(ray_cluster, t
             # the coordinator is on the other node, the head: beside the store it writes
             assert placed["coordinator_node"] != gpu_node
             assert run.data.tags["raysim.nodes"] == "1"
+
+            sweep = submit(
+                "raysim", "tune", "examples/tune-async.yaml", *small, "clients.num=10",
+                "workers.count=1", "eval.every=1", "tune.num_samples=1", "tune.scheduler=fifo",
+                "tune.space={algorithm.buffer_size: {grid: [2, 4]}}",
+                "tracking.experiment=loopback-sweep", "--address", "auto",
+                "--storage", str(tmp_path / "tune"),
+            )  # fmt: skip
+            assert sweep.returncode == 0, sweep.stdout[-3000:] + sweep.stderr[-2000:]
+            exp = client.get_experiment_by_name("loopback-sweep").experiment_id
+            runs = client.search_runs([exp])
+            assert len(runs) == 3  # the sweep's parent and its two trials
+            assert {r.info.status for r in runs} == {"FINISHED"}
+            assert "best_config.yaml" in {
+                a.path
+                for a in client.list_artifacts(
+                    next(r for r in runs if "mlflow.parentRunId" not in r.data.tags).info.run_id
+                )
+            }
 
             # the default store would be inside the job's temporary copy: one line, nothing run
             lost = submit("env", "-u", "MLFLOW_TRACKING_URI", "raysim", "run",

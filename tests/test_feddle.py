@@ -360,6 +360,8 @@ SMOKE = [
     ({"name": "feddle_ood", "server_epochs": 1, "ood_samples_per_round": 50}, False),
     ({"name": "feddf", "server_epochs": 1}, False),
 ]
+#: CI runs Feddle-ID's smoke on Ray; the other two run in-process in CI, on Ray on demand
+RAY_SMOKE = [SMOKE[0], *(pytest.param(*s, marks=pytest.mark.matrix) for s in SMOKE[1:])]
 
 
 def smoke_config(algorithm: dict):
@@ -381,7 +383,9 @@ def in_process_digest(cfg) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("algorithm", "kill"), SMOKE, ids=lambda a: getattr(a, "get", str)("name"))
+@pytest.mark.parametrize(
+    ("algorithm", "kill"), RAY_SMOKE, ids=lambda a: getattr(a, "get", str)("name")
+)
 def test_server_methods_through_raysim_run_on_two_workers(algorithm, kill, ray_cluster, mlflow_uri):
     """The CI smoke: ``raysim run`` on Ray with 2 workers (Feddle-ID with one of them killed
     mid-run) ends on the digest of the 1-process run; Feddle's diagnostics reach MLflow."""

@@ -149,7 +149,7 @@ def test_method_declares_adapters_and_eval_route():
     ).personal
 
 
-@pytest.mark.slow
+@pytest.mark.matrix  # CI: a killed worker in tests/test_runtime.py and the FedOT/SCAFFOLD smokes
 def test_fedoa_same_result_on_one_worker_or_two_with_one_killed(ray_cluster):
     """I20: identical metrics, weights and personal adapters whatever the parallelism, even when
     a worker is killed mid-run and replaced (personal state lives in the object store)."""

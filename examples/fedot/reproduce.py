@@ -8,6 +8,9 @@ one adaptation step) and Local-only; baselines with the same MLP, lr 0.05, B = 2
 Each cell is a Ray Tune sweep over the seeds (``raysim.tune``: an MLflow parent run per cell and
 a child run per seed).
 
+Then §9.4's extension (``fm-mini.yaml``): FedOT, its λ = 0 ablation, FedAvg and Local-only with
+LoRA on a frozen LLaMA built from a config, under per-client embedding shifts, 3 seeds (``fm/*``).
+
 Results go to ``OUT/results.json`` after each cell; a cell already there is not run again, so an
 interrupted reproduction resumes where it stopped. ``report.py`` turns them into ``RESULTS.md``.
 
@@ -29,6 +32,14 @@ import yaml
 
 HERE = Path(__file__).parent
 SHIFTS = {"affine": HERE / "mini.yaml", "colour": HERE / "colour.yaml"}
+#: §9.4's extension: maps on a LoRA LLaMA's token embeddings under per-client embedding shifts
+FM = HERE / "fm-mini.yaml"
+FM_METHODS: dict[str, dict[str, Any] | None] = {
+    "fedot": None,
+    "fedot_l0": {"lambda": 0.0},
+    "fedavg": {"name": "fedavg"},
+    "local_only": {"name": "local_only"},
+}
 TAUS = (1, 5)
 SEEDS = [0, 1, 2]
 #: method label → the algorithm section (None: the example's own FedOT settings)
@@ -61,11 +72,16 @@ class Reproduction:
         self.file.write_text(json.dumps(self.results, indent=1, default=str))
 
     def config(self, shift: str, tau: int, method: str) -> dict[str, Any]:
-        raw = yaml.safe_load(SHIFTS[shift].read_text())
-        rounds = raw["rounds"] // tau // (20 if self.quick else 1)
+        if shift == "fm":
+            raw = yaml.safe_load(FM.read_text())
+            rounds = raw["rounds"] // (10 if self.quick else 1)
+            algo = FM_METHODS[method]
+        else:
+            raw = yaml.safe_load(SHIFTS[shift].read_text())
+            rounds = raw["rounds"] // tau // (20 if self.quick else 1)
+            raw["local"]["max_steps"] = tau
+            algo = METHODS[method]
         raw["rounds"] = rounds
-        raw["local"]["max_steps"] = tau
-        algo = METHODS[method]
         if algo is not None and "name" in algo:
             raw["algorithm"] = dict(algo)
         elif algo is not None:
@@ -77,7 +93,7 @@ class Reproduction:
         return raw
 
     def cell(self, shift: str, tau: int, method: str) -> dict[str, Any]:
-        label = f"{shift}/{tau}/{method}"
+        label = f"fm/{method}" if shift == "fm" else f"{shift}/{tau}/{method}"
         if label in self.results:
             return self.results[label]
         from raysim import tune
@@ -108,6 +124,9 @@ class Reproduction:
                     label = f"{shift}/{tau}/{method}"
                     if only is None or label.startswith(only):
                         self.cell(shift, tau, method)
+        for method in FM_METHODS:
+            if only is None or f"fm/{method}".startswith(only):
+                self.cell("fm", 0, method)
 
 
 def main() -> None:

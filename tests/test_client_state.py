@@ -157,7 +157,7 @@ def test_an_actor_per_client_agrees_with_the_pooled_run(plugin, ray_cluster):
 
 @pytest.mark.slow
 def test_the_page_example_runs_from_outside_the_repo_on_2_workers_through_a_kill_and_a_resume(
-    tmp_path,
+    plugin, tmp_path
 ):
     """The page's file and command, in a fresh process whose working directory is not the repo,
     on two workers, one killed in round 1 and the coordinator killed before round 2 (its
@@ -176,5 +176,5 @@ def test_the_page_example_runs_from_outside_the_repo_on_2_workers_through_a_kill
     said = out.stdout + out.stderr
     assert "worker 1 restarted" in said and "took over from the checkpoint of round 2" in said
     digest = re.search(r"weights sha256: (\w+)", out.stdout).group(1)
-    local = [a.replace("./scaffold.py", str(tmp_path / "scaffold.py")) for a in argv[3:]]
+    local = [a.replace("./scaffold.py", plugin) for a in argv[3:]]  # the same file, imported once
     assert run_local(load_config(argv[2], [*local, *common])).digest() == digest

@@ -26,6 +26,7 @@ def data_spec(dataset: FederatedDataset) -> DataSpec:
         feature_shape=tuple(dataset.feature_shape),
         num_classes=dataset.num_classes,
         vocab_size=dataset.vocab_size,
+        pad_id=getattr(dataset, "pad_id", 0),
     )
 
 

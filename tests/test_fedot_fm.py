@@ -99,3 +99,44 @@ def test_fedot_trains_maps_and_heads_on_embeddings():
     m = core.step()
     assert m["client_map_deviation"] > 0 and m["client_dual_norm"] > 0
     assert np.isfinite(m["accuracy"]) and m["dual_sum_norm"] <= 1e-9
+
+
+def test_a_pretrained_models_tokenizer_encodes_the_data_and_its_pad_id_is_masked(tmp_path):
+    """``data.tokenizer``: a Hugging Face tokenizer's ids, right-padded with its own pad id,
+    which ``lm_classifier`` masks: a padded sequence scores as the same sequence unpadded."""
+    from raysim.data.builtin import load_bbc_news
+    from raysim.data.federated import DataConfig, build_federated_dataset
+    from raysim.data.tokenizer import build_word_tokenizer
+    from raysim.runtime import data_spec
+
+    tok = build_word_tokenizer(load_bbc_news().x[:200], vocab_size=400)
+    tok.save_pretrained(str(tmp_path / "tok"))
+    ds = build_federated_dataset(
+        DataConfig(name="bbc_news", tokenizer=str(tmp_path / "tok"), max_tokens=700,
+                   partition={"kind": "iid"}),
+        4,
+        0,
+    )  # fmt: skip
+    spec = data_spec(ds)
+    assert spec.pad_id == tok.pad_token_id and spec.vocab_size == len(tok)
+    assert ds.x_train.dtype == np.int64 and ds.x_train.shape[1] == 700
+    real = ds.x_train != spec.pad_id
+    assert real[:, 0].all() and not real.all()  # texts first, then right padding
+    assert (np.diff(real.astype(int), axis=1) <= 0).all()
+    torch.manual_seed(0)
+    model = build_model(
+        ModelConfig(name="lm_classifier", llama={"hidden_size": 32, "intermediate_size": 64},
+                    lora={"dropout": 0.0}),
+        spec,
+    ).eval()  # fmt: skip
+    real = torch.tensor([5, 9, 13, 7])
+    padded = torch.cat([real, torch.full((6,), spec.pad_id)])
+    with torch.no_grad():
+        a, b = model(real[None]), model(padded[None])
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_the_smollm2_config_reads_its_tokenizer_and_weights():
+    cfg = load_config(EXAMPLES / "fedot" / "fm-smollm2.yaml")
+    assert cfg.data.tokenizer == "smollm2" and cfg.model.path == "smollm2"
+    assert cfg.data.shift.kind == "embedding" and cfg.algorithm.name == "fedot"

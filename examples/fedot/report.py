@@ -208,9 +208,20 @@ class Report:
 
     def write(self, where: Path) -> None:
         seconds = sum(float(v.get("seconds", 0)) for v in self.results.values())
+        cells = [f"{sh}/{t}/{m}" for sh in SHIFTS for t in TAUS for m in METHODS]
+        cells += [f"fm/{m}" for m in FM_METHODS]
+        done = sum(len(self.scores(c)) > 0 for c in cells)
+        status = (
+            f"**{done} of {len(cells)} cells measured so far**; the rest are marked — and the "
+            "criteria that need them are not decided. `reproduce.py` resumes where it stopped."
+            if done < len(cells)
+            else f"All {len(cells)} cells measured."
+        )
         text = [
             "# FedOT: offline mini reproduction (fedot.md §9)",
             INTRO,
+            status,
+            "",
             "## Personalised accuracy",
             "",
             *self.table(),

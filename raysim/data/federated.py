@@ -57,6 +57,12 @@ class DataConfig(StrictModel):
     digits: DigitsConfig = Field(default_factory=DigitsConfig)
     hf_lm: HFTextLMConfig = Field(default_factory=HFTextLMConfig)
     shift: ShiftConfig = Field(default_factory=ShiftConfig)
+    tokenizer: str | None = Field(
+        None,
+        description="text classification: token ids from this Hugging Face tokenizer (a "
+        "directory, a hub id, or smollm2), what a pretrained model at model.path reads; None: "
+        "raysim's word vocabulary",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> DataConfig:
@@ -159,6 +165,8 @@ class FederatedDataset:
     server_ood: dict[str, tuple[np.ndarray, np.ndarray, int]] | None = None
     #: further shared evaluation sets (e.g. a backdoor's triggered inputs), by name
     extra_eval: dict[str, LabelledSet] | None = None
+    #: the padding id of token inputs (0 with raysim's vocabulary; a tokenizer's own otherwise)
+    pad_id: int = 0
     #: per-client input shifts (``data.shift``): train rows are already in their owner's view,
     #: ``x_test`` is the reference view and ``shifts.test_view(j)`` client j's
     shifts: ClientShifts | None = None
@@ -316,8 +324,13 @@ def build_federated_dataset(
         return build_text_task_dataset(cfg.text, cfg.name, num_clients, seed, cfg.vocab_size)
     raw = load_raw(cfg, seed)
     train, test = _train_test(raw, cfg, seed)
-    vocab_size = None
-    if raw.is_text:
+    vocab_size, pad_id = None, 0
+    if raw.is_text and cfg.tokenizer:
+        x_train, x_test, vocab_size, pad_id = encode_with(
+            cfg.tokenizer, train, test, cfg.max_tokens
+        )
+        kind = "tokens"
+    elif raw.is_text:
         vocab = build_vocab(train.x, cfg.vocab_size)
         x_train, x_test = (encode(d.x, vocab, cfg.max_tokens) for d in (train, test))
         vocab_size, kind = len(vocab) + 2, "tokens"
@@ -376,4 +389,26 @@ def build_federated_dataset(
         server_id=server_id,
         server_ood=ood or None,
         shifts=shifts,
+        pad_id=pad_id,
     )
+
+
+def encode_with(
+    name: str, train: RawData, test: RawData, max_tokens: int
+) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """(train ids, test ids, vocabulary size, pad id) from a Hugging Face tokenizer: truncated
+    and right-padded to ``max_tokens``, no special tokens added."""
+    from raysim.data.lm_encoding import pad_id_of
+    from raysim.data.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(name)
+    pad = pad_id_of(tok)
+
+    def ids(texts: np.ndarray) -> np.ndarray:
+        out = np.full((len(texts), max_tokens), pad, dtype=np.int64)
+        for i, t in enumerate(texts):
+            row = tok(t or "", add_special_tokens=False)["input_ids"][:max_tokens]
+            out[i, : len(row)] = row
+        return out
+
+    return ids(train.x), ids(test.x), len(tok), pad

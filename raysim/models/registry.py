@@ -23,6 +23,7 @@ class DataSpec:
     feature_shape: tuple[int, ...]
     num_classes: int
     vocab_size: int | None = None
+    pad_id: int = 0  # the padding token of token inputs
 
 
 class LlamaShape(StrictModel):

@@ -36,7 +36,7 @@ class FedOTModel(nn.Module):
     A predictor that reads token ids and exposes its embedding step (``embed``,
     ``from_embeddings``: ``lm_classifier``) is mapped on its token embeddings instead (§9.4): ψ_i
     acts on each token's embedding, and the potential's value for a sample is the mean over its
-    real tokens (padding, id 0, masked out)."""
+    real tokens (padding masked out)."""
 
     def __init__(self, predictor: nn.Module, psi: nn.Module, potential: nn.Module) -> None:
         super().__init__()
@@ -50,7 +50,7 @@ class FedOTModel(nn.Module):
     def map(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(ψ_i of the inputs or of their token embeddings, the real-token mask or None)."""
         if self.on_embeddings:
-            return self.psi(self.predictor.embed(x)), x != 0
+            return self.psi(self.predictor.embed(x)), x != getattr(self.predictor, "pad_id", 0)
         return self.psi(x), None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

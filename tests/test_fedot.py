@@ -501,3 +501,15 @@ def test_fedot_on_an_sgd_with_momentum_is_refused_in_one_line_naming_the_setting
 
     with pytest.raises(ConfigError, match=r"fedot steps plain SGD by hand: set local.momentum 0"):
         load_config(EXAMPLES / "quickstart.yaml", ["algorithm.name=fedot"])
+
+
+def test_independent_sampling_draws_b_distinct_samples_afresh_for_max_steps_steps():
+    from raysim.training.settings import LocalTrainingConfig
+
+    cfg = LocalTrainingConfig(batch_size=8, sampling="independent", max_steps=5, epochs=1)
+    batches = list(step_batches(20, cfg, torch.Generator().manual_seed(0)))
+    assert len(batches) == 5  # max_steps, though one epoch of 20 would be 3 steps
+    assert all(len(b) == 8 and len(set(b.tolist())) == 8 for b in batches)
+    assert len({tuple(sorted(b.tolist())) for b in batches}) == 5  # drawn afresh
+    small = list(step_batches(5, cfg, torch.Generator().manual_seed(0)))
+    assert all(sorted(b.tolist()) == [0, 1, 2, 3, 4] for b in small)  # a client with < B: all

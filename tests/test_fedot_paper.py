@@ -82,3 +82,23 @@ def test_each_configs_data_loads_through_datasets_and_trains_a_round(name, tmp_p
     assert ds.shifts.test_view(2).shape == (20, *shape)
     m = core.step()
     assert np.isfinite(m["train_loss"]) and m["clients_evaluated"] == 4
+
+
+@pytest.mark.parametrize(
+    "name, shape, millions",
+    [
+        ("alexnet", (3, 32, 32), 5.52),
+        ("alexnet", (1, 28, 28), 4.23),
+        ("mini_inception", (3, 32, 32), 1.86),
+        ("mini_inception", (1, 28, 28), 1.81),
+    ],
+)
+def test_the_papers_networks_have_the_specs_sizes(name, shape, millions):
+    """fedot.md §6.3: AlexNet 5.52 M (CIFAR) / 4.23 M (MNIST), mini-Inception 1.86 M / 1.81 M."""
+    import torch
+
+    from raysim.models import DataSpec, ModelConfig, build_model
+
+    model = build_model(ModelConfig(name=name), DataSpec("dense", shape, 10))
+    assert sum(p.numel() for p in model.parameters()) / 1e6 == pytest.approx(millions, abs=0.006)
+    assert model(torch.rand(2, *shape)).shape == (2, 10)

@@ -77,3 +77,19 @@ def test_fedavg_on_the_fedot_example_gives_the_in_process_digest_on_2_workers(ra
     overrides = [*SMOKE, "algorithm={name: fedavg}"]
     reference = run(load_config(MINI, overrides)).digest()
     assert raysim.run(str(MINI), [*overrides, "workers.count=2"]).weights_digest == reference
+
+
+def test_a_diverging_run_stops_failed_and_records_the_round_and_the_cause(ray_cluster, mlflow_uri):
+    from mlflow.tracking import MlflowClient
+
+    from raysim.algorithms.base import Diverged
+
+    cfg = fedot_cfg(n=4, rounds=20, lr_map=50.0, lr_ascent=5.0, **{"lambda": 4.0})
+    wire = {**cfg.to_dict(), "tracking": {"experiment": "diverging"}}
+    with pytest.raises(Diverged, match=r"round \d+: client \d+") as caught:
+        raysim.run(wire, ["workers.count=1"])
+    client = MlflowClient(mlflow_uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("diverging").experiment_id])
+    assert run.info.status == "FAILED"
+    assert run.data.tags["raysim.error"] in str(caught.value)
+    assert int(run.data.tags["raysim.diverged_round"]) < 20

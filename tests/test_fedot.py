@@ -455,7 +455,7 @@ def test_i11_literal_alg1_takes_plain_gradient_steps_on_the_mean_objective():
 
 # ------------------------------------------------------------------------------------ I-13
 def test_i13_a_client_scored_with_another_clients_map_does_worse():
-    cfg = fedot_cfg(n=4, m=60, rounds=25, lr_map=0.05)
+    cfg = fedot_cfg(n=4, m=60, rounds=25, lr_map=0.05, local={"lr": 0.2, "max_steps": 4})
     core = run(cfg, evaluate=True)
     states = core.materialized_states()
     runner = core.executor.runner
@@ -467,7 +467,7 @@ def test_i13_a_client_scored_with_another_clients_map_does_worse():
 
     own = np.mean([acc(i, i) for i in range(4)])
     swapped = np.mean([acc(i, (i + 1) % 4) for i in range(4)])
-    assert own > swapped + 0.05, (own, swapped)
+    assert own > swapped + 0.2, (own, swapped)  # measured: 0.78 against 0.39
 
 
 # ------------------------------------------------------------------------------------ I-15

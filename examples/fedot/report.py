@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import platform
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,16 @@ steps; the map is diagonal affine on the embeddings and the potentials match the
 per-dimension moments. Scores: mean over clients of personalised test accuracy, mean ± std over 3
 seeds.
 """
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 class Report:
@@ -238,9 +249,9 @@ class Report:
             "",
             "## Where it ran",
             "",
-            f"{platform.machine()}, {platform.processor() or 'CPU'}, Python "
-            f"{platform.python_version()}; the grid took {seconds / 60:.0f} min of wall time "
-            "(trials of a cell side by side).",
+            f"{cpu_model()}, {os.cpu_count()} cores, Python {platform.python_version()}; the "
+            f"cells measured so far took {seconds / 60:.0f} min of wall time (the 3 seeds of a "
+            "cell side by side, one worker each), at times beside other jobs on the same cores.",
         ]
         (where / "RESULTS.md").write_text("\n".join(text) + "\n")
         self.plot(where / "results.png")

@@ -18,15 +18,7 @@ QUICKSTART = ROOT / "examples" / "quickstart.yaml"
 if str(ROOT) not in sys.path:  # `python benchmarks/x.py` puts benchmarks/, not the root, first
     sys.path.insert(0, str(ROOT))
 
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+from raysim.machine import cpu_model  # noqa: E402
 
 
 def machine() -> str:
@@ -35,7 +27,7 @@ def machine() -> str:
     import torch
 
     return (
-        f"{_cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+        f"{cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}, "
         f"ray {ray.__version__}, python {platform.python_version()}"
     )
 

@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 from reproduce import FM_METHODS, METHODS, SHIFTS, TAUS
 
+from raysim.machine import cpu_model
+
 NAMES = {
     "fedot": "**FedOT** (λ > 0)",
     "fedot_l0": "FedOT λ = 0 (maps only)",
@@ -47,16 +49,6 @@ steps; the map is diagonal affine on the embeddings and the potentials match the
 per-dimension moments. Scores: mean over clients of personalised test accuracy, mean ± std over 3
 seeds.
 """
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 class Report:

@@ -24,6 +24,7 @@ import time
 import numpy as np
 import torch
 from common import ROOT, machine, report, steady
+from overhead import run_raysim
 
 from raysim.actors.jobs import client_seed
 from raysim.actors.local import local_core
@@ -90,23 +91,6 @@ def run_inprocess(cfg: RunConfig) -> tuple[list[float], float]:
     return walls, float(np.median(shares[3:] or shares))
 
 
-def run_raysim(cfg: RunConfig) -> list[float]:
-    from raysim.api import RunSession
-
-    session = RunSession(cfg)
-    try:
-        session.workers()
-        walls = []
-        while not session.done:
-            t0 = time.perf_counter()
-            session.step()
-            walls.append(time.perf_counter() - t0)
-        session.finish()
-        return walls
-    finally:
-        session.close()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
@@ -128,7 +112,7 @@ def main() -> None:
     from raysim.api import ensure_ray
 
     ensure_ray(num_cpus=args.workers)
-    ray_round = steady(run_raysim(cfg))
+    ray_round = steady(run_raysim(cfg)[0])
     report("round_s", plain=plain, inprocess=inprocess, raysim=ray_round)
     report("where", train_share_inprocess=share)
     report("ratio", inprocess_vs_plain=inprocess / plain, raysim_vs_plain=ray_round / plain)

@@ -198,15 +198,15 @@ class ClientRunner:
 
         eval_set = self.dataset.eval_sets[name]
         module = self.model.module if answer is None else answer
-        shifts = getattr(self.dataset, "shifts", None)
-        if shifts is not None and client is not None and name == "test":
-            x = torch.from_numpy(shifts.test_view(client))
-            return evaluate(module, x, torch.tensor(eval_set.y, dtype=torch.long))
         if isinstance(eval_set, LabelledSet):
             if name not in self._eval_tensors:  # converted once per worker
                 x, y = torch.tensor(eval_set.x), torch.tensor(eval_set.y, dtype=torch.long)
                 self._eval_tensors[name] = x, y
-            return evaluate(module, *self._eval_tensors[name])
+            x, y = self._eval_tensors[name]
+            shifts = getattr(self.dataset, "shifts", None)
+            if shifts is not None and client is not None and name == "test":
+                x = torch.from_numpy(shifts.test_view(client))  # the client's own view
+            return evaluate(module, x, y)
         from raysim.metrics import rouge1
         from raysim.training.lm_eval import generate as greedy
         from raysim.training.lm_eval import lm_loss

@@ -318,22 +318,9 @@ class Needs:
     ) -> str:
         """One line naming what is missing and what to set; "" when the run has it all."""
         problem = ""
-        if self.plain_sgd and local is not None:
-            wrong = [
-                f"local.{key} {want}"
-                for key, have, want in (
-                    ("optimizer", local.optimizer, "sgd"),
-                    ("momentum", local.momentum, 0.0),
-                    ("weight_decay", local.weight_decay, 0.0),
-                    ("backend", local.backend, "torch"),
-                    ("grad_accumulation", local.grad_accumulation, 1),
-                )
-                if have != want
-            ]
-            if wrong:
-                problem = f"{method} steps plain SGD by hand: set {', '.join(wrong)}"
-        if problem:
-            pass
+        wrong = self._not_plain_sgd(local) if self.plain_sgd and local is not None else []
+        if wrong:
+            problem = f"{method} steps plain SGD by hand: set {', '.join(wrong)}"
         elif self.model and not self.model <= traits:
             want = " ".join(sorted(self.model))
             have = ", ".join(sorted(traits)) or "none of them"
@@ -348,6 +335,18 @@ class Needs:
         if problem and self.example:
             problem += f" ({self.example} shows how)"
         return problem
+
+    @staticmethod
+    def _not_plain_sgd(local: LocalTrainingConfig) -> list[str]:
+        """The ``local.KEY VALUE`` settings that plain, hand-taken SGD steps need and lack."""
+        want = {
+            "optimizer": "sgd",
+            "momentum": 0.0,
+            "weight_decay": 0.0,
+            "backend": "torch",
+            "grad_accumulation": 1,
+        }
+        return [f"local.{k} {v}" for k, v in want.items() if getattr(local, k) != v]
 
     def describe(self) -> str:
         """For ``raysim methods``: what the method needs, or "any model"."""

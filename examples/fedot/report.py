@@ -2,13 +2,13 @@
 over seeds of the mean-over-clients personalised accuracy), fedot.md §9.3's acceptance criteria
 A1–A5 decided on those numbers with a paired comparison over seeds, and the machine it ran on.
 
-    python examples/fedot/report.py --out runs/fedot-mini --write examples/fedot
+    python examples/fedot/report.py     # examples/fedot/results.json → RESULTS.md, results.png
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
+import warnings
 import json
 import os
 import platform
@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from reproduce import FM_METHODS, METHODS, SHIFTS, TAUS
+from reproduce import FM_METHODS, METHODS, RESULTS, SHIFTS, TAUS
 
 from raysim.machine import cpu_model
+
+warnings.filterwarnings("ignore", category=RuntimeWarning)  # a cell not run yet: mean of nothing
 
 NAMES = {
     "fedot": "**FedOT** (λ > 0)",
@@ -52,41 +54,13 @@ seeds.
 
 
 class Report:
-    def __init__(self, out: Path, fm: Path | None = None) -> None:
-        self.results = json.loads((out / "results.json").read_text())
-        self.uris = [f"sqlite:///{(out / 'mlflow.db').resolve()}"]
-        if fm is not None and (fm / "results.json").is_file():
-            self.results.update(json.loads((fm / "results.json").read_text()))
-            self.uris.append(f"sqlite:///{(fm / 'mlflow.db').resolve()}")
+    def __init__(self, results: Path) -> None:
+        self.results = json.loads(results.read_text())
 
-    @functools.cached_property
-    def clients(self) -> list[Any]:
-        from mlflow.tracking import MlflowClient
-
-        return [MlflowClient(uri) for uri in self.uris]
-
-    def history(self, run_id: str, key: str) -> dict[int, float]:
-        """A run's metric by step, from whichever store holds the run."""
-        from mlflow.exceptions import MlflowException
-
-        for client in self.clients:
-            try:
-                client.get_run(run_id)
-            except MlflowException:
-                continue
-            return {m.step: m.value for m in client.get_metric_history(run_id, key)}
-        return {}
-
-    def last(self, run_id: str, key: str) -> float:
-        h = self.history(run_id, key)
-        return h[max(h)] if h else float("nan")
-
-    def zero_sum_residual(self, run_id: str) -> float:
-        """max over rounds of ‖Σ_i v_i‖ / mean ‖v_i‖ (the server's bookkeeping, fedot.md §3.3)."""
-        total = self.history(run_id, "dual_sum_norm")
-        scale = self.history(run_id, "client_dual_norm")
-        ratios = [total[k] / scale[k] for k in total if scale.get(k)]
-        return max(ratios, default=float("nan"))
+    def last(self, label: str, key: str) -> float:
+        """The mean over a cell's runs of a value ``reproduce.run_digest`` kept."""
+        values = [r.get(key) for r in self.rows(label)]
+        return float(np.mean([v for v in values if v is not None] or [np.nan]))
 
     def rows(self, label: str) -> list[dict[str, Any]]:
         rows = self.results.get(label, {}).get("table", [])
@@ -178,7 +152,12 @@ class Report:
         fedot_labels = [k for k in self.results if k.endswith("/fedot") or "/fedot_" in k]
         finite = all(not np.isnan(self.scores(k)).any() for k in fedot_labels)
         worst = max(
-            (self.zero_sum_residual(r["run_id"]) for k in fedot_labels for r in self.rows(k)),
+            (
+                r["zero_sum_residual"]
+                for k in fedot_labels
+                for r in self.rows(k)
+                if r.get("zero_sum_residual") is not None
+            ),
             default=float("nan"),
         )
         line(
@@ -200,9 +179,8 @@ class Report:
             lines.append(f"| {names[m]} | {self.cell(f'fm/{m}')} | {len(a)} |")
         if len(self.scores("fm/fedot")) and len(self.scores("fm/fedavg")):
             mean, lo, hi, word = self.paired("fm/fedot", "fm/fedavg")
-            rows = self.rows("fm/fedot")
-            moved = np.mean([self.last(r["run_id"], "client_map_deviation") for r in rows])
-            pen = np.mean([self.last(r["run_id"], "client_dual_penalty") for r in rows])
+            moved = self.last("fm/fedot", "client_map_deviation")
+            pen = self.last("fm/fedot", "client_dual_penalty")
             lines += [
                 "",
                 f"FedOT − FedAvg: {mean:+.1f} points (seeds {lo:+.1f} … {hi:+.1f}, "
@@ -271,11 +249,10 @@ class Report:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--write", type=Path, required=True)
-    ap.add_argument("--fm", type=Path, default=None, help="the fm/* cells' output, if apart")
+    ap.add_argument("--results", type=Path, default=RESULTS, help="reproduce.py's results")
+    ap.add_argument("--write", type=Path, default=RESULTS.parent, help="where RESULTS.md goes")
     args = ap.parse_args()
-    Report(args.out, args.fm).write(args.write)
+    Report(args.results).write(args.write)
 
 
 if __name__ == "__main__":

@@ -11,11 +11,15 @@ a child run per seed).
 Then §9.4's extension (``fm-mini.yaml``): FedOT, its λ = 0 ablation, FedAvg and Local-only with
 LoRA on a frozen LLaMA built from a config, under per-client embedding shifts, 3 seeds (``fm/*``).
 
-Results go to ``OUT/results.json`` after each cell; a cell already there is not run again, so an
-interrupted reproduction resumes where it stopped. ``report.py`` turns them into ``RESULTS.md``.
+Results go to ``--results`` (``examples/fedot/results.json``, committed) after each cell: the
+Tune table of every run plus, read back from MLflow, what the report needs of its history (the
+largest zero-sum residual, the last map deviation and dual term, the accuracy curve). A cell
+already there is not run again, so an interrupted reproduction resumes where it stopped, from a
+fresh clone too. The MLflow store and Tune's files stay under ``--out``. ``report.py`` turns
+the results into ``RESULTS.md``.
 
     python examples/fedot/reproduce.py --out runs/fedot-mini            # the grid
-    python examples/fedot/reproduce.py --out /tmp/q --quick             # 1 seed, rounds/20
+    python examples/fedot/reproduce.py --out /tmp/q --results /tmp/q/r.json --quick   # smoke
     python examples/fedot/reproduce.py --out runs/fedot-mini --only affine/1
 """
 
@@ -57,11 +61,34 @@ METHODS: dict[str, dict[str, Any] | None] = {
 FINAL_ONLY = {"l_fedavg500"}
 
 
+RESULTS = HERE / "results.json"
+
+
+def run_digest(client: Any, run_id: str) -> dict[str, Any]:
+    """What the report needs of one run's MLflow history (fedot.md §3.3, §8.1 metrics)."""
+
+    def history(key: str) -> dict[int, float]:
+        return {m.step: m.value for m in client.get_metric_history(run_id, key)}
+
+    def last(key: str) -> float | None:
+        h = history(key)
+        return h[max(h)] if h else None
+
+    total, scale = history("dual_sum_norm"), history("client_dual_norm")
+    ratios = [total[k] / scale[k] for k in total if scale.get(k)]
+    return {
+        "zero_sum_residual": max(ratios) if ratios else None,
+        "client_map_deviation": last("client_map_deviation"),
+        "client_dual_penalty": last("client_dual_penalty"),
+        "accuracy_curve": sorted(history("accuracy").items()),
+    }
+
+
 class Reproduction:
-    def __init__(self, out: Path, quick: bool) -> None:
+    def __init__(self, out: Path, quick: bool, results: Path = RESULTS) -> None:
         self.out, self.quick = out, quick
         out.mkdir(parents=True, exist_ok=True)
-        self.file = out / "results.json"
+        self.file = results
         self.results: dict[str, Any] = (
             json.loads(self.file.read_text()) if self.file.is_file() else {}
         )
@@ -107,9 +134,16 @@ class Reproduction:
         }
         t0 = time.time()
         summary = tune(raw, storage=(self.out / "tune" / label).resolve())
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(self.uri)
+        table = [
+            {**row, **run_digest(client, row["run_id"])} if row.get("run_id") else row
+            for row in summary.table
+        ]
         self.results[label] = {
             "parent_run_id": summary.parent_run_id,
-            "table": summary.table,
+            "table": table,
             "seconds": time.time() - t0,
             "rounds": raw["rounds"],
         }
@@ -131,11 +165,12 @@ class Reproduction:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=Path, required=True, help="MLflow store and Tune files")
+    ap.add_argument("--results", type=Path, default=RESULTS, help="the cells' results (JSON)")
     ap.add_argument("--quick", action="store_true", help="1 seed, rounds/20 (a smoke test)")
     ap.add_argument("--only", default=None, help="cells whose label starts with this")
     args = ap.parse_args()
-    Reproduction(args.out, args.quick).grid(args.only)
+    Reproduction(args.out, args.quick, args.results).grid(args.only)
 
 
 if __name__ == "__main__":

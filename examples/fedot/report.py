@@ -8,10 +8,10 @@ A1–A5 decided on those numbers with a paired comparison over seeds, and the ma
 from __future__ import annotations
 
 import argparse
-import warnings
 import json
 import os
 import platform
+import warnings
 from pathlib import Path
 from typing import Any
 

@@ -353,6 +353,7 @@ class RunConfig(StrictModel):
         )
         if unmet:
             raise ValueError(unmet)
+        self._check_together()
         for f in self.faults.corrupt_updates:
             if f.client >= self.clients.num:
                 raise ValueError(
@@ -391,6 +392,24 @@ class RunConfig(StrictModel):
         if self.data.name in TEXT_TASK_DATASETS:  # split by task, not by a label partition
             alpha = ""
         return f"{self.name} · {self.algorithm.name} · {self.data.name}{alpha} · seed {self.seed}"
+
+    def _check_together(self) -> None:
+        """A method whose round trains together (FedOT's exact centring) runs it on one worker,
+        each client on its own copy of the resident model."""
+        if not self.method_client().trains_together:
+            return
+        what = f"{self.algorithm.name} trains a round's clients together on one worker"
+        if self.workers.count == "per_client":
+            raise ValueError(f"{what}: set workers.count to a number (not per_client)")
+        if self.data.shift.kind == "embedding":
+            raise ValueError(
+                f"{what}; data.shift.kind embedding shifts one resident model per worker: "
+                "set algorithm.dual_centering sync"
+            )
+
+    def method_client(self) -> Any:
+        """The method's client half built from this config (``ClientAlgorithm``)."""
+        return get_method(self.algorithm.name).client(self.algorithm.params)
 
     def client_hooks(self) -> list[tuple[str, HookParams]]:
         """``hooks.clients`` in order, then ``faults.corrupt_updates`` as ``corrupt`` behaviours."""

@@ -13,13 +13,13 @@ import torch
 from raysim.actors.jobs import client_seed
 from raysim.actors.local import local_core
 from raysim.algorithms.base import Diverged
-from raysim.algorithms.fedot.client import DUAL_DELTA, VBAR, FedOTClient
+from raysim.algorithms.fedot.client import DUAL_DELTA, VBAR, FedOTClient, flat64
 from raysim.algorithms.fedot.families import AffineDiag, AffineFull, PixelReLU
 from raysim.algorithms.fedot.lockstep import Lockstep
 from raysim.algorithms.fedot.model import FedOTModel, wrap
 from raysim.algorithms.fedot.params import FedOTParams
 from raysim.algorithms.fedot.server import FedOTStrategy
-from raysim.config import load_config
+from raysim.config import ConfigError, load_config
 from raysim.models import DataSpec, ModelConfig
 from raysim.models.small import build_mlp
 from raysim.training.loop import step_batches
@@ -189,6 +189,53 @@ def test_i4_heads_sum_to_zero_over_all_clients_after_every_sync(per_round):
         assert total <= 1e-6 * biggest, (total, biggest)
         worst = max(worst, core.strategy.metrics()["dual_sum_norm"] / biggest)
     assert worst <= 1e-6  # the logged ‖Σ v_i‖ says the same
+
+
+@pytest.mark.parametrize("per_round", [6, 3])
+def test_i4_exact_centring_keeps_the_heads_zero_sum_at_every_ascent_step(monkeypatch, per_round):
+    """``dual_centering: exact`` trains the round together: after every ascent step the round's
+    effective heads still sum to what they summed to at its start (zero under full
+    participation), which sync centring only restores at the sync."""
+    seen = {"exact": [], "sync": []}
+    mode = ["exact"]
+    steps = FedOTClient.ascent
+
+    def spy_step(self, model, x, heads_, trunk, lr):
+        steps(self, model, x, heads_, trunk, lr)
+        seen[mode[0]].append(flat64(heads_))
+
+    together = FedOTClient.ascent_together
+
+    def spy_together(self, runs, xs):
+        start = np.sum([flat64(r.heads) for r in runs], axis=0)
+        together(self, runs, xs)
+        now = np.sum([flat64(r.heads) for r in runs], axis=0)
+        scale = max(np.linalg.norm(flat64(r.heads)) for r in runs)
+        seen["exact"].append((np.linalg.norm(now - start), np.linalg.norm(start), scale))
+
+    monkeypatch.setattr(FedOTClient, "ascent", spy_step)
+    monkeypatch.setattr(FedOTClient, "ascent_together", spy_together)
+    run(fedot_cfg(per_round=per_round, rounds=3, dual_centering="exact"))
+    assert len(seen["exact"]) == 3 * 2 and not any(isinstance(x, np.ndarray) for x in seen["exact"])
+    for moved, start, scale in seen["exact"]:
+        assert scale > 1e-3 and moved <= 1e-9 * scale
+        if per_round == 6:
+            assert start <= 1e-9 * scale
+    mode[0] = "sync"
+    run(fedot_cfg(per_round=6, rounds=1, dual_centering="sync"))
+    first_step = np.sum(seen["sync"][::2][:6], axis=0)  # each client's first local iteration
+    assert np.linalg.norm(first_step) > 1e-3
+
+
+def test_exact_centring_refuses_what_it_cannot_run_in_one_line():
+    with pytest.raises(ConfigError, match="workers.count to a number"):
+        load_config(fedot_cfg(dual_centering="exact").to_dict(), ["workers.count=per_client"])
+    uneven = {"sampling": "epochs", "max_steps": None, "epochs": 1}
+    cfg = fedot_cfg(n=3, m=20, rounds=1, local=uneven, dual_centering="exact")
+    wire = cfg.to_dict()
+    wire["data"]["partition"] = {"kind": "dirichlet", "alpha": 0.3}
+    with pytest.raises(ValueError, match="same number of local iterations"):
+        run(load_config(wire))
 
 
 # ------------------------------------------------------------------------------------ I-5
@@ -381,17 +428,19 @@ def test_i11_sync_and_exact_centring_agree_with_frozen_maps():
     assert np.abs(out["exact"][-1]).max() > 1e-3
 
 
-def test_i11_the_simulator_reproduces_the_lockstep_sync_reference():
-    """The simulator's jobs, with sync centring over a server mean, against ``Lockstep`` with
-    the same batches: the same predictor, maps and effective heads."""
-    cfg = fedot_cfg(n=4, rounds=3)
+@pytest.mark.parametrize("centring", ["sync", "exact"])
+def test_i11_the_simulator_reproduces_the_lockstep_reference(centring):
+    """The simulator's jobs (sync: independent jobs and a server mean; exact: the round trained
+    together on one worker) against ``Lockstep`` with the same batches: the same predictor, maps
+    and effective heads."""
+    cfg = fedot_cfg(n=4, rounds=3, dual_centering=centring)
     core = run(cfg)
     from raysim.runtime import data_spec, method_resident, run_dataset
 
     ds = run_dataset(cfg)
     handle = method_resident(cfg, data_spec(ds))
     ls = Lockstep(
-        handle.module, 4, cfg.algorithm.params, ClassificationTask(), lr=0.05, centring="sync"
+        handle.module, 4, cfg.algorithm.params, ClassificationTask(), lr=0.05, centring=centring
     )
     data = [tuple(torch.from_numpy(a) for a in ds.client_data(i)) for i in range(4)]
     for r in range(3):

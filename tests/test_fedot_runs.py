@@ -1,6 +1,6 @@
 """FedOT through the runtime: resume, an actor per client (invariant 10) and the CI smoke through
 ``raysim run`` (FedOT and FedAvg on affine-shifted digits, 1 and 2 workers, a killed worker and a
-resumed coordinator)."""
+resumed coordinator), and exact centring's round-as-one-batch through a killed worker."""
 
 from __future__ import annotations
 
@@ -71,6 +71,20 @@ def test_the_fedot_example_gives_the_in_process_digest_on_2_workers_through_a_ki
     assert "worker 1 restarted" in said and "took over from the checkpoint of round 2" in said
     digest = re.search(r"weights sha256: (\w+)", out.stdout).group(1)
     assert run(load_config(MINI, SMOKE)).digest() == digest
+
+
+def test_exact_centring_on_2_workers_through_a_killed_worker_gives_the_in_process_digest(
+    ray_cluster,
+):
+    """``dual_centering: exact`` sends each round to one worker as one batch; that worker dies in
+    round 1, Ray restarts it and the batch runs again: weights, maps and heads as in-process."""
+    cfg = fedot_cfg(n=4, rounds=3, dual_centering="exact")
+    reference = run(cfg)
+    kill = ["workers.count=2", "faults.kill_worker.round=1", "faults.kill_worker.worker=0"]
+    res = raysim.run(cfg.to_dict(), kill)
+    assert sum(h["worker_restarts"] for h in res.history) == 1
+    assert res.weights_digest == reference.digest()
+    same_states(res.client_states, reference.materialized_states())
 
 
 def test_fedavg_on_the_fedot_example_gives_the_in_process_digest_on_2_workers(ray_cluster):

@@ -46,6 +46,8 @@ class InProcessExecutor:
     def __init__(self, runner: Any) -> None:
         self.runner = runner
         self._pending: dict[int, tuple[np.ndarray, ClientJob]] = {}
+        self._together: dict[int, list[ClientJob]] = {}  # job id → its submission's jobs
+        self._done: dict[int, ClientResult] = {}
 
     def put(self, weights: np.ndarray) -> np.ndarray:
         return weights
@@ -56,10 +58,23 @@ class InProcessExecutor:
     def submit(self, handle: np.ndarray, jobs: list[ClientJob]) -> None:
         for job in jobs:
             self._pending[job.job_id] = (handle, job)
+            if self.runner.client_algorithm.trains_together:
+                self._together[job.job_id] = list(jobs)
 
     def result(self, job_id: int) -> ClientResult:
+        if job_id in self._done:
+            return self._done.pop(job_id)
         weights, job = self._pending.pop(job_id)
-        return self.runner.run(weights, job)
+        group = self._together.pop(job_id, None)
+        if group is None:
+            return self.runner.run(weights, job)
+        for other in group:
+            if other.job_id != job_id:
+                self._pending.pop(other.job_id)
+                self._together.pop(other.job_id)
+        for result in self.runner.run_batch(weights, group):
+            self._done[result.job_id] = result
+        return self._done.pop(job_id)
 
     def evaluate(self, handle: np.ndarray, jobs: list[EvalJob]) -> list[dict[str, float]]:
         return self.runner.evaluate_batch(handle, jobs)
@@ -75,3 +90,5 @@ class InProcessExecutor:
 
     def close(self) -> None:
         self._pending.clear()
+        self._together.clear()
+        self._done.clear()

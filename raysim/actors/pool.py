@@ -18,7 +18,8 @@ class RayWorkerPool:
 
     Each global version is ``ray.put`` once as numpy (zero-copy reads on every worker of a node).
     A round's jobs are split into one contiguous batch per worker (one call per worker per round);
-    in ``per_client`` mode every client has its own actor and a batch is that client's job.
+    in ``per_client`` mode every client has its own actor and a batch is that client's job; a
+    method whose clients train together gets the round as one batch on the first worker.
     """
 
     def __init__(
@@ -31,6 +32,9 @@ class RayWorkerPool:
     ) -> None:
         w = cfg.workers
         self.per_client = w.count == "per_client"
+        #: a method whose round trains together (``ClientAlgorithm.trains_together``) gets each
+        #: submission as one batch on one worker
+        self.together = cfg.method_client().trains_together
         actor = ray.remote(Worker).options(
             num_cpus=w.num_cpus,
             num_gpus=w.num_gpus,
@@ -58,6 +62,8 @@ class RayWorkerPool:
         client data size (longest first to the least-loaded worker; deterministic)."""
         if self.per_client:
             return [(job.client, [job]) for job in jobs]
+        if self.together:
+            return [(0, list(jobs))]
         n = min(len(self.workers), len(jobs))
         cost = [1 if self._sizes is None else int(self._sizes[j.client]) for j in jobs]
         load, batches = [0] * n, [[] for _ in range(n)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 import warnings
@@ -105,6 +106,26 @@ class ClientRunner:
 
         Client behaviours (``hooks.clients``) that apply to this job change its data before and
         its delta after the method's local work."""
+        ctx, active = self._context(weights, job)
+        return self._result(weights, job, ctx, active, self.client_algorithm.train(ctx))
+
+    def run_together(self, weights: np.ndarray, jobs: list[ClientJob]) -> list[ClientResult]:
+        """A round's clients trained in one ``ClientAlgorithm.train_together`` call, each on its
+        own copy of the resident model (loaded with its state exactly as ``run`` loads it)."""
+        prepared = []
+        for job in jobs:
+            ctx, active = self._context(weights, job)
+            ctx.model = copy.deepcopy(self.model)
+            prepared.append((job, ctx, active))
+        metrics = self.client_algorithm.train_together([ctx for _, ctx, _ in prepared])
+        return [
+            self._result(weights, job, ctx, active, m)
+            for (job, ctx, active), m in zip(prepared, metrics, strict=True)
+        ]
+
+    def _context(self, weights: np.ndarray, job: ClientJob) -> tuple[ClientContext, list]:
+        """Load the job's global weights and personal state into the resident model; its context
+        and the behaviours that apply to it (their data and config changes made)."""
         seed = job.seed
         self.model.set_global(weights)
         model_state, client_state = split_store(self.resolve(job.state))
@@ -134,23 +155,34 @@ class ClientRunner:
         for b in active:
             ctx.data = b.on_data(ctx, ctx.data)
             ctx.config = b.on_local(ctx, ctx.config)
-        metrics = self.client_algorithm.train(ctx)
+        return ctx, active
+
+    def _result(
+        self,
+        weights: np.ndarray,
+        job: ClientJob,
+        ctx: ClientContext,
+        active: list,
+        metrics: dict[str, float],
+    ) -> ClientResult:
+        """The job's update, personal state and uplink from the model its context trained."""
+        data = self.client_data(job.client)
         if self.cfg.eval.local_accuracy and isinstance(self.dataset, FederatedDataset):
-            metrics = {**metrics, "local_accuracy": self._local_accuracy(data)}
-        delta = self.model.get_global() - weights
+            metrics = {**metrics, "local_accuracy": self._local_accuracy(data, ctx.model)}
+        delta = ctx.model.get_global() - weights
         for b in active:
             delta = b.on_update(ctx, delta)
         self.jobs_run += 1
         n = self.task.num_examples(data)
-        state = {**self.model.get_state(), **store_entries(ctx.state)}
+        state = {**ctx.model.get_state(), **store_entries(ctx.state)}
         return ClientResult(job.job_id, job.client, delta, n, metrics, state, ctx.uplink)
 
-    def _local_accuracy(self, data: Any) -> float:
+    def _local_accuracy(self, data: Any, model: Any) -> float:
         if "test" not in self._eval_tensors:  # converted once per worker, shared with _score
             ds = self.dataset
             self._eval_tensors["test"] = torch.tensor(ds.x_test), torch.tensor(ds.y_test)
         mode = self.cfg.local.absent_logits
-        return local_accuracy(self.model.module, data[1], self._eval_tensors["test"], mode)
+        return local_accuracy(model.module, data[1], self._eval_tensors["test"], mode)
 
     def evaluate(self, weights: np.ndarray, job: EvalJob) -> dict[str, dict[str, float]]:
         """Scores of one view of ``weights`` (``EvalJob``) on each of its evaluation sets."""
@@ -243,7 +275,10 @@ class ClientRunner:
 
     def run_batch(self, weights: np.ndarray, jobs: list[ClientJob]) -> list[ClientResult]:
         t0 = time.perf_counter()
-        out = [self.run(weights, job) for job in jobs]
+        if self.client_algorithm.trains_together and len(jobs) > 1:
+            out = self.run_together(weights, jobs)
+        else:
+            out = [self.run(weights, job) for job in jobs]
         self.busy_s += time.perf_counter() - t0
         return out
 

@@ -265,6 +265,18 @@ class ClientAlgorithm:
         model as it is."""
         return None
 
+    @property
+    def trains_together(self) -> bool:
+        """Whether a round's clients must train in one ``train_together`` call, coupled step by
+        step (FedOT's exact centring, fedot.md §3.3). The runtime then sends a round's jobs to
+        one worker as one batch, each client on its own copy of the model."""
+        return False
+
+    def train_together(self, ctxs: Sequence[ClientContext]) -> list[dict[str, float]]:
+        """Train the clients of one round together; each context holds its own model. The
+        default trains them one after another."""
+        return [self.train(ctx) for ctx in ctxs]
+
     def train(self, ctx: ClientContext) -> dict[str, float]:
         params = ctx.model.global_parameters()
         penalty = None

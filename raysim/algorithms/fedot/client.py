@@ -11,11 +11,19 @@ every ascent step. The head the client trains is v_i = ṽ_i − v̄ (sync centr
 its raw ṽ_i, subtracts the server's v̄ (downlink), trains, uploads Δṽ_i and keeps ṽ_i + Δṽ_i.
 With λ = 0 the descent loss is exactly the task loss, so with a frozen identity map the predictor
 follows FedAvg's trajectory bit for bit (invariant 1).
+
+``dual_centering: exact`` (§3.3, the companion code) trains the round's clients together
+(``train_together``): every ascent step moves each v_i by η2·(g_i − mean_k g_k), so Σ v_i stays
+where it was at every step, not only at the sync. A client's round is ``begin`` / ``step`` /
+``finish`` either way, so the two modes share every line of arithmetic.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,7 +31,7 @@ import torch
 from ...training.loop import step_batches, training_task
 from ..base import ClientAlgorithm, ClientContext
 from .families import cap_curvature, cap_spectral, map_deviation
-from .model import DUAL, MAP, TRUNK_PREFIX, FedOTModel
+from .model import TRUNK_PREFIX, FedOTModel
 from .params import FedOTParams
 
 #: downlink names: the server's head mean v̄ and the personal-step scale (1/n, literal_alg1)
@@ -65,14 +73,56 @@ def mapped_features(model: FedOTModel, x: torch.Tensor):
         return y, mask, model.mean_features(y, mask)
 
 
+def centre(grads: Sequence[list[torch.Tensor]], k: int, offset: int = 0) -> None:
+    """Exact centring: subtract the clients' mean from each client's ``k`` head gradients
+    (from ``offset`` on), in place."""
+    for j in range(offset, offset + k):
+        mean = torch.stack([g[j] for g in grads]).mean(dim=0)
+        for g in grads:
+            g[j] = g[j] - mean
+
+
+@dataclass
+class LocalRound:
+    """One client's local iterations in progress: its model's parts, step sizes, data and
+    batches (``FedOTClient.begin`` … ``finish``, or ``Lockstep``'s clients)."""
+
+    model: FedOTModel
+    w: list[torch.nn.Parameter]
+    theta: list[torch.nn.Parameter]
+    heads: list[torch.nn.Parameter]
+    trunk: list[torch.nn.Parameter]
+    lr: float
+    lr_map: float
+    lr_up: float
+    task: Any
+    data: Any
+    steps: list[torch.Tensor]  # the batch indices of each local iteration
+    losses: list[float] = field(default_factory=list)
+    penalty: float = float("nan")
+    ctx: ClientContext | None = None
+    raw: np.ndarray | None = None  # ṽ_i as loaded (sync centring's bookkeeping)
+    v_start: np.ndarray | None = None  # the effective head v_i at the start
+    theta_start: list[torch.Tensor] = field(default_factory=list)
+
+    def batch(self, t: int):
+        return self.task.batch(self.data, self.steps[t])
+
+
 class FedOTClient(ClientAlgorithm):
     params: FedOTParams
 
-    def parts(self, model: FedOTModel, ctx: ClientContext):
-        """(predictor w, map θ_i, head v_i, trunk U) parameter lists of the resident model."""
+    @property
+    def trains_together(self) -> bool:
+        """``dual_centering: exact`` couples the round's clients at every ascent step."""
+        return self.params.dual_centering == "exact"
+
+    @staticmethod
+    def parts(model: FedOTModel):
+        """(predictor w, map θ_i, head v_i, trunk U) parameter lists of a FedOT model."""
         trunk = [q for n, q in model.named_parameters() if n.startswith(TRUNK_PREFIX)]
         w = [q for q in model.predictor.parameters() if q.requires_grad]
-        return w, ctx.model.group_parameters(MAP), ctx.model.group_parameters(DUAL), trunk
+        return w, list(model.psi.parameters()), list(model.potential.head.parameters()), trunk
 
     def dual_term(
         self, model: FedOTModel, y: torch.Tensor, mask: torch.Tensor | None = None
@@ -162,52 +212,167 @@ class FedOTClient(ClientAlgorithm):
         trunk = [q for n, q in model.named_parameters() if n.startswith(TRUNK_PREFIX)]
         return [q for q in params if id(q) in head_ids], trunk
 
-    def train(self, ctx: ClientContext) -> dict[str, float]:
+    # ------------------------------------------------------------- one client's round
+    def begin(self, ctx: ClientContext) -> LocalRound:
+        """Load the effective head v_i = ṽ_i − v̄ and draw the round's batches."""
         p, cfg = self.params, ctx.config
         model: FedOTModel = ctx.model.module
-        w, theta, heads, trunk = self.parts(model, ctx)
-        lr_map = cfg.lr if p.lr_map is None else p.lr_map
-        lr_up = cfg.lr if p.lr_ascent is None else p.lr_ascent
+        w, theta, heads, trunk = self.parts(model)
         raw = flat64(heads)
         vbar = ctx.downlink.get(VBAR)
         if vbar is not None:
-            assign64(heads, raw - vbar)  # the effective head v_i = ṽ_i − v̄
-        v_start = flat64(heads)
-        theta_start = [t.detach().clone() for t in theta]
+            assign64(heads, raw - vbar)
         task = training_task(ctx.task, ctx.data, cfg)
-        n = task.num_examples(ctx.data)
-        descent = w + theta
-        losses: list[float] = []
-        penalty = float("nan")
         model.train()
-        for idx in step_batches(n, cfg, ctx.generator):
-            batch = task.batch(ctx.data, idx)
-            if p.gda_mode == "alternating":
-                self.ascent(model, batch[0], heads, trunk, lr_up)
-                loss, penalty = self.descend(model, task, batch, w, theta, cfg.lr, lr_map)
-            else:  # simultaneous: both gradients at the same point, then both steps
-                params = descent + heads + trunk
-                grads, loss, penalty = self.joint_gradient(model, task, batch, params)
-                sgd(w, grads[: len(w)], cfg.lr)
-                sgd(theta, grads[len(w) : len(descent)], lr_map)
-                sgd(heads + trunk, grads[len(descent) :], -lr_up)
-                self.project(model, heads, trunk)
-            losses.append(loss)
+        return LocalRound(
+            model,
+            w,
+            theta,
+            heads,
+            trunk,
+            lr=cfg.lr,
+            lr_map=cfg.lr if p.lr_map is None else p.lr_map,
+            lr_up=cfg.lr if p.lr_ascent is None else p.lr_ascent,
+            task=task,
+            data=ctx.data,
+            steps=list(step_batches(task.num_examples(ctx.data), cfg, ctx.generator)),
+            ctx=ctx,
+            raw=raw,
+            v_start=flat64(heads),
+            theta_start=[t.detach().clone() for t in theta],
+        )
+
+    def step(self, run: LocalRound, t: int) -> None:
+        """Local iteration t: k_max ascent steps then one descent step (alternating), or Alg. 1's
+        joint step (simultaneous)."""
+        batch = run.batch(t)
+        if self.params.gda_mode == "alternating":
+            self.ascent(run.model, batch[0], run.heads, run.trunk, run.lr_up)
+            loss, run.penalty = self.descend(
+                run.model, run.task, batch, run.w, run.theta, run.lr, run.lr_map
+            )
+        else:
+            grads, loss, run.penalty = self.joint_gradient(
+                run.model, run.task, batch, run.w + run.theta + run.heads + run.trunk
+            )
+            self.joint_step(run, grads)
+            self.project(run.model, run.heads, run.trunk)
+        run.losses.append(loss)
+
+    def joint_step(self, run: LocalRound, grads) -> None:
+        """Descent on (w, θ_i) and ascent on (v_i, U) with gradients taken at one point."""
+        k, d = len(run.w), len(run.w) + len(run.theta)
+        sgd(run.w, grads[:k], run.lr)
+        sgd(run.theta, grads[k:d], run.lr_map)
+        sgd(run.heads + run.trunk, grads[d:], -run.lr_up)
+
+    def finish(self, run: LocalRound) -> dict[str, float]:
+        """Keep ṽ_i + Δṽ_i, upload Δṽ_i; literal_alg1 scales the personal deltas by 1/n."""
+        heads, theta, ctx = run.heads, run.theta, run.ctx
+        assert ctx is not None and run.v_start is not None and run.raw is not None
         dual_norm = float(np.linalg.norm(flat64(heads)))
-        delta = flat64(heads) - v_start
+        delta = flat64(heads) - run.v_start
         scale = ctx.downlink.get(PERSONAL_SCALE)
         if scale is not None:  # literal_alg1: the personal deltas are divided by n (§3.2)
             s = float(scale[0])
             delta = delta * s
             with torch.no_grad():
-                for t, t0 in zip(theta, theta_start, strict=True):
+                for t, t0 in zip(theta, run.theta_start, strict=True):
                     t.copy_(t0 + (t - t0) * s)
-        assign64(heads, raw + delta)  # the client keeps its raw head ṽ_i + Δṽ_i
+        assign64(heads, run.raw + delta)  # the client keeps its raw head ṽ_i + Δṽ_i
         ctx.upload(DUAL_DELTA, delta)
         return {
-            "train_loss": float(np.mean(losses)) if losses else float("nan"),
-            "local_steps": float(len(losses)),
-            "dual_penalty": penalty,
+            "train_loss": float(np.mean(run.losses)) if run.losses else float("nan"),
+            "local_steps": float(len(run.losses)),
+            "dual_penalty": run.penalty,
             "dual_norm": dual_norm,
-            "map_deviation": map_deviation(model.psi),
+            "map_deviation": map_deviation(run.model.psi),
         }
+
+    def train(self, ctx: ClientContext) -> dict[str, float]:
+        run = self.begin(ctx)
+        for t in range(len(run.steps)):
+            self.step(run, t)
+        return self.finish(run)
+
+    # ------------------------------------------------------- clients together (exact)
+    def train_together(self, ctxs: Sequence[ClientContext]) -> list[dict[str, float]]:
+        """The round's clients in lockstep with exact centring (fedot.md §3.3)."""
+        runs = [self.begin(ctx) for ctx in ctxs]
+        lengths = {len(r.steps) for r in runs}
+        if len(lengths) > 1:
+            raise ValueError(
+                "dual_centering exact steps the clients in lockstep, so every client needs the "
+                f"same number of local iterations; these have {sorted(lengths)}: set "
+                "local.max_steps with local.sampling independent"
+            )
+        self.lockstep(runs, exact=True)
+        return [self.finish(r) for r in runs]
+
+    def lockstep(self, runs: Sequence[LocalRound], exact: bool) -> None:
+        """Every run's local iterations, iteration by iteration. ``exact``: at every ascent
+        step the heads move by their gradients minus the clients' mean gradient, so Σ v_i stays
+        where it started; otherwise each client steps on its own, as in ``train``."""
+        for t in range(len(runs[0].steps) if runs else 0):
+            if not exact:
+                for r in runs:
+                    self.step(r, t)
+                continue
+            batches = [r.batch(t) for r in runs]
+            if self.params.gda_mode == "alternating":
+                self.ascent_together(runs, [b[0] for b in batches])
+                for r, b in zip(runs, batches, strict=True):
+                    loss, r.penalty = self.descend(r.model, r.task, b, r.w, r.theta, r.lr, r.lr_map)
+                    r.losses.append(loss)
+                continue
+            grads = []
+            for r, b in zip(runs, batches, strict=True):
+                g, loss, r.penalty = self.joint_gradient(
+                    r.model, r.task, b, r.w + r.theta + r.heads + r.trunk
+                )
+                r.losses.append(loss)
+                grads.append(g)
+            first = runs[0]
+            centre(grads, len(first.heads), offset=len(first.w) + len(first.theta))
+            for r, g in zip(runs, grads, strict=True):
+                self.joint_step(r, g)
+            self.project_together(runs)
+
+    def ascent_together(self, runs: Sequence[LocalRound], xs: Sequence[torch.Tensor]) -> None:
+        mapped = [mapped_features(r.model, x) for r, x in zip(runs, xs, strict=True)]
+        for _ in range(self.params.ascent_steps):
+            grads = []
+            for r, (y, mask, feats) in zip(runs, mapped, strict=True):
+                g = self.ascent_gradient(r.model, y, mask, feats, r.heads, r.trunk)
+                if g is None:
+                    return
+                grads.append(g)
+            centre(grads, len(runs[0].heads))
+            for r, g in zip(runs, grads, strict=True):
+                sgd(r.heads + r.trunk, g, -r.lr_up)
+            self.project_together(runs)
+
+    def project_together(self, runs: Sequence[LocalRound]) -> None:
+        """The caps under exact centring: the trunk cap per client; caps that would break
+        Σ v_i = 0 (γ and W1's ‖v_i‖ ≤ 1) scale every client's head by one common factor."""
+        p = self.params
+        if p.trunk_cap:
+            for r in runs:
+                if r.trunk:
+                    cap_spectral(r.model.potential.trunk.weight)
+        limits = []
+        if p.gamma_cap != "none":
+            peak = max(
+                (float(t.abs().max()) for r in runs for t in r.model.potential.curvature()),
+                default=0.0,
+            )
+            limits.append(p.gamma / peak if peak > p.gamma else 1.0)
+        if p.cost == "w1_lip":
+            peak = max(float(np.linalg.norm(flat64(r.heads))) for r in runs)
+            limits.append(1.0 / peak if peak > 1.0 else 1.0)
+        factor = min(limits, default=1.0)
+        if factor < 1.0:
+            with torch.no_grad():
+                for r in runs:
+                    for h in r.heads:
+                        h.mul_(factor)

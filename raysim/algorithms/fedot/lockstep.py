@@ -1,12 +1,14 @@
 """FedOT-GDA with every client in lockstep in one process: the reference for the simulator.
 
-The simulator runs FedOT's clients as independent jobs with sync centring (fedot.md §3.3): a
+With sync centring (fedot.md §3.3) the simulator runs FedOT's clients as independent jobs: a
 client cannot see the others' heads during its round. ``dual_centering: exact`` (the companion
 code) needs them all at every ascent step: v_i = ṽ_i − mean_k ṽ_k inside one graph, i.e. each
-ascent step moves v_i by η2·(g_i − mean_k g_k). ``Lockstep`` runs that: n copies of the resident
-model, full participation, the same client arithmetic (``FedOTClient``'s ascent gradient,
-descent step, caps) and the same server rule (mean of the shared parts, trunk projection). With
-``centring="sync"`` it re-centres only at sync instead, which is what the simulator does.
+ascent step moves v_i by η2·(g_i − mean_k g_k); the simulator then trains a round's clients
+together on one worker (``FedOTClient.train_together``). ``Lockstep`` is the reference for both:
+n copies of the resident model, full participation, ``FedOTClient.lockstep`` for the local
+iterations (the very arithmetic of the simulator's clients) and the server rule written out
+again (mean of the shared parts, trunk projection; with ``centring="sync"`` the heads are
+re-centred at the sync, as the simulator's server mean v̄ does).
 
 It is what the tests check invariants 6, 7 and 11 against, and the plain single-process loop of
 ``benchmarks/fedot_speed.py``. It runs on the server's side of nothing: there is no
@@ -23,7 +25,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from .client import FedOTClient, mapped_features, sgd
+from .client import FedOTClient, LocalRound
 from .families import cap_spectral
 from .model import TRUNK_PREFIX, FedOTModel
 from .params import FedOTParams
@@ -71,99 +73,31 @@ class Lockstep:
             ]
         )
 
-    # ------------------------------------------------------------------ steps
-    def _centre(self, grads: list[list[torch.Tensor]], k: int) -> None:
-        """Exact centring: subtract the clients' mean from the first ``k`` (head) gradients."""
-        for j in range(k):
-            mean = torch.stack([g[j] for g in grads]).mean(dim=0)
-            for g in grads:
-                g[j] = g[j] - mean
-
-    def _project(self) -> None:
-        """The caps after an ascent step; under exact centring, caps that would break Σ v_i = 0
-        (γ and W1) scale every client's head by one common factor instead."""
-        p = self.params
-        if self.centring == "sync":
-            for m in self.models:
-                self.client.project(m, self.heads(m), self.trunk(m))
-            return
-        if p.trunk_cap:
-            for m in self.models:
-                if self.trunk(m):
-                    cap_spectral(m.potential.trunk.weight)
-        limits = []
-        if p.gamma_cap != "none":
-            peak = max(
-                (float(t.abs().max()) for m in self.models for t in m.potential.curvature()),
-                default=0.0,
-            )
-            limits.append(p.gamma / peak if peak > p.gamma else 1.0)
-        if p.cost == "w1_lip":
-            peak = max(float(np.linalg.norm(v)) for v in self.effective_heads())
-            limits.append(1.0 / peak if peak > 1.0 else 1.0)
-        factor = min(limits, default=1.0)
-        if factor < 1.0:
-            with torch.no_grad():
-                for m in self.models:
-                    for h in self.heads(m):
-                        h.mul_(factor)
-
-    def _ascent(self, xs: Sequence[torch.Tensor]) -> None:
-        mapped = [mapped_features(m, x) for m, x in zip(self.models, xs, strict=True)]
-        for _ in range(self.params.ascent_steps):
-            grads = []
-            for m, (y, mask, feats) in zip(self.models, mapped, strict=True):
-                g = self.client.ascent_gradient(m, y, mask, feats, self.heads(m), self.trunk(m))
-                if g is None:
-                    return
-                grads.append(g)
-            if self.centring == "exact":
-                self._centre(grads, len(self.heads(self.models[0])))
-            for m, g in zip(self.models, grads, strict=True):
-                sgd(self.heads(m) + self.trunk(m), g, -self.lr_up)
-            self._project()
-
-    def _simultaneous(self, batches) -> list[float]:
-        losses, grads, descents = [], [], []
-        for m, batch in zip(self.models, batches, strict=True):
-            k = len(self.shared_descent(m))
-            params = self.shared_descent(m) + self.heads(m) + self.trunk(m)
-            g, loss, _ = self.client.joint_gradient(m, self.task, batch, params)
-            grads.append(g[k:])
-            descents.append(g[:k])
-            losses.append(loss)
-        if self.centring == "exact":
-            self._centre(grads, len(self.heads(self.models[0])))
-        for m, gd, ga in zip(self.models, descents, grads, strict=True):
-            w = [q for q in m.predictor.parameters() if q.requires_grad]
-            sgd(w, gd[: len(w)], self.lr)
-            sgd(list(m.psi.parameters()), gd[len(w) :], self.lr_map)
-            sgd(self.heads(m) + self.trunk(m), ga, -self.lr_up)
-        self._project()
-        return losses
-
-    def shared_descent(self, m: FedOTModel) -> list[torch.nn.Parameter]:
-        return [q for q in m.predictor.parameters() if q.requires_grad] + list(m.psi.parameters())
-
     def round(self, data: Sequence[tuple], batches: Sequence[Sequence[torch.Tensor]]) -> float:
         """τ local iterations of every client (``batches[i][t]``: client i's indices at
         iteration t into ``data[i]``), then the sync; returns the mean task loss."""
-        losses = []
-        for m in self.models:
+        runs = []
+        for m, d, b in zip(self.models, data, batches, strict=True):
             m.train()
-        for t in range(len(batches[0])):
-            step = [self.task.batch(d, b[t]) for d, b in zip(data, batches, strict=True)]
-            if self.params.gda_mode == "simultaneous":
-                losses += self._simultaneous(step)
-                continue
-            self._ascent([b[0] for b in step])
-            for m, batch in zip(self.models, step, strict=True):
-                w = [q for q in m.predictor.parameters() if q.requires_grad]
-                theta = list(m.psi.parameters())
-                loss, _ = self.client.descend(m, self.task, batch, w, theta, self.lr, self.lr_map)
-                losses.append(loss)
+            w, theta, heads, trunk = self.client.parts(m)
+            runs.append(
+                LocalRound(
+                    m,
+                    w,
+                    theta,
+                    heads,
+                    trunk,
+                    self.lr,
+                    self.lr_map,
+                    self.lr_up,
+                    self.task,
+                    d,
+                    list(b),
+                )
+            )
+        self.client.lockstep(runs, exact=self.centring == "exact")
         self.sync()
-        return float(np.mean(losses))
+        return float(np.mean([loss for r in runs for loss in r.losses]))
 
     def sync(self) -> None:
         """Shared parts ← their mean (trunk projected); sync centring re-centres the heads."""

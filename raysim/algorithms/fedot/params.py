@@ -37,10 +37,10 @@ class FedOTParams(MethodParams):
     personal_step: Literal["local", "literal_alg1"] = Field(
         "local", description="§3.2: personal deltas as they are | divided by n (Alg. 1 literal)"
     )
-    dual_centering: Literal["sync"] = Field(
+    dual_centering: Literal["sync", "exact"] = Field(
         "sync",
-        description="§3.3 sync centring with the server's mean v̄; 'exact' (per-step centring in "
-        "one lockstep graph) runs in raysim.algorithms.fedot.lockstep, not from a config yet",
+        description="§3.3: re-centre Σ v_i = 0 at sync with the server's mean v̄ | at every "
+        "ascent step, the round's clients trained together on one worker (the code's mode)",
     )
     cost: Literal["w2_reg", "w1_lip"] = Field(
         "w2_reg", description="eq. 10 (regularised W2) | eq. 8 (W1: ‖v_i‖ ≤ 1, spectral caps)"

@@ -55,6 +55,24 @@ def test_the_moment_features_average_real_tokens_per_sample_then_over_the_batch(
     assert float(values) == pytest.approx(linear, rel=1e-5)
 
 
+def test_embedding_std_scales_what_the_potentials_read_by_one_over_the_tables_std():
+    raw, standard = lm_model(), lm_model(potential_input="embedding_std")
+    sigma = float(raw.predictor.input_embeddings().weight.std())
+    assert standard.potential_scale == pytest.approx(1 / sigma) and sigma < 0.5
+    y, mask = sigma * torch.randn(2, 5, 32), torch.ones(2, 5, dtype=torch.bool)
+    for a, b in zip(
+        standard.mean_features(y, mask), raw.mean_features(y / sigma, mask), strict=True
+    ):
+        np.testing.assert_allclose(a, b, rtol=1e-5)
+    with pytest.raises(ValueError, match="needs a model with input embeddings"):
+        spec = DataSpec("dense", (8,), 3)
+        wrap(
+            build_model(ModelConfig(name="mlp"), spec),
+            spec,
+            FedOTParams(potential_input="embedding_std"),
+        )
+
+
 def test_lambda_zero_with_frozen_maps_follows_fedavg_lora_and_keeps_maps_and_heads_home():
     fedot = local_core(load_config(FM, [*SMALL, "algorithm.lambda=0", "algorithm.lr_map=0"]))
     plain = local_core(load_config(FM, [*SMALL, "algorithm={name: fedavg}"]))

@@ -8,8 +8,10 @@ one adaptation step) and Local-only; baselines with the same MLP, lr 0.05, B = 2
 Each cell is a Ray Tune sweep over the seeds (``raysim.tune``: an MLflow parent run per cell and
 a child run per seed).
 
-Then §9.4's extension (``fm-mini.yaml``): FedOT, its λ = 0 ablation, FedAvg and Local-only with
-LoRA on a frozen LLaMA built from a config, under per-client embedding shifts, 3 seeds (``fm/*``).
+Then §9.4's extension (``fm-mini.yaml``): FedOT (as §9.4 writes it, and with its potentials
+reading the embeddings in units of the table's std), its λ = 0 ablation, FedAvg and Local-only
+with LoRA on a frozen LLaMA built from a config, under per-client embedding shifts, 3 seeds
+(``fm/*``).
 
 Results go to ``--results`` (``examples/fedot/results.json``, committed) after each cell: the
 Tune table of every run plus, read back from MLflow, what the report needs of its history (the
@@ -40,6 +42,7 @@ SHIFTS = {"affine": HERE / "mini.yaml", "colour": HERE / "colour.yaml"}
 FM = HERE / "fm-mini.yaml"
 FM_METHODS: dict[str, dict[str, Any] | None] = {
     "fedot": None,
+    "fedot_std": {"potential_input": "embedding_std"},  # an extension of §9.4; see params
     "fedot_l0": {"lambda": 0.0},
     "fedavg": {"name": "fedavg"},
     "local_only": {"name": "local_only"},

@@ -38,12 +38,20 @@ class FedOTModel(nn.Module):
     acts on each token's embedding, and the potential's value for a sample is the mean over its
     real tokens (padding masked out)."""
 
-    def __init__(self, predictor: nn.Module, psi: nn.Module, potential: nn.Module) -> None:
+    def __init__(
+        self,
+        predictor: nn.Module,
+        psi: nn.Module,
+        potential: nn.Module,
+        potential_scale: float = 1.0,
+    ) -> None:
         super().__init__()
         self.psi = psi
         self.predictor = predictor
         self.potential = potential
         self.on_embeddings = hasattr(predictor, "from_embeddings")
+        #: the potential reads ``potential_scale · ψ(x)`` (``FedOTParams.potential_input``)
+        self.potential_scale = potential_scale
         self.mapped: torch.Tensor | None = None
         self.mask: torch.Tensor | None = None
 
@@ -62,6 +70,7 @@ class FedOTModel(nn.Module):
 
     def potential_values(self, y: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """φ_i per sample: on the flattened mapped input, or the mean over real tokens."""
+        y = self._scaled(y)
         if mask is None:
             return self.potential(y.reshape(len(y), -1))
         tokens = self.potential(y.reshape(-1, y.shape[-1])).reshape(mask.shape)
@@ -71,11 +80,30 @@ class FedOTModel(nn.Module):
     def mean_features(self, y: torch.Tensor, mask: torch.Tensor | None = None):
         """The batch mean of the potential's features (None for the nn potential): the rows of
         the flattened input, or every real token weighted 1/(its sample's tokens · N)."""
+        y = self._scaled(y)
         if mask is None:
             return self.potential.mean_features(y.reshape(len(y), -1))
         weights = mask.to(y.dtype)
         weights = weights / weights.sum(dim=1, keepdim=True).clamp(min=1.0) / len(y)
         return self.potential.mean_features(y.reshape(-1, y.shape[-1]), weights.reshape(-1))
+
+    def _scaled(self, y: torch.Tensor) -> torch.Tensor:
+        return y if self.potential_scale == 1.0 else y * self.potential_scale
+
+
+def potential_scale(module: nn.Module, params: Any) -> float:
+    """1 (``raw``), or 1/σ_e with σ_e the std of the predictor's token-embedding table
+    (``embedding_std``: the §9.4 benchmark's own unit, so the moments the potentials match are
+    O(1) whatever the table's scale)."""
+    if params.potential_input == "raw":
+        return 1.0
+    table = getattr(module, "input_embeddings", None)
+    if table is None:
+        raise ValueError(
+            "algorithm.potential_input embedding_std standardises token embeddings: it needs a "
+            "model with input embeddings (model.name lm_classifier)"
+        )
+    return 1.0 / float(table().weight.detach().float().std())
 
 
 def wrap(module: nn.Module, spec: Any, params: Any) -> FedOTModel:
@@ -85,4 +113,4 @@ def wrap(module: nn.Module, spec: Any, params: Any) -> FedOTModel:
     shape = (dim,) if dim is not None else tuple(spec.feature_shape)
     psi = build_map(params.psi_family, shape, params.psi_scope, params.psi_rank)
     potential = build_potential(params.potential, math.prod(shape), params.hidden)
-    return FedOTModel(module, psi, potential)
+    return FedOTModel(module, psi, potential, potential_scale(module, params))

@@ -49,6 +49,11 @@ class FedOTParams(MethodParams):
     psi_scope: Literal["pixel", "image"] = "pixel"
     psi_rank: int = Field(4, ge=1, description="rank of lowrank_affine maps (§9.4)")
     potential: PotentialFamily = "quad_diag"
+    potential_input: Literal["raw", "embedding_std"] = Field(
+        "raw",
+        description="§9.4 (an extension): the potentials read ψ(e) as it is | ψ(e)/σ_e, σ_e the "
+        "std of the token-embedding table, so the matched moments are O(1)",
+    )
     hidden: int = Field(32, ge=1, description="h_φ, width of the nn potential's trunk (§4.2)")
     gamma_cap: Literal["none", "clamp", "rescale"] = Field(
         "none", description="§4.3 cap ‖V_i‖₂ ≤ γ on quadratic heads (the code has none)"

@@ -448,7 +448,7 @@ def cmd_methods(args: argparse.Namespace) -> int:
     from raysim.algorithms.registry import get_method, method_names
 
     table = Table(title="registered methods")
-    for col in ("name", "needs", "params", "reference"):
+    for col in ("name", "needs", "batched", "params", "reference"):
         table.add_column(col)
     for name in method_names():
         m = get_method(name)
@@ -458,7 +458,7 @@ def cmd_methods(args: argparse.Namespace) -> int:
             f"{'(required)' if f.is_required() else f.get_default(call_default_factory=True)}"
             for k, f in fields
         )
-        table.add_row(name, m.needs.describe(), params or "—", m.reference)
+        table.add_row(name, m.needs.describe(), m.batching, params or "—", m.reference)
     console.print(table)
     return 0
 

@@ -9,6 +9,7 @@ import difflib
 import functools
 import json
 import math
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -209,6 +210,17 @@ class WorkersConfig(StrictModel):
     num_gpus: float = Field(0.0, ge=0)
     threads: int = Field(1, ge=1, description="torch intra-op threads per worker")
     max_restarts: int = Field(3, ge=0, description="times a dead worker is replaced")
+    execution: Literal["sequential", "batched"] = Field(
+        "sequential",
+        description="sequential: a worker trains its clients one after another; batched: in "
+        "groups of group_size, one vmapped pass per step (raysim.training.batched)",
+    )
+    group_size: int = Field(
+        16,
+        ge=1,
+        description="batched: clients per pass; groups are cut from the round's jobs in schedule "
+        "order, so results do not depend on the pool",
+    )
 
     @field_validator("count")
     @classmethod
@@ -393,9 +405,21 @@ class RunConfig(StrictModel):
             alpha = ""
         return f"{self.name} · {self.algorithm.name} · {self.data.name}{alpha} · seed {self.seed}"
 
+    def group_size(self) -> int:
+        """How many of a submission's jobs train together: 1 (each alone), ``workers.group_size``
+        (batched execution) or all of them (a method whose clients train together)."""
+        if self.method_client().trains_together:
+            return sys.maxsize
+        return self.workers.group_size if self.workers.execution == "batched" else 1
+
     def _check_together(self) -> None:
         """A method whose round trains together (FedOT's exact centring) runs it on one worker,
         each client on its own copy of the resident model."""
+        if self.workers.execution == "batched" and self.workers.count == "per_client":
+            raise ValueError(
+                "workers.execution batched trains a worker's clients in groups; per_client "
+                "actors hold one client each: set workers.count to a number"
+            )
         if not self.method_client().trains_together:
             return
         what = f"{self.algorithm.name} trains a round's clients together on one worker"

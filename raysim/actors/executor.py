@@ -6,7 +6,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from raysim.actors.jobs import ClientJob, ClientResult, EvalJob
+from raysim.actors.jobs import ClientJob, ClientResult, EvalJob, job_groups
 
 
 class Executor(Protocol):
@@ -46,7 +46,7 @@ class InProcessExecutor:
     def __init__(self, runner: Any) -> None:
         self.runner = runner
         self._pending: dict[int, tuple[np.ndarray, ClientJob]] = {}
-        self._together: dict[int, list[ClientJob]] = {}  # job id → its submission's jobs
+        self._together: dict[int, list[ClientJob]] = {}  # job id → the group it trains in
         self._done: dict[int, ClientResult] = {}
 
     def put(self, weights: np.ndarray) -> np.ndarray:
@@ -58,15 +58,17 @@ class InProcessExecutor:
     def submit(self, handle: np.ndarray, jobs: list[ClientJob]) -> None:
         for job in jobs:
             self._pending[job.job_id] = (handle, job)
-            if self.runner.client_algorithm.trains_together:
-                self._together[job.job_id] = list(jobs)
+        if self.runner.group_size > 1:
+            for group in job_groups(jobs, self.runner.group_size):
+                for job in group:
+                    self._together[job.job_id] = group
 
     def result(self, job_id: int) -> ClientResult:
         if job_id in self._done:
             return self._done.pop(job_id)
         weights, job = self._pending.pop(job_id)
         group = self._together.pop(job_id, None)
-        if group is None:
+        if group is None or len(group) == 1:
             return self.runner.run(weights, job)
         for other in group:
             if other.job_id != job_id:

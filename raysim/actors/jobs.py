@@ -17,6 +17,13 @@ def client_seed(seed: int, client: int, dispatch_round: int) -> int:
     return int(ss.generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
 
 
+def job_groups(jobs: list[ClientJob], size: int) -> list[list[ClientJob]]:
+    """A submission's jobs cut, in schedule order, into the groups that train together (each of
+    ``size`` jobs, the last one shorter); fixed by the schedule, never by the pool, so a client's
+    result does not depend on how many workers there are."""
+    return [jobs[s : s + size] for s in range(0, len(jobs), size)]
+
+
 @dataclass(frozen=True)
 class ClientJob:
     """One virtual client's local training on a given global model version."""

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import ray
 
-from raysim.actors.jobs import ClientJob, ClientResult, EvalJob
+from raysim.actors.jobs import ClientJob, ClientResult, EvalJob, job_groups
 from raysim.actors.worker import Worker
 from raysim.config import RunConfig
 from raysim.models import DataSpec
@@ -18,8 +18,9 @@ class RayWorkerPool:
 
     Each global version is ``ray.put`` once as numpy (zero-copy reads on every worker of a node).
     A round's jobs are split into one contiguous batch per worker (one call per worker per round);
-    in ``per_client`` mode every client has its own actor and a batch is that client's job; a
-    method whose clients train together gets the round as one batch on the first worker.
+    in ``per_client`` mode every client has its own actor and a batch is that client's job; jobs
+    that train together (``workers.execution: batched``, or a method whose round trains together)
+    go out as one batch per group, cut by the schedule.
     """
 
     def __init__(
@@ -32,9 +33,9 @@ class RayWorkerPool:
     ) -> None:
         w = cfg.workers
         self.per_client = w.count == "per_client"
-        #: a method whose round trains together (``ClientAlgorithm.trains_together``) gets each
-        #: submission as one batch on one worker
-        self.together = cfg.method_client().trains_together
+        #: jobs that train together (batched execution, or a method whose round trains
+        #: together) go out as one batch per group (``job_groups``)
+        self.group_size = cfg.group_size()
         actor = ray.remote(Worker).options(
             num_cpus=w.num_cpus,
             num_gpus=w.num_gpus,
@@ -62,8 +63,8 @@ class RayWorkerPool:
         client data size (longest first to the least-loaded worker; deterministic)."""
         if self.per_client:
             return [(job.client, [job]) for job in jobs]
-        if self.together:
-            return [(0, list(jobs))]
+        if self.group_size > 1:
+            return self._grouped(jobs)
         n = min(len(self.workers), len(jobs))
         cost = [1 if self._sizes is None else int(self._sizes[j.client]) for j in jobs]
         load, batches = [0] * n, [[] for _ in range(n)]
@@ -72,6 +73,20 @@ class RayWorkerPool:
             load[w] += cost[i]
             batches[w].append(jobs[i])
         return [(w, b) for w, b in enumerate(batches) if b]
+
+    def _grouped(self, jobs: list[ClientJob]) -> list[tuple[int, list[ClientJob]]]:
+        """One batch per group; groups go to the least-loaded worker, the largest first."""
+        groups = job_groups(jobs, self.group_size)
+        cost = [
+            sum(1 if self._sizes is None else int(self._sizes[j.client]) for j in g) for g in groups
+        ]
+        load = [0] * len(self.workers)
+        out = []
+        for i in sorted(range(len(groups)), key=lambda i: (-cost[i], i)):
+            w = min(range(len(load)), key=lambda w: (load[w], w))
+            load[w] += cost[i]
+            out.append((w, groups[i]))
+        return out
 
     def submit(self, handle: Any, jobs: list[ClientJob]) -> None:
         for worker, batch in self._batches(jobs):

@@ -17,6 +17,7 @@ from raysim.algorithms.base import ClientContext
 from raysim.algorithms.registry import BEHAVIOURS, get_method
 from raysim.data import FederatedDataset
 from raysim.models import DataSpec
+from raysim.models.handle import ModelHandle
 from raysim.models.layout import Layout
 from raysim.runtime import data_spec, method_resident
 from raysim.training.loop import evaluate, local_accuracy, make_optimizer
@@ -54,11 +55,15 @@ class ClientRunner:
         self.model = method_resident(self.cfg, spec)
         self.task = task_for(spec, next(self.model.module.parameters()).device)
         self.client_algorithm = self.method.client(self.cfg.algorithm.params)
+        #: jobs of one batch that train together (``RunConfig.group_size``)
+        self.group_size = self.cfg.group_size()
         self.behaviours = [BEHAVIOURS.get(name).build(p) for name, p in self.cfg.client_hooks()]
         for b in self.behaviours:
             b.setup(self.cfg.seed, self.cfg.clients.num)
         self.jobs_run = 0
         self.busy_s = 0.0
+        self._noticed = False  # the one-line notice that batched execution fell back
+        self._replicas: list[ModelHandle] = []  # copies of the model for jobs trained together
         self._data: dict[int, Any] = {}
         self._eval_tensors: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._initial = self.model.get_global()
@@ -110,26 +115,38 @@ class ClientRunner:
         return self._result(weights, job, ctx, active, self.client_algorithm.train(ctx))
 
     def run_together(self, weights: np.ndarray, jobs: list[ClientJob]) -> list[ClientResult]:
-        """A round's clients trained in one ``ClientAlgorithm.train_together`` call, each on its
-        own copy of the resident model (loaded with its state exactly as ``run`` loads it)."""
-        prepared = []
-        for job in jobs:
-            ctx, active = self._context(weights, job)
-            ctx.model = copy.deepcopy(self.model)
-            prepared.append((job, ctx, active))
-        metrics = self.client_algorithm.train_together([ctx for _, ctx, _ in prepared])
+        """Jobs trained in one ``ClientAlgorithm.train_together`` call, each on its own replica
+        of the resident model (built once per worker, loaded exactly as ``run`` loads the
+        resident one)."""
+        while len(self._replicas) < len(jobs):
+            self._replicas.append(copy.deepcopy(self.model))
+        prepared = [
+            (job, *self._context(weights, job, replica))
+            for job, replica in zip(jobs, self._replicas, strict=False)
+        ]
+        ctxs = [ctx for _, ctx, _ in prepared]
+        if not self.client_algorithm.trains_together and not self._noticed:
+            why = self.client_algorithm.unbatchable(ctxs)
+            if why:
+                print(f"raysim: {self.cfg.algorithm.name}'s clients train one after another: {why}")
+            self._noticed = True
+        metrics = self.client_algorithm.train_together(ctxs)
         return [
             self._result(weights, job, ctx, active, m)
             for (job, ctx, active), m in zip(prepared, metrics, strict=True)
         ]
 
-    def _context(self, weights: np.ndarray, job: ClientJob) -> tuple[ClientContext, list]:
-        """Load the job's global weights and personal state into the resident model; its context
-        and the behaviours that apply to it (their data and config changes made)."""
+    def _context(
+        self, weights: np.ndarray, job: ClientJob, model: ModelHandle | None = None
+    ) -> tuple[ClientContext, list]:
+        """Load the job's global weights and personal state into ``model`` (the resident one by
+        default); its context and the behaviours that apply to it (their data and config
+        changes made)."""
         seed = job.seed
-        self.model.set_global(weights)
+        model = model or self.model
+        model.set_global(weights)
         model_state, client_state = split_store(self.resolve(job.state))
-        self.model.set_state(model_state, seed)
+        model.set_state(model_state, seed)
         data = self.client_data(job.client)
         self.view_of(job.client)
         torch.default_generator.manual_seed(seed)  # dropout etc.; cheaper than torch.manual_seed
@@ -138,7 +155,7 @@ class ClientRunner:
         downlink = dict(self.resolve(job.downlink) or {}) if job.downlink is not None else {}
         downlink.update(job.own or {})
         ctx = ClientContext(
-            self.model,
+            model,
             self.task,
             data,
             self.cfg.local,
@@ -275,7 +292,7 @@ class ClientRunner:
 
     def run_batch(self, weights: np.ndarray, jobs: list[ClientJob]) -> list[ClientResult]:
         t0 = time.perf_counter()
-        if self.client_algorithm.trains_together and len(jobs) > 1:
+        if self.group_size > 1 and len(jobs) > 1:
             out = self.run_together(weights, jobs)
         else:
             out = [self.run(weights, job) for job in jobs]

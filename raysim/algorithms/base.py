@@ -23,6 +23,7 @@ from ..models.layout import DEFAULT_GROUPS, ParamGroup, check_groups
 from ..models.registry import ModelWrapper
 from ..schema import StrictModel
 from ..training.backends import PenaltyFn
+from ..training.batched import train_batched, unbatchable
 from ..training.loop import LocalTrainingConfig, train_local
 from ..training.tasks import Task
 from .context import ServerContext
@@ -273,9 +274,31 @@ class ClientAlgorithm:
         return False
 
     def train_together(self, ctxs: Sequence[ClientContext]) -> list[dict[str, float]]:
-        """Train the clients of one round together; each context holds its own model. The
-        default trains them one after another."""
-        return [self.train(ctx) for ctx in ctxs]
+        """Train a group of clients together (``workers.execution: batched``); each context
+        holds its own copy of the model. The default path (the task loss plus an optional
+        ``penalty``) runs as one batched pass per step (``raysim.training.batched``); a client
+        that overrides ``train``, or what ``unbatchable`` refuses, trains one after another."""
+        if self.unbatchable(ctxs):
+            return [self.train(ctx) for ctx in ctxs]
+        first = ctxs[0]
+        penalty = None
+        if type(self).penalty is not ClientAlgorithm.penalty:  # every ctx got the same global
+            penalty = self.penalty([p.detach().clone() for p in first.model.global_parameters()])
+        return train_batched(
+            [c.model.module for c in ctxs],
+            [c.model.global_parameters() for c in ctxs],
+            first.task,
+            [c.data for c in ctxs],
+            first.config,
+            [c.generator for c in ctxs],
+            penalty,
+        )
+
+    def unbatchable(self, ctxs: Sequence[ClientContext]) -> str:
+        """Why ``train_together`` trains these clients one after another ("" when it batches)."""
+        if type(self).train is not ClientAlgorithm.train:
+            return f"{type(self).__name__} trains its own way (it overrides train)"
+        return unbatchable([c.model.module for c in ctxs], ctxs[0].task, [c.config for c in ctxs])
 
     def train(self, ctx: ClientContext) -> dict[str, float]:
         params = ctx.model.global_parameters()
@@ -398,6 +421,16 @@ class Method:
     def personal(self) -> bool:
         """Whether a known client is evaluated with its own state."""
         return self.evaluate_with != self.groups[0].name
+
+    @property
+    def batching(self) -> str:
+        """For ``raysim methods``: how ``workers.execution: batched`` trains its clients."""
+        client = self.client
+        if client.train_together is not ClientAlgorithm.train_together:
+            return "its own (train_together)"
+        if client.train is not ClientAlgorithm.train:
+            return "one after another"
+        return "one pass"
 
     @property
     def adapts_for_eval(self) -> bool:

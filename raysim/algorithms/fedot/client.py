@@ -297,7 +297,10 @@ class FedOTClient(ClientAlgorithm):
 
     # ------------------------------------------------------- clients together (exact)
     def train_together(self, ctxs: Sequence[ClientContext]) -> list[dict[str, float]]:
-        """The round's clients in lockstep with exact centring (fedot.md §3.3)."""
+        """The round's clients in lockstep with exact centring (fedot.md §3.3); under sync
+        centring (batched execution's groups) one after another, as ``train`` does."""
+        if not self.trains_together:
+            return [self.train(ctx) for ctx in ctxs]
         runs = [self.begin(ctx) for ctx in ctxs]
         lengths = {len(r.steps) for r in runs}
         if len(lengths) > 1:

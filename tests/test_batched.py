@@ -1,0 +1,208 @@
+"""Client-batched local training (``raysim.training.batched``) against ``train_local`` run one
+client at a time: the same batches, so the same weights up to float reassociation."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from raysim.models import DataSpec, ModelConfig
+from raysim.models.small import build_mlp
+from raysim.training.batched import stacked_forward, train_batched, unbatchable
+from raysim.training.loop import train_local
+from raysim.training.settings import LocalTrainingConfig
+from raysim.training.tasks import ClassificationTask
+
+#: batched kernels reassociate float32 sums; after a few steps weights agree to this
+ATOL = 2e-5
+
+
+class Wrapped(torch.nn.Module):
+    """Not a plain Sequential: trained through ``vmap`` instead of batched matmuls."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return self.inner(x)
+
+
+def clients(sizes, d=10, classes=4, seed=0, wrapped=False):
+    g = torch.Generator().manual_seed(seed)
+    spec = DataSpec("dense", (d,), classes)
+    torch.manual_seed(seed)
+    base = build_mlp(ModelConfig(name="mlp", hidden=[16]), spec)
+    if wrapped:
+        base = Wrapped(base)
+    modules = []
+    for i, _ in enumerate(sizes):
+        m = copy.deepcopy(base)
+        with torch.no_grad():  # each client starts somewhere of its own (personal state)
+            for p in m.parameters():
+                p.add_(0.01 * i * torch.randn(p.shape, generator=g))
+        modules.append(m)
+    datas = [(torch.randn(n, d, generator=g), torch.randint(0, classes, (n,), generator=g))
+             for n in sizes]  # fmt: skip
+    return modules, datas
+
+
+def both(sizes, penalty=None, wrapped=False, **local):
+    cfg = LocalTrainingConfig(**{"batch_size": 4, "epochs": 2, "lr": 0.05, **local})
+    modules, datas = clients(sizes, wrapped=wrapped)
+    alone = [copy.deepcopy(m) for m in modules]
+    task = ClassificationTask()
+    seq = [
+        train_local(
+            m, list(m.parameters()), task, d, cfg, torch.Generator().manual_seed(i), penalty
+        )  # fmt: skip
+        for i, (m, d) in enumerate(zip(alone, datas, strict=True))
+    ]
+    gens = [torch.Generator().manual_seed(i) for i in range(len(sizes))]
+    bat = train_batched(modules, [list(m.parameters()) for m in modules], task, datas, cfg, gens,
+                        penalty)  # fmt: skip
+    return alone, modules, seq, bat
+
+
+def assert_same(alone, modules, seq, bat):
+    for a, b, s, t in zip(alone, modules, seq, bat, strict=True):
+        assert t["local_steps"] == s["local_steps"]
+        assert t["train_loss"] == pytest.approx(s["train_loss"], abs=1e-5)
+        for p, q in zip(a.parameters(), b.parameters(), strict=True):
+            torch.testing.assert_close(q, p, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "local",
+    [
+        {"optimizer": "sgd"},
+        {"optimizer": "sgd", "momentum": 0.9, "weight_decay": 1e-3},
+        {"optimizer": "adam", "lr": 0.01, "weight_decay": 1e-3},
+        {"optimizer": "adamw", "lr": 0.01, "weight_decay": 0.1},
+        {"optimizer": "sgd", "max_grad_norm": 0.05},
+        {"optimizer": "adam", "lr": 0.01, "lr_schedule": "linear"},
+        {"optimizer": "sgd", "momentum": 0.5, "sampling": "independent", "max_steps": 5},
+    ],
+    ids=["sgd", "momentum", "adam", "adamw", "clip", "linear", "independent"],
+)
+@pytest.mark.parametrize("wrapped", [False, True], ids=["bmm", "vmap"])
+def test_batched_clients_end_where_sequential_ones_do_with_uneven_data(local, wrapped):
+    """Sizes 1–13: clients run out of batches at different steps and take no step afterwards
+    (their parameters and optimiser state untouched); short last batches are padded (batched
+    matmuls) or form their own group (vmap)."""
+    assert stacked_forward(clients([1], wrapped=wrapped)[0][0]) is None or not wrapped
+    assert_same(*both([13, 1, 7, 4, 9], wrapped=wrapped, **local))
+
+
+def test_a_client_out_of_batches_keeps_its_weights_bit_for_bit():
+    alone, modules, _, bat = both([12, 0, 3], optimizer="adam", lr=0.01)
+    assert bat[1]["local_steps"] == 0
+    start, _ = clients([12, 0, 3])
+    for p, q in zip(start[1].parameters(), modules[1].parameters(), strict=True):
+        assert torch.equal(p, q)
+
+
+def test_clipping_uses_each_clients_own_norm():
+    """A client with a huge gradient is clipped; the others are not pulled down with it."""
+    alone, modules, seq, bat = both([8, 8], max_grad_norm=1.0, lr=0.1)
+    assert_same(alone, modules, seq, bat)
+
+
+@pytest.mark.parametrize("wrapped", [False, True], ids=["bmm", "vmap"])
+def test_a_penalty_is_each_clients_own(wrapped):
+    anchor = [torch.zeros(())]
+
+    def prox(params):
+        return 0.5 * sum(((p - anchor[0]) ** 2).sum() for p in params)
+
+    assert_same(*both([6, 10, 3], penalty=prox, wrapped=wrapped))
+
+
+def test_what_cannot_be_batched_says_why():
+    modules, _ = clients([3])
+    cfg = LocalTrainingConfig()
+    task = ClassificationTask()
+    assert unbatchable(modules, task, [cfg, cfg]) == ""
+    assert "differ" in unbatchable(modules, task, [cfg, cfg.model_copy(update={"lr": 0.1})])
+    assert "accumulation" in unbatchable(modules, task, [LocalTrainingConfig(batch_size=4,
+                                                          grad_accumulation=2)])  # fmt: skip
+    drop = [torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.1))]
+    assert "dropout" in unbatchable(drop, task, [cfg])
+    bn = [torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))]
+    assert "BatchNorm" in unbatchable(bn, task, [cfg])
+
+
+# ------------------------------------------------------------------ through the runtime
+QUICK = ["rounds=4", "eval.every=4", "tracking.enabled=false"]
+
+
+def quickstart(*overrides):
+    from raysim.config import load_config
+    from tests.conftest import EXAMPLES
+
+    return load_config(EXAMPLES / "quickstart.yaml", [*QUICK, *overrides])
+
+
+def finish(cfg):
+    from raysim.actors.local import local_core
+
+    core = local_core(cfg)
+    while not core.done:
+        core.step()
+    return core
+
+
+@pytest.mark.parametrize("algorithm", ["{name: fedavg}", "{name: fedprox, mu: 0.1}"])
+def test_a_batched_run_ends_where_the_sequential_one_does(algorithm):
+    """The quickstart (Dir(0.3) sizes 1–45, 5 epochs, momentum): 4 rounds of 10 clients in
+    groups of 4, against one client after another."""
+    seq = finish(quickstart(f"algorithm={algorithm}"))
+    bat = finish(quickstart(f"algorithm={algorithm}", "workers.execution=batched",
+                            "workers.group_size=4"))  # fmt: skip
+    assert bat.digest() != "" and np.abs(bat.weights - seq.weights).max() < 1e-5
+    assert np.abs(bat.weights - seq.weights).max() > 0 or bat.digest() == seq.digest()
+
+
+def test_batched_digest_is_the_same_on_1_and_3_workers_and_through_a_killed_worker(ray_cluster):
+    import raysim
+
+    cfg = quickstart("workers.execution=batched", "workers.group_size=3").to_dict()
+    reference = finish(quickstart("workers.execution=batched", "workers.group_size=3")).digest()
+    one = raysim.run(cfg, ["workers.count=1"])
+    kill = ["workers.count=3", "workers.num_cpus=0.5"]
+    kill += ["faults.kill_worker.round=1", "faults.kill_worker.worker=1"]
+    three = raysim.run(cfg, kill)
+    assert sum(h["worker_restarts"] for h in three.history) == 1
+    assert one.weights_digest == three.weights_digest == reference
+
+
+def test_batched_execution_refuses_per_client_actors_in_one_line():
+    from raysim.config import ConfigError
+
+    with pytest.raises(ConfigError, match="set workers.count to a number"):
+        quickstart("workers.execution=batched", "workers.count=per_client")
+
+
+def test_a_client_that_trains_its_own_way_runs_sequentially_and_says_so(capsys):
+    """Ditto overrides ``train``: batched execution trains its clients one after another, with
+    a one-line notice, and ends exactly where sequential execution does."""
+    ditto = ["algorithm={name: ditto}", "rounds=2", "eval.every=2"]
+    seq = finish(quickstart(*ditto))
+    bat = finish(quickstart(*ditto, "workers.execution=batched"))
+    assert bat.digest() == seq.digest()
+    assert "ditto's clients train one after another" in capsys.readouterr().out
+
+
+def test_fedot_with_sync_centring_runs_its_clients_alone_in_batched_groups():
+    """Batched groups must not couple FedOT's clients: only ``dual_centering: exact`` does."""
+    from tests.test_fedot import fedot_cfg
+
+    seq = finish(fedot_cfg(n=4, rounds=2))
+    wire = fedot_cfg(n=4, rounds=2).to_dict()
+    wire["workers"] = {"execution": "batched", "group_size": 4}
+    from raysim.config import load_config
+
+    assert finish(load_config(wire)).digest() == seq.digest()

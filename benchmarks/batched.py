@@ -1,0 +1,101 @@
+"""``batched_vs_plain``: the quickstart's steady-state round, batched raysim against the plain
+sequential loop of ``overhead.py`` (one process, one client after another: the physical limit of
+sequential training).
+
+Four ways, interleaved per repeat so that this VM's drift hits them alike:
+
+- ``plain``: ``overhead.run_plain`` with one torch thread;
+- ``sequential`` / ``batched``: raysim's coordinator and one worker in this process
+  (``local_core``, no Ray), ``workers.execution`` sequential or batched (groups of
+  ``--group-size``);
+- ``ray_batched``: a ``RunSession`` on local Ray with ``--workers`` workers, batched.
+
+Steady-state per-round wall = median over rounds after the first 3, evaluation included (every
+round in the quickstart). The goal of issue 23 is ``batched_vs_plain`` ≤ 0.5. ``--epochs 5`` is
+the quickstart's own setting; the script runs it and, with ``--also-epochs``, others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import torch
+from common import QUICKSTART, machine, report, steady
+from overhead import run_plain, run_raysim
+
+from raysim.actors.local import local_core
+from raysim.config import RunConfig, load_config
+
+
+def run_inprocess(cfg: RunConfig) -> tuple[list[float], np.ndarray]:
+    torch.set_num_threads(1)
+    core = local_core(cfg)
+    walls = []
+    while not core.done:
+        t0 = time.perf_counter()
+        core.step()
+        walls.append(time.perf_counter() - t0)
+    return walls, core.weights
+
+
+def one_setting(args: argparse.Namespace, epochs: int) -> None:
+    base = [
+        f"rounds={args.rounds}",
+        "tracking.enabled=false",
+        "delays.kind=none",
+        f"local.epochs={epochs}",
+        f"workers.group_size={args.group_size}",
+    ]
+    seq_cfg = load_config(QUICKSTART, base)
+    bat_cfg = load_config(QUICKSTART, [*base, "workers.execution=batched"])
+    ray_cfg = load_config(
+        QUICKSTART,
+        [*base, "workers.execution=batched", f"workers.count={args.workers}", "workers.num_cpus=1"],
+    )
+    walls: dict[str, list[float]] = {k: [] for k in ("plain", "sequential", "batched", "ray")}
+    gap = 0.0
+    for _ in range(args.repeats):
+        walls["plain"].append(steady(run_plain(seq_cfg, 1)[0]))
+        w, seq_weights = run_inprocess(seq_cfg)
+        walls["sequential"].append(steady(w))
+        w, bat_weights = run_inprocess(bat_cfg)
+        walls["batched"].append(steady(w))
+        gap = max(gap, float(np.abs(bat_weights - seq_weights).max()))
+        if args.workers:
+            walls["ray"].append(steady(run_raysim(ray_cfg)[0]))
+    med = {k: statistics.median(v) for k, v in walls.items() if v}
+    report(f"epochs{epochs}.round_s", **med)
+    report(f"epochs{epochs}.max_weight_gap_batched_vs_sequential", value=gap)
+    ratios = {
+        "batched_vs_plain": med["batched"] / med["plain"],
+        "sequential_vs_plain": med["sequential"] / med["plain"],
+    }
+    if "ray" in med:
+        ratios["ray_batched_vs_plain"] = med["ray"] / med["plain"]
+    report(f"epochs{epochs}.ratio", **ratios)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--group-size", type=int, default=16)
+    parser.add_argument("--workers", type=int, default=1, help="Ray workers (0: no Ray run)")
+    parser.add_argument("--also-epochs", type=int, nargs="*", default=[1])
+    args = parser.parse_args()
+    print(f"machine={machine()}", flush=True)
+    report("config", file=str(QUICKSTART.name), rounds=args.rounds, repeats=args.repeats,
+           group_size=args.group_size, workers=args.workers)  # fmt: skip
+    if args.workers:
+        from raysim.api import ensure_ray
+
+        ensure_ray(num_cpus=args.workers)
+    for epochs in (5, *args.also_epochs):
+        one_setting(args, epochs)
+
+
+if __name__ == "__main__":
+    main()

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from raysim.models import DataSpec, ModelConfig
+from raysim.models.handle import ModelHandle
 from raysim.models.small import build_mlp
 from raysim.training.batched import stacked_forward, train_batched, unbatchable
 from raysim.training.loop import train_local
@@ -51,6 +52,7 @@ def clients(sizes, d=10, classes=4, seed=0, wrapped=False):
 
 
 def both(sizes, penalty=None, wrapped=False, **local):
+    """Each client trained alone by ``train_local``, and all of them by ``train_batched``."""
     cfg = LocalTrainingConfig(**{"batch_size": 4, "epochs": 2, "lr": 0.05, **local})
     modules, datas = clients(sizes, wrapped=wrapped)
     alone = [copy.deepcopy(m) for m in modules]
@@ -62,17 +64,17 @@ def both(sizes, penalty=None, wrapped=False, **local):
         for i, (m, d) in enumerate(zip(alone, datas, strict=True))
     ]
     gens = [torch.Generator().manual_seed(i) for i in range(len(sizes))]
-    bat = train_batched(modules, [list(m.parameters()) for m in modules], task, datas, cfg, gens,
-                        penalty)  # fmt: skip
-    return alone, modules, seq, bat
+    starts = [list(m.parameters()) for m in modules]
+    finals, bat = train_batched(ModelHandle(modules[0]), starts, task, datas, cfg, gens, penalty)
+    return alone, finals, seq, bat
 
 
-def assert_same(alone, modules, seq, bat):
-    for a, b, s, t in zip(alone, modules, seq, bat, strict=True):
+def assert_same(alone, finals, seq, bat):
+    for a, final, s, t in zip(alone, finals, seq, bat, strict=True):
         assert t["local_steps"] == s["local_steps"]
         assert t["train_loss"] == pytest.approx(s["train_loss"], abs=1e-5)
-        for p, q in zip(a.parameters(), b.parameters(), strict=True):
-            torch.testing.assert_close(q, p, atol=ATOL, rtol=0)
+        for p, q in zip(a.parameters(), final, strict=True):
+            torch.testing.assert_close(q, p.detach(), atol=ATOL, rtol=0)
 
 
 @pytest.mark.parametrize(
@@ -98,17 +100,16 @@ def test_batched_clients_end_where_sequential_ones_do_with_uneven_data(local, wr
 
 
 def test_a_client_out_of_batches_keeps_its_weights_bit_for_bit():
-    alone, modules, _, bat = both([12, 0, 3], optimizer="adam", lr=0.01)
+    _, finals, _, bat = both([12, 0, 3], optimizer="adam", lr=0.01)
     assert bat[1]["local_steps"] == 0
     start, _ = clients([12, 0, 3])
-    for p, q in zip(start[1].parameters(), modules[1].parameters(), strict=True):
+    for p, q in zip(start[1].parameters(), finals[1], strict=True):
         assert torch.equal(p, q)
 
 
 def test_clipping_uses_each_clients_own_norm():
     """A client with a huge gradient is clipped; the others are not pulled down with it."""
-    alone, modules, seq, bat = both([8, 8], max_grad_norm=1.0, lr=0.1)
-    assert_same(alone, modules, seq, bat)
+    assert_same(*both([8, 8], max_grad_norm=1.0, lr=0.1))
 
 
 @pytest.mark.parametrize("wrapped", [False, True], ids=["bmm", "vmap"])
@@ -122,16 +123,16 @@ def test_a_penalty_is_each_clients_own(wrapped):
 
 
 def test_what_cannot_be_batched_says_why():
-    modules, _ = clients([3])
+    model = ModelHandle(clients([3])[0][0])
     cfg = LocalTrainingConfig()
     task = ClassificationTask()
-    assert unbatchable(modules, task, [cfg, cfg]) == ""
-    assert "differ" in unbatchable(modules, task, [cfg, cfg.model_copy(update={"lr": 0.1})])
-    assert "accumulation" in unbatchable(modules, task, [LocalTrainingConfig(batch_size=4,
-                                                          grad_accumulation=2)])  # fmt: skip
-    drop = [torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.1))]
+    assert unbatchable(model, task, [cfg, cfg]) == ""
+    assert "differ" in unbatchable(model, task, [cfg, cfg.model_copy(update={"lr": 0.1})])
+    assert "accumulation" in unbatchable(model, task, [LocalTrainingConfig(batch_size=4,
+                                                        grad_accumulation=2)])  # fmt: skip
+    drop = ModelHandle(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.1)))
     assert "dropout" in unbatchable(drop, task, [cfg])
-    bn = [torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))]
+    bn = ModelHandle(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2)))
     assert "BatchNorm" in unbatchable(bn, task, [cfg])
 
 
@@ -206,3 +207,30 @@ def test_fedot_with_sync_centring_runs_its_clients_alone_in_batched_groups():
     from raysim.config import load_config
 
     assert finish(load_config(wire)).digest() == seq.digest()
+
+
+def test_fedit_on_a_tiny_llama_batches_through_multi_lora_and_ends_where_sequential_does(
+    monkeypatch,
+):
+    """FedIT (fedoa.md §3.1) on the FedOA smoke: 6 LoRA clients in groups of 3, each step one
+    multi-LoRA pass over their concatenated batches (each padded to the group's longest)."""
+    import raysim.training.batched as batched
+    from raysim.config import load_config
+    from tests.conftest import EXAMPLES
+
+    groups = []
+    multilora = batched._train_multilora
+
+    def counted(model, starts, *args):
+        groups.append(len(starts))
+        return multilora(model, starts, *args)
+
+    monkeypatch.setattr(batched, "_train_multilora", counted)
+    over = ["algorithm={name: fedit}", "model.lora.dropout=0", "rounds=2", "eval.every=50",
+            "tracking.enabled=false", "data.text.n_train=36"]  # fmt: skip
+    smoke = EXAMPLES / "fedoa" / "smoke.yaml"
+    seq = finish(load_config(smoke, over))
+    bat = finish(load_config(smoke, [*over, "workers.execution=batched", "workers.group_size=3"]))
+    gap = np.abs(bat.weights - seq.weights).max()
+    assert gap < 1e-5 and np.abs(bat.weights).max() > 0, gap
+    assert groups == [3, 3, 3, 3]  # 2 rounds × 2 groups

@@ -115,26 +115,56 @@ class ClientRunner:
         return self._result(weights, job, ctx, active, self.client_algorithm.train(ctx))
 
     def run_together(self, weights: np.ndarray, jobs: list[ClientJob]) -> list[ClientResult]:
-        """Jobs trained in one ``ClientAlgorithm.train_together`` call, each on its own replica
-        of the resident model (built once per worker, loaded exactly as ``run`` loads the
-        resident one)."""
+        """A group of jobs trained together: coupled in one ``train_together`` call when the
+        method's clients train together (each on its own replica of the model), else in one
+        batched pass per step (``ClientAlgorithm.train_batched``: the global parameters of each
+        client stacked, the rest of the resident model shared), else one after another."""
+        algo = self.client_algorithm
+        if algo.trains_together:
+            return self._run_coupled(weights, jobs)
+        prepared, starts = [], []
+        for job in jobs:
+            ctx, active = self._context(weights, job)
+            starts.append([p.detach().clone() for p in self.model.global_parameters()])
+            prepared.append((job, ctx, active))
+        ctxs = [ctx for _, ctx, _ in prepared]
+        why = algo.unbatchable(ctxs)
+        if why:
+            if not self._noticed:
+                print(f"raysim: {self.cfg.algorithm.name}'s clients train one after another: {why}")
+                self._noticed = True
+            return [self.run(weights, job) for job in jobs]
+        finals, metrics = algo.train_batched(self.model, ctxs, starts)
+        results = []
+        for (job, ctx, active), final, m in zip(prepared, finals, metrics, strict=True):
+            self._load(weights, job)
+            with torch.no_grad():
+                for p, value in zip(self.model.global_parameters(), final, strict=True):
+                    p.copy_(value)
+            results.append(self._result(weights, job, ctx, active, m))
+        return results
+
+    def _run_coupled(self, weights: np.ndarray, jobs: list[ClientJob]) -> list[ClientResult]:
         while len(self._replicas) < len(jobs):
             self._replicas.append(copy.deepcopy(self.model))
         prepared = [
             (job, *self._context(weights, job, replica))
             for job, replica in zip(jobs, self._replicas, strict=False)
         ]
-        ctxs = [ctx for _, ctx, _ in prepared]
-        if not self.client_algorithm.trains_together and not self._noticed:
-            why = self.client_algorithm.unbatchable(ctxs)
-            if why:
-                print(f"raysim: {self.cfg.algorithm.name}'s clients train one after another: {why}")
-            self._noticed = True
-        metrics = self.client_algorithm.train_together(ctxs)
+        metrics = self.client_algorithm.train_together([ctx for _, ctx, _ in prepared])
         return [
             self._result(weights, job, ctx, active, m)
             for (job, ctx, active), m in zip(prepared, metrics, strict=True)
         ]
+
+    def _load(self, weights: np.ndarray, job: ClientJob, model: ModelHandle | None = None) -> dict:
+        """The job's global weights and personal state into ``model`` (the resident one by
+        default); returns the client's named state (``ClientContext.state``)."""
+        model = model or self.model
+        model.set_global(weights)
+        model_state, client_state = split_store(self.resolve(job.state))
+        model.set_state(model_state, job.seed)
+        return client_state
 
     def _context(
         self, weights: np.ndarray, job: ClientJob, model: ModelHandle | None = None
@@ -144,9 +174,7 @@ class ClientRunner:
         changes made)."""
         seed = job.seed
         model = model or self.model
-        model.set_global(weights)
-        model_state, client_state = split_store(self.resolve(job.state))
-        model.set_state(model_state, seed)
+        client_state = self._load(weights, job, model)
         data = self.client_data(job.client)
         self.view_of(job.client)
         torch.default_generator.manual_seed(seed)  # dropout etc.; cheaper than torch.manual_seed

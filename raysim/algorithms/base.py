@@ -274,19 +274,24 @@ class ClientAlgorithm:
         return False
 
     def train_together(self, ctxs: Sequence[ClientContext]) -> list[dict[str, float]]:
-        """Train a group of clients together (``workers.execution: batched``); each context
-        holds its own copy of the model. The default path (the task loss plus an optional
-        ``penalty``) runs as one batched pass per step (``raysim.training.batched``); a client
-        that overrides ``train``, or what ``unbatchable`` refuses, trains one after another."""
-        if self.unbatchable(ctxs):
-            return [self.train(ctx) for ctx in ctxs]
-        first = ctxs[0]
+        """Train the clients of one round together when ``trains_together``; each context holds
+        its own copy of the model. The default trains them one after another."""
+        return [self.train(ctx) for ctx in ctxs]
+
+    def train_batched(
+        self, model: ModelHandle, ctxs: Sequence[ClientContext], starts: Sequence[Sequence]
+    ) -> tuple[list[list[torch.Tensor]], list[dict[str, float]]]:
+        """``workers.execution: batched``: the default local training (the task loss plus an
+        optional ``penalty``) of a group of clients in one pass per step
+        (``raysim.training.batched``); client i's global parameters start at ``starts[i]``.
+        Returns each client's trained global parameters and its metrics."""
         penalty = None
-        if type(self).penalty is not ClientAlgorithm.penalty:  # every ctx got the same global
-            penalty = self.penalty([p.detach().clone() for p in first.model.global_parameters()])
+        if type(self).penalty is not ClientAlgorithm.penalty:  # every client got this global
+            penalty = self.penalty([t.detach().clone() for t in starts[0]])
+        first = ctxs[0]
         return train_batched(
-            [c.model.module for c in ctxs],
-            [c.model.global_parameters() for c in ctxs],
+            model,
+            starts,
             first.task,
             [c.data for c in ctxs],
             first.config,
@@ -295,10 +300,11 @@ class ClientAlgorithm:
         )
 
     def unbatchable(self, ctxs: Sequence[ClientContext]) -> str:
-        """Why ``train_together`` trains these clients one after another ("" when it batches)."""
+        """Why ``train_batched`` cannot train these clients ("" when it can): they then train
+        one after another."""
         if type(self).train is not ClientAlgorithm.train:
             return f"{type(self).__name__} trains its own way (it overrides train)"
-        return unbatchable([c.model.module for c in ctxs], ctxs[0].task, [c.config for c in ctxs])
+        return unbatchable(ctxs[0].model, ctxs[0].task, [c.config for c in ctxs])
 
     def train(self, ctx: ClientContext) -> dict[str, float]:
         params = ctx.model.global_parameters()

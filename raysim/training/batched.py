@@ -33,7 +33,7 @@ from torch.nn.utils.rnn import pad_sequence
 from raysim.training.backends import total_optimizer_steps
 from raysim.training.loop import step_batches
 from raysim.training.settings import LocalTrainingConfig
-from raysim.training.tasks import ClassificationTask, Task
+from raysim.training.tasks import CausalLMTask, ClassificationTask, Task
 
 #: torch.optim's Adam/AdamW defaults
 BETAS, EPS = (0.9, 0.999), 1e-8
@@ -88,23 +88,36 @@ def stacked_forward(template: nn.Module) -> Callable[[dict, torch.Tensor], torch
     return forward
 
 
-def unbatchable(
-    modules: Sequence[torch.nn.Module], task: Task, configs: Sequence[LocalTrainingConfig]
-) -> str:
-    """Why these clients cannot train in one batched pass ("" when they can)."""
+def unbatchable(model: Any, task: Task, configs: Sequence[LocalTrainingConfig]) -> str:
+    """Why these clients of ``model`` (a ``ModelHandle``) cannot train in one batched pass
+    ("" when they can)."""
     cfg = configs[0]
     if any(c != cfg for c in configs[1:]):
         return "the clients' local settings differ (a client behaviour changed them)"
-    if type(task) is not ClassificationTask:
-        return f"its task ({type(task).__name__}) has no batched loss yet"
-    if cfg.absent_logits != "keep":
-        return "local.absent_logits masks each client's own classes"
     if cfg.backend != "torch" or cfg.mixed_precision != "no" or cfg.grad_accumulation != 1:
         return (
             "batched training takes plain torch steps (backend torch, no mixed precision, no "
             "gradient accumulation)"
         )
-    for m in modules[0].modules():
+    if model.personal_groups():
+        return "its personal parameter groups are not stacked yet"
+    module = model.module
+    if type(task) is CausalLMTask:
+        from raysim.models.multilora import lora_layers
+
+        layers = lora_layers(module, getattr(model, "global_adapter", ""))
+        if not layers:
+            return "a causal LM batches through multi-LoRA: it needs LoRA adapters"
+        if any(
+            not isinstance(m.lora_dropout[model.global_adapter], nn.Identity) for _, m in layers
+        ):
+            return "LoRA dropout draws per client: set model.lora.dropout 0"
+        return ""
+    if type(task) is not ClassificationTask:
+        return f"its task ({type(task).__name__}) has no batched loss yet"
+    if cfg.absent_logits != "keep":
+        return "local.absent_logits masks each client's own classes"
+    for m in module.modules():
         if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
             return "BatchNorm updates running statistics in place"
         if isinstance(m, torch.nn.Dropout) and m.p > 0:
@@ -193,75 +206,117 @@ class _Padded:
         return (ce.view(rows.shape) * weight).sum(dim=1)
 
 
+class _Streams:
+    """Each client's own batch stream (``step_batches`` on its generator) walked in lockstep."""
+
+    def __init__(self, task: Task, datas: Sequence[Any], cfg: LocalTrainingConfig, generators):
+        sizes = [task.num_examples(d) for d in datas]
+        self.cfg, self.k = cfg, len(datas)
+        self.steps = [list(step_batches(n, cfg, g)) for n, g in zip(sizes, generators, strict=True)]
+        self.totals = [total_optimizer_steps(n, cfg) for n in sizes]
+        self.losses: list[list[float]] = [[] for _ in datas]
+
+    def __len__(self) -> int:
+        return max((len(s) for s in self.steps), default=0)
+
+    def active(self, t: int) -> list[int]:
+        return [i for i in range(self.k) if t < len(self.steps[i])]
+
+    def rate(self, t: int, active: list[int]) -> torch.Tensor:
+        """Each client's step size at its t-th step (0: it takes none); a linear schedule is
+        LambdaLR after t steps, lr·(T_i − t)/T_i."""
+        cfg, rate = self.cfg, torch.zeros(self.k, dtype=torch.float64)
+        for i in active:
+            total = max(self.totals[i], 1)
+            rate[i] = (
+                cfg.lr * max(0.0, (total - t) / total) if cfg.lr_schedule == "linear" else cfg.lr
+            )
+        return rate
+
+    def step(self, opt: _Optimiser, total: torch.Tensor, t: int, active: list[int]) -> None:
+        """Backward of the clients' summed losses, per-client clipping, the optimiser step."""
+        got = torch.autograd.grad(total, opt.params, allow_unused=True)
+        grads = [
+            torch.zeros_like(p) if g is None else g for p, g in zip(opt.params, got, strict=True)
+        ]
+        if self.cfg.max_grad_norm is not None:
+            _clip(grads, self.cfg.max_grad_norm)  # clients that take no step have zero gradients
+        opt.step(grads, self.rate(t, active), t + 1)
+
+    def record(self, clients: Sequence[int], losses: torch.Tensor) -> None:
+        for i, value in zip(clients, losses.detach().tolist(), strict=True):
+            self.losses[i].append(value)
+
+    def metrics(self) -> list[dict[str, float]]:
+        return [
+            {"train_loss": sum(ls) / len(ls) if ls else float("nan"), "local_steps": float(len(ls))}
+            for ls in self.losses
+        ]
+
+
 def train_batched(
-    modules: Sequence[torch.nn.Module],
-    trained: Sequence[Sequence[torch.nn.Parameter]],
+    model: Any,
+    starts: Sequence[Sequence[torch.Tensor]],
     task: Task,
     datas: Sequence[Any],
     cfg: LocalTrainingConfig,
     generators: Sequence[torch.Generator],
     penalty: PenaltyFn | None = None,
-) -> list[dict[str, float]]:
-    """Train client i's ``trained[i]`` (parameters of ``modules[i]``) on ``datas[i]``, as
-    ``train_local`` would one client at a time; the modules hold the results afterwards.
-
-    All modules share one architecture; ``penalty`` (FedProx's) is one function for every client,
-    applied to each client's own trained tensors."""
-    template = modules[0]
-    k = len(modules)
-    names = [n for n, _ in template.named_parameters()]
-    index = {id(p): n for n, p in template.named_parameters()}
-    trained_names = [index[id(p)] for p in trained[0]]
-    per_client = [dict(m.named_parameters()) for m in modules]
+) -> tuple[list[list[torch.Tensor]], list[dict[str, float]]]:
+    """k clients' local training of ``model.global_parameters()`` (a ``ModelHandle``), client
+    i starting from ``starts[i]`` on ``datas[i]``, as ``train_local`` would one client at a
+    time; returns each client's trained tensors and metrics. Everything else of the model is
+    shared by the clients and left as it is; ``penalty`` (FedProx's) applies to each client's
+    own tensors. A causal LM with LoRA trains through ``MultiLoRA``."""
+    if type(task) is CausalLMTask:
+        return _train_multilora(model, starts, task, datas, cfg, generators, penalty)
+    module = model.module
+    trained = model.global_parameters()
+    index = {id(p): n for n, p in module.named_parameters()}
+    trained_names = [index[id(p)] for p in trained]
+    k = len(starts)
     stacked = {
-        n: torch.stack([pc[n].detach() for pc in per_client]).requires_grad_(n in trained_names)
-        for n in names
+        n: torch.stack([s[j].detach() for s in starts]).requires_grad_(True)
+        for j, n in enumerate(trained_names)
     }
-    buffers = {
-        n: torch.stack([dict(m.named_buffers())[n] for m in modules])
-        for n, _ in template.named_buffers()
-    }
-    leaves = [stacked[n] for n in trained_names]
-    opt = _Optimiser(cfg, leaves)
-    for m in modules:
-        m.train()
+    shared = {n: p.detach() for n, p in module.named_parameters() if n not in stacked}
+    buffers = dict(module.named_buffers())
+    opt = _Optimiser(cfg, list(stacked.values()))
+    module.train()
+    streams = _Streams(task, datas, cfg, generators)
 
-    sizes = [task.num_examples(d) for d in datas]
-    steps = [list(step_batches(n, cfg, g)) for n, g in zip(sizes, generators, strict=True)]
-    totals = [total_optimizer_steps(n, cfg) for n in sizes]
-    losses: list[list[float]] = [[] for _ in range(k)]
+    def client_loss(params: dict, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        def forward(inputs: torch.Tensor) -> torch.Tensor:
+            return functional_call(module, (params, shared, buffers), (inputs,))
 
-    def client_loss(params: dict, bufs: dict, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        def model(inputs: torch.Tensor) -> torch.Tensor:
-            return functional_call(template, (params, bufs), (inputs,))
-
-        loss = task.loss(model, (x, y))
+        loss = task.loss(forward, (x, y))
         if penalty is not None:
             loss = loss + penalty([params[n] for n in trained_names])
         return loss
 
     batched_loss = vmap(client_loss)
-    fast = stacked_forward(template) if not buffers else None
+    fast = stacked_forward(module) if not buffers else None
     penalties = None
     if penalty is not None:
         penalties = vmap(lambda ps: penalty([ps[n] for n in trained_names]))
-    everyone = slice(None)
     if fast is not None:
         table = _Padded(datas)
         table_steps = [
-            [idx + off for idx in s] for s, off in zip(steps, table.offsets, strict=True)
+            [idx + off for idx in s] for s, off in zip(streams.steps, table.offsets, strict=True)
         ]
-    for t in range(max((len(s) for s in steps), default=0)):
-        active = [i for i in range(k) if t < len(steps[i])]
-        rows: Rows = everyone if len(active) == k else torch.tensor(active)
+    for t in range(len(streams)):
+        active = streams.active(t)
+        rows: Rows = slice(None) if len(active) == k else torch.tensor(active)
         if fast is not None:  # one pass: batches padded to the longest, padding weighted 0
-            params = {n: stacked[n][rows] for n in names}
+            params = {n: stacked[n][rows] for n in trained_names}
+            m = len(active)
+            params.update({n: p.unsqueeze(0).expand(m, *p.shape) for n, p in shared.items()})
             out = table.loss(fast, params, [table_steps[i][t] for i in active])
             if penalties is not None:
                 out = out + penalties({n: params[n] for n in trained_names})
             groups = [(active, out)]
         else:  # vmap over the clients whose batches have the same size
-            batch = [task.batch(datas[i], steps[i][t]) for i in active]
+            batch = [task.batch(datas[i], streams.steps[i][t]) for i in active]
             by_size: dict[int, list[int]] = {}
             for j, b in enumerate(batch):
                 by_size.setdefault(len(b[1]), []).append(j)
@@ -270,34 +325,59 @@ def train_batched(
                 sub = torch.tensor([active[j] for j in members])
                 x = torch.stack([batch[j][0] for j in members])
                 y = torch.stack([batch[j][1] for j in members])
-                params = {n: stacked[n][sub] for n in names}
-                bufs = {n: b[sub] for n, b in buffers.items()}
-                groups.append(([active[j] for j in members], batched_loss(params, bufs, x, y)))
-        total = sum(out.sum() for _, out in groups)
-        grads = list(torch.autograd.grad(total, leaves, allow_unused=True))
-        grads = [
-            torch.zeros_like(p) if g is None else g for p, g in zip(leaves, grads, strict=True)
-        ]
+                params = {n: stacked[n][sub] for n in trained_names}
+                groups.append(([active[j] for j in members], batched_loss(params, x, y)))
         for members, out in groups:
-            for i, value in zip(members, out.detach().tolist(), strict=True):
-                losses[i].append(value)
-        if cfg.max_grad_norm is not None:
-            _clip(grads, cfg.max_grad_norm)  # clients that take no step have zero gradients
-        rate = torch.zeros(k, dtype=torch.float64)
-        for i in active:  # a linear schedule: LambdaLR after t steps, lr·(T_i − t)/T_i
-            total_i = max(totals[i], 1)
-            linear = cfg.lr_schedule == "linear"
-            rate[i] = cfg.lr * max(0.0, (total_i - t) / total_i) if linear else cfg.lr
-        opt.step(grads, rate, t + 1)
+            streams.record(members, out)
+        streams.step(opt, sum(out.sum() for _, out in groups), t, active)
+    finals = [[stacked[n][i].detach().clone() for n in trained_names] for i in range(k)]
+    return finals, streams.metrics()
 
-    with torch.no_grad():
-        for i, pc in enumerate(per_client):
-            for n in trained_names:
-                pc[n].copy_(stacked[n][i])
-    return [
-        {
-            "train_loss": sum(ls) / len(ls) if ls else float("nan"),
-            "local_steps": float(len(ls)),
-        }
-        for ls in losses
-    ]
+
+def _pad_rows(batch: dict[str, torch.Tensor], length: int) -> dict[str, torch.Tensor]:
+    """A causal-LM batch right-padded to ``length`` (no attention, no loss on the padding)."""
+    extra = length - batch["input_ids"].shape[1]
+    if extra == 0:
+        return batch
+    fill = {"input_ids": 0, "attention_mask": 0, "labels": -100}
+    return {k: nn.functional.pad(v, (0, extra), value=fill.get(k, 0)) for k, v in batch.items()}
+
+
+def _train_multilora(model, starts, task, datas, cfg, generators, penalty):
+    """``train_batched`` for a causal LM: each step, the active clients' batches concatenated
+    (padded to the longest), one forward and backward through ``MultiLoRA``, each client's
+    mean token loss its own."""
+    from raysim.models.multilora import MultiLoRA, client_losses
+
+    k = len(starts)
+    multi = MultiLoRA(model.module, model.global_adapter, k)
+    if multi.names() != [n for n, _ in model._global]:
+        raise ValueError("the model's global adapter is not in MultiLoRA's order")
+    for i, own in enumerate(starts):
+        multi.load(i, own)
+    leaves = multi.parameters()
+    opt = _Optimiser(cfg, leaves)
+    model.module.train()
+    streams = _Streams(task, datas, cfg, generators)
+    penalties = vmap(lambda *ps: penalty(list(ps))) if penalty is not None else None
+    for t in range(len(streams)):
+        active = streams.active(t)
+        batches = [task.batch(datas[i], streams.steps[i][t]) for i in active]
+        length = max(b["input_ids"].shape[1] for b in batches)
+        batches = [_pad_rows(b, length) for b in batches]
+        joined = {key: torch.cat([b[key] for b in batches]) for key in batches[0]}
+        device = joined["input_ids"].device
+        owner = torch.cat(
+            [torch.full((len(b["input_ids"]),), i) for i, b in zip(active, batches, strict=True)]
+        ).to(device)
+        with multi.route(owner):
+            logits = model.module(
+                input_ids=joined["input_ids"], attention_mask=joined["attention_mask"]
+            ).logits
+        losses = client_losses(logits, joined["labels"], owner, k)
+        if penalties is not None:
+            losses = losses + penalties(*leaves).to(losses.dtype)
+        picked = losses[torch.tensor(active, device=losses.device)]
+        streams.record(active, picked)
+        streams.step(opt, picked.sum(), t, active)
+    return [multi.unstack(i) for i in range(k)], streams.metrics()

@@ -13,17 +13,25 @@ Four ways, interleaved per repeat so that this VM's drift hits them alike:
 Steady-state per-round wall = median over rounds after the first 3, evaluation included (every
 round in the quickstart). The goal of issue 23 is ``batched_vs_plain`` ≤ 0.5. ``--epochs 5`` is
 the quickstart's own setting; the script runs it and, with ``--also-epochs``, others.
+
+``--whole``: the Feddle mini and the FedBaF mini (its foundation pretrained first) as whole runs
+in this process (every round, evaluation and server work included; no Ray start-up), batched
+against sequential.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
-from common import QUICKSTART, machine, report, steady
+from common import QUICKSTART, ROOT, machine, report, steady
 from overhead import run_plain, run_raysim
 
 from raysim.actors.local import local_core
@@ -51,10 +59,8 @@ def one_setting(args: argparse.Namespace, epochs: int) -> None:
     ]
     seq_cfg = load_config(QUICKSTART, base)
     bat_cfg = load_config(QUICKSTART, [*base, "workers.execution=batched"])
-    ray_cfg = load_config(
-        QUICKSTART,
-        [*base, "workers.execution=batched", f"workers.count={args.workers}", "workers.num_cpus=1"],
-    )
+    ray_over = [f"workers.count={max(args.workers, 1)}", "workers.num_cpus=1"]
+    ray_cfg = load_config(QUICKSTART, [*base, "workers.execution=batched", *ray_over])
     walls: dict[str, list[float]] = {k: [] for k in ("plain", "sequential", "batched", "ray")}
     gap = 0.0
     for _ in range(args.repeats):
@@ -78,6 +84,33 @@ def one_setting(args: argparse.Namespace, epochs: int) -> None:
     report(f"epochs{epochs}.ratio", **ratios)
 
 
+def whole_runs(rounds: int | None, repeats: int) -> None:
+    found = Path(tempfile.mkdtemp()) / "digits"
+    cli = [sys.executable, "-m", "raysim.cli", "pretrain", "digits", "--out", str(found)]
+    subprocess.run(cli, check=True, capture_output=True)
+    cases = {
+        "feddle_mini": (ROOT / "examples" / "feddle" / "mini.yaml", []),
+        "fedbaf_mini": (
+            ROOT / "examples" / "fedbaf" / "mini.yaml",
+            [f"algorithm.foundation={found}"],
+        ),
+    }
+    for name, (path, extra) in cases.items():
+        over = ["tracking.enabled=false", *extra] + ([f"rounds={rounds}"] if rounds else [])
+        seq, bat = [], []
+        for _ in range(repeats):
+            seq.append(sum(run_inprocess(load_config(path, over))[0]))
+            bat.append(
+                sum(run_inprocess(load_config(path, [*over, "workers.execution=batched"]))[0])
+            )
+        report(
+            name,
+            sequential_s=min(seq),
+            batched_s=min(bat),
+            batched_vs_sequential=min(bat) / min(seq),
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20)
@@ -85,6 +118,8 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=16)
     parser.add_argument("--workers", type=int, default=1, help="Ray workers (0: no Ray run)")
     parser.add_argument("--also-epochs", type=int, nargs="*", default=[1])
+    parser.add_argument("--whole", action="store_true", help="also the Feddle and FedBaF minis")
+    parser.add_argument("--whole-rounds", type=int, default=None, help="default: the example's")
     args = parser.parse_args()
     print(f"machine={machine()}", flush=True)
     report("config", file=str(QUICKSTART.name), rounds=args.rounds, repeats=args.repeats,
@@ -95,6 +130,8 @@ def main() -> None:
         ensure_ray(num_cpus=args.workers)
     for epochs in (5, *args.also_epochs):
         one_setting(args, epochs)
+    if args.whole:
+        whole_runs(args.whole_rounds, args.repeats)
 
 
 if __name__ == "__main__":

@@ -234,3 +234,21 @@ def test_fedit_on_a_tiny_llama_batches_through_multi_lora_and_ends_where_sequent
     gap = np.abs(bat.weights - seq.weights).max()
     assert gap < 1e-5 and np.abs(bat.weights).max() > 0, gap
     assert groups == [3, 3, 3, 3]  # 2 rounds × 2 groups
+
+
+def test_fedbaf_batches_as_its_base_method(tmp_path):
+    """FedBaF's client is its base method's (fedbaf.md §2): FedAvg's clients batch."""
+    from raysim.algorithms.registry import get_method
+
+    assert get_method("fedbaf").batching == "as it delegates"
+    client = get_method("fedbaf").build_client({"base": "fedavg", "foundation": str(tmp_path)})
+    model = ModelHandle(clients([3])[0][0])
+    assert client.unbatchable([_ctx(model)]) == ""
+
+
+def _ctx(model):
+    from raysim.algorithms.base import ClientContext
+
+    data = (torch.zeros(3, 10), torch.zeros(3, dtype=torch.long))
+    return ClientContext(model, ClassificationTask(), data, LocalTrainingConfig(),
+                         torch.Generator(), 0, 0)  # fmt: skip

@@ -434,6 +434,8 @@ class Method:
         client = self.client
         if client.train_together is not ClientAlgorithm.train_together:
             return "its own (train_together)"
+        if client.unbatchable is not ClientAlgorithm.unbatchable:
+            return "as it delegates"
         if client.train is not ClientAlgorithm.train:
             return "one after another"
         return "one pass"

@@ -78,6 +78,13 @@ class FedBaFClient(ClientAlgorithm):
     def train(self, ctx: ClientContext) -> dict[str, float]:
         return self.inner.train(ctx)
 
+    def unbatchable(self, ctxs):
+        return self.inner.unbatchable(ctxs)
+
+    def train_batched(self, model, ctxs, starts):
+        """Batched execution as the base method's client does it."""
+        return self.inner.train_batched(model, ctxs, starts)
+
 
 METHOD = register(
     Method(

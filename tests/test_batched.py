@@ -188,13 +188,35 @@ def test_batched_execution_refuses_per_client_actors_in_one_line():
 
 
 def test_a_client_that_trains_its_own_way_runs_sequentially_and_says_so(capsys):
-    """Ditto overrides ``train``: batched execution trains its clients one after another, with
-    a one-line notice, and ends exactly where sequential execution does."""
-    ditto = ["algorithm={name: ditto}", "rounds=2", "eval.every=2"]
-    seq = finish(quickstart(*ditto))
-    bat = finish(quickstart(*ditto, "workers.execution=batched"))
+    """Local-only overrides ``train``: batched execution trains its clients one after another,
+    with a one-line notice, and ends exactly where sequential execution does."""
+    local = ["algorithm={name: local_only}", "rounds=2", "eval.every=2"]
+    seq = finish(quickstart(*local))
+    bat = finish(quickstart(*local, "workers.execution=batched"))
     assert bat.digest() == seq.digest()
-    assert "ditto's clients train one after another" in capsys.readouterr().out
+    assert "local_only's clients train one after another" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("init", ["fresh", "copy_global"])
+def test_ditto_batches_its_personal_copies_and_ends_where_sequential_does(init, capsys):
+    """Ditto (fedoa.md §3.7) on the quickstart MLP: the personal phase (task loss plus
+    (λ/2)‖v − φ_g‖²) and the global phase each run as batched passes, the personal copies
+    stacked like the global tensors."""
+    ditto = [f"algorithm={{name: ditto, lambda: 0.5, personal_init: {init}}}", "rounds=3",
+             "eval.every=3", "clients.num=20"]  # fmt: skip
+    seq = finish(quickstart(*ditto))
+    bat = finish(quickstart(*ditto, "workers.execution=batched", "workers.group_size=4"))
+    assert "one after another" not in capsys.readouterr().out
+    assert np.abs(bat.weights - seq.weights).max() < 1e-5
+    a, b = seq.materialized_states(), bat.materialized_states()
+    assert sorted(a) == sorted(b) and len(a) > 4
+    for c in a:
+        for name in a[c]:
+            np.testing.assert_allclose(b[c][name], a[c][name], atol=1e-5)
+    moved = [h["client_param_distance"] for h in bat.history if "client_param_distance" in h]
+    assert moved and moved == pytest.approx(
+        [h["client_param_distance"] for h in seq.history if "client_param_distance" in h], rel=1e-4
+    )
 
 
 def test_fedot_with_sync_centring_runs_its_clients_alone_in_batched_groups():

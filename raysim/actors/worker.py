@@ -123,9 +123,12 @@ class ClientRunner:
         if algo.trains_together:
             return self._run_coupled(weights, jobs)
         prepared, starts = [], []
+        groups = [g.name for g in self.model.groups]
         for job in jobs:
             ctx, active = self._context(weights, job)
-            starts.append([p.detach().clone() for p in self.model.global_parameters()])
+            starts.append(
+                {g: [p.detach().clone() for p in self.model.group_parameters(g)] for g in groups}
+            )
             prepared.append((job, ctx, active))
         ctxs = [ctx for _, ctx, _ in prepared]
         why = algo.unbatchable(ctxs)
@@ -139,8 +142,9 @@ class ClientRunner:
         for (job, ctx, active), final, m in zip(prepared, finals, metrics, strict=True):
             self._load(weights, job)
             with torch.no_grad():
-                for p, value in zip(self.model.global_parameters(), final, strict=True):
-                    p.copy_(value)
+                for group, tensors in final.items():
+                    for p, value in zip(self.model.group_parameters(group), tensors, strict=True):
+                        p.copy_(value)
             results.append(self._result(weights, job, ctx, active, m))
         return results
 

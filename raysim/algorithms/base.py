@@ -29,6 +29,9 @@ from ..training.tasks import Task
 from .context import ServerContext
 from .private import PrivateTensors
 
+#: one client's parameter groups as tensors: group name → its tensors in group order
+Snapshot = dict[str, list[torch.Tensor]]
+
 
 class MethodParams(StrictModel):
     """Hyper-parameters of a method (server and client side); subclasses add fields."""
@@ -279,25 +282,29 @@ class ClientAlgorithm:
         return [self.train(ctx) for ctx in ctxs]
 
     def train_batched(
-        self, model: ModelHandle, ctxs: Sequence[ClientContext], starts: Sequence[Sequence]
-    ) -> tuple[list[list[torch.Tensor]], list[dict[str, float]]]:
-        """``workers.execution: batched``: the default local training (the task loss plus an
-        optional ``penalty``) of a group of clients in one pass per step
-        (``raysim.training.batched``); client i's global parameters start at ``starts[i]``.
-        Returns each client's trained global parameters and its metrics."""
+        self, model: ModelHandle, ctxs: Sequence[ClientContext], starts: Sequence[Snapshot]
+    ) -> tuple[list[Snapshot], list[dict[str, float]]]:
+        """``workers.execution: batched``: a group of clients trained together, one pass per
+        step (``raysim.training.batched``). ``starts[i]`` holds client i's tensors of every
+        parameter group as loaded (group name → tensors); returns, per client, the groups it
+        trained (the rest stay as loaded) and its metrics. The default is the default ``train``:
+        the global group on the task loss plus an optional ``penalty``."""
+        group = model.groups[0].name
+        first = starts[0][group]
         penalty = None
         if type(self).penalty is not ClientAlgorithm.penalty:  # every client got this global
-            penalty = self.penalty([t.detach().clone() for t in starts[0]])
-        first = ctxs[0]
-        return train_batched(
+            penalty = self.penalty([t.detach().clone() for t in first])
+        c = ctxs[0]
+        finals, metrics = train_batched(
             model,
-            starts,
-            first.task,
-            [c.data for c in ctxs],
-            first.config,
-            [c.generator for c in ctxs],
+            [s[group] for s in starts],
+            c.task,
+            [x.data for x in ctxs],
+            c.config,
+            [x.generator for x in ctxs],
             penalty,
         )
+        return [{group: f} for f in finals], metrics
 
     def unbatchable(self, ctxs: Sequence[ClientContext]) -> str:
         """Why ``train_batched`` cannot train these clients ("" when it can): they then train

@@ -88,9 +88,11 @@ def stacked_forward(template: nn.Module) -> Callable[[dict, torch.Tensor], torch
     return forward
 
 
-def unbatchable(model: Any, task: Task, configs: Sequence[LocalTrainingConfig]) -> str:
+def unbatchable(
+    model: Any, task: Task, configs: Sequence[LocalTrainingConfig], personal: bool = False
+) -> str:
     """Why these clients of ``model`` (a ``ModelHandle``) cannot train in one batched pass
-    ("" when they can)."""
+    ("" when they can); ``personal``: the caller stacks the personal groups itself."""
     cfg = configs[0]
     if any(c != cfg for c in configs[1:]):
         return "the clients' local settings differ (a client behaviour changed them)"
@@ -99,8 +101,8 @@ def unbatchable(model: Any, task: Task, configs: Sequence[LocalTrainingConfig]) 
             "batched training takes plain torch steps (backend torch, no mixed precision, no "
             "gradient accumulation)"
         )
-    if model.personal_groups():
-        return "its personal parameter groups are not stacked yet"
+    if model.personal_groups() and not personal:
+        return "its personal parameter groups are not stacked by the default local training"
     module = model.module
     if type(task) is CausalLMTask:
         from raysim.models.multilora import lora_layers
@@ -262,16 +264,18 @@ def train_batched(
     cfg: LocalTrainingConfig,
     generators: Sequence[torch.Generator],
     penalty: PenaltyFn | None = None,
+    params: Sequence[torch.nn.Parameter] | None = None,
 ) -> tuple[list[list[torch.Tensor]], list[dict[str, float]]]:
-    """k clients' local training of ``model.global_parameters()`` (a ``ModelHandle``), client
-    i starting from ``starts[i]`` on ``datas[i]``, as ``train_local`` would one client at a
-    time; returns each client's trained tensors and metrics. Everything else of the model is
-    shared by the clients and left as it is; ``penalty`` (FedProx's) applies to each client's
-    own tensors. A causal LM with LoRA trains through ``MultiLoRA``."""
+    """k clients' local training of ``params`` (default ``model.global_parameters()``; tensors
+    the module applies now) of ``model`` (a ``ModelHandle``), client i starting from
+    ``starts[i]`` on ``datas[i]``, as ``train_local`` would one client at a time; returns each
+    client's trained tensors and metrics. Everything else of the model is shared by the clients
+    and left as it is; ``penalty`` (FedProx's, Ditto's) applies to each client's own tensors. A
+    causal LM with LoRA trains its global adapter through ``MultiLoRA``."""
     if type(task) is CausalLMTask:
         return _train_multilora(model, starts, task, datas, cfg, generators, penalty)
     module = model.module
-    trained = model.global_parameters()
+    trained = list(params) if params is not None else model.global_parameters()
     index = {id(p): n for n, p in module.named_parameters()}
     trained_names = [index[id(p)] for p in trained]
     k = len(starts)

@@ -22,9 +22,12 @@ With λ = 0 the personal trajectory is Local-only's bit for bit (invariant I18).
 
 from __future__ import annotations
 
+import numpy as np
 from pydantic import Field
 
-from ..base import ClientContext, Method
+from ...training.batched import train_batched, unbatchable
+from ...training.tasks import CausalLMTask
+from ..base import ClientContext, Method, Snapshot
 from ..general.fedavg import FedAvg
 from ..registry import register
 from .personal import (
@@ -52,6 +55,68 @@ class DittoClient(ParamProxClient):
         centre = [p.detach().clone() for p in h.adapter_parameters(GLOBAL)]
         personal = h.adapter_parameters(PERSONAL)
         return lambda: 0.5 * lam * squared_distance(personal, centre)
+
+    # ------------------------------------------------ workers.execution: batched
+    def unbatchable(self, ctxs):
+        """Ditto batches on a plain module with its default schedule: both phases run as
+        batched passes, the personal copies stacked like the global tensors."""
+        p, first = self.params, ctxs[0]
+        if isinstance(first.task, CausalLMTask):
+            return "Ditto's two LoRA adapters are not batched yet"
+        if p.order != "personal_first" or p.global_update_mode != "local_epochs":
+            return "only order personal_first with global_update_mode local_epochs batches"
+        if not first.model.switches_groups:
+            return "its personal group is not a swapped-in copy"
+        return unbatchable(first.model, first.task, [c.config for c in ctxs], personal=True)
+
+    def train_batched(self, model, ctxs, starts: list[Snapshot]):
+        """Both phases of ``train`` for the whole group: (a) the personal copies on the task
+        loss plus (λ/2)‖v − φ_g^{t-1}‖², on ``ctx.phase(PERSONAL)``'s streams; (b) the global
+        group on the task loss, on the jobs' own streams."""
+        p, first = self.params, ctxs[0]
+        out: list[Snapshot] = [{} for _ in ctxs]
+        metrics: list[dict[str, float]] = [{} for _ in ctxs]
+        for i, (c, s) in enumerate(zip(ctxs, starts, strict=True)):
+            if c.first_visit and p.personal_init == "copy_global":
+                s[PERSONAL] = out[i][PERSONAL] = [t.clone() for t in s[GLOBAL]]
+        centre = [t.detach().clone() for t in starts[0][GLOBAL]]  # the same round-start global
+        datas = [c.data for c in ctxs]
+        if first.dispatch_round >= p.personal_start_round:
+            model.use(PERSONAL)
+            penalty = None
+            if p.lam:
+                penalty = lambda ps: 0.5 * p.lam * squared_distance(ps, centre)  # noqa: E731
+            finals, m = train_batched(
+                model,
+                [s[PERSONAL] for s in starts],
+                first.task,
+                datas,
+                first.config,
+                [c.phase(PERSONAL) for c in ctxs],
+                penalty,
+                params=model.group_parameters(PERSONAL),
+            )
+            start = np.concatenate([t.reshape(-1).numpy() for t in centre]).astype(np.float64)
+            for i, f in enumerate(finals):
+                out[i][PERSONAL] = f
+                own = np.concatenate([t.reshape(-1).numpy() for t in f])
+                metrics[i]["personal_train_loss"] = m[i]["train_loss"]
+                metrics[i]["param_distance"] = float(np.linalg.norm(own.astype(np.float64) - start))
+        if p.train_global:
+            model.use(GLOBAL)
+            finals, m = train_batched(
+                model,
+                [s[GLOBAL] for s in starts],
+                first.task,
+                datas,
+                first.config,
+                [c.phase(None) for c in ctxs],
+            )
+            for i, f in enumerate(finals):
+                out[i][GLOBAL] = f
+                metrics[i].update(m[i])
+        model.use(GLOBAL)
+        return out, metrics
 
 
 METHOD = register(

@@ -262,7 +262,14 @@ def test_fedbaf_batches_as_its_base_method(tmp_path):
     """FedBaF's client is its base method's (fedbaf.md §2): FedAvg's clients batch."""
     from raysim.algorithms.registry import get_method
 
-    assert get_method("fedbaf").batching == "as it delegates"
+    labels = {m: get_method(m).batching for m in ("fedavg", "fedbaf", "ditto", "fedoa", "fedot")}
+    assert labels == {
+        "fedavg": "one pass",
+        "fedbaf": "one pass (its own)",
+        "ditto": "one pass (its own)",
+        "fedoa": "one after another",
+        "fedot": "coupled (train_together)",
+    }
     client = get_method("fedbaf").build_client({"base": "fedavg", "foundation": str(tmp_path)})
     model = ModelHandle(clients([3])[0][0])
     assert client.unbatchable([_ctx(model)]) == ""

@@ -440,9 +440,9 @@ class Method:
         """For ``raysim methods``: how ``workers.execution: batched`` trains its clients."""
         client = self.client
         if client.train_together is not ClientAlgorithm.train_together:
-            return "its own (train_together)"
-        if client.unbatchable is not ClientAlgorithm.unbatchable:
-            return "as it delegates"
+            return "coupled (train_together)"
+        if client.train_batched is not ClientAlgorithm.train_batched:
+            return "one pass (its own)"
         if client.train is not ClientAlgorithm.train:
             return "one after another"
         return "one pass"

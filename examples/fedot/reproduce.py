@@ -99,6 +99,10 @@ class Reproduction:
         self.uri = f"sqlite:///{(out / 'mlflow.db').resolve()}"
 
     def save(self) -> None:
+        """Write the cells, keeping those another reproduction wrote meanwhile (``--only``
+        runs side by side share the file)."""
+        on_disk = json.loads(self.file.read_text()) if self.file.is_file() else {}
+        self.results = {**on_disk, **self.results}
         self.file.write_text(json.dumps(self.results, indent=1, default=str))
 
     def config(self, shift: str, tau: int, method: str) -> dict[str, Any]:

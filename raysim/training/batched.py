@@ -145,10 +145,14 @@ class _Optimiser:
         """The t-th step (1-based) of every client whose ``rate`` (shape (k,)) is not 0."""
         cfg = self.cfg
         moving = (rate > 0).to(rate.dtype)
+        rates: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # (dtype, ndim) → views
         with torch.no_grad():
             for p, g, state in zip(self.params, grads, self.state, strict=True):
-                shape = (-1,) + (1,) * (p.ndim - 1)
-                lr, on = rate.view(shape).to(p.dtype), moving.view(shape).to(p.dtype)
+                key = (p.dtype, p.ndim)
+                if key not in rates:
+                    shape = (-1,) + (1,) * (p.ndim - 1)
+                    rates[key] = rate.to(p.dtype).view(shape), moving.to(p.dtype).view(shape)
+                lr, on = rates[key]
                 if cfg.optimizer == "sgd":
                     if cfg.weight_decay:
                         g = g.add(p * on, alpha=cfg.weight_decay)
@@ -227,13 +231,16 @@ class _Streams:
     def rate(self, t: int, active: list[int]) -> torch.Tensor:
         """Each client's step size at its t-th step (0: it takes none); a linear schedule is
         LambdaLR after t steps, lr·(T_i − t)/T_i."""
-        cfg, rate = self.cfg, torch.zeros(self.k, dtype=torch.float64)
+        cfg = self.cfg
+        if cfg.lr_schedule != "linear":
+            rate = torch.zeros(self.k, dtype=torch.float64)
+            rate[active] = cfg.lr
+            return rate
+        rate = [0.0] * self.k
         for i in active:
             total = max(self.totals[i], 1)
-            rate[i] = (
-                cfg.lr * max(0.0, (total - t) / total) if cfg.lr_schedule == "linear" else cfg.lr
-            )
-        return rate
+            rate[i] = cfg.lr * max(0.0, (total - t) / total)
+        return torch.tensor(rate, dtype=torch.float64)
 
     def step(self, opt: _Optimiser, total: torch.Tensor, t: int, active: list[int]) -> None:
         """Backward of the clients' summed losses, per-client clipping, the optimiser step."""

@@ -562,3 +562,53 @@ def test_independent_sampling_draws_b_distinct_samples_afresh_for_max_steps_step
     assert len({tuple(sorted(b.tolist())) for b in batches}) == 5  # drawn afresh
     small = list(step_batches(5, cfg, torch.Generator().manual_seed(0)))
     assert all(sorted(b.tolist()) == [0, 1, 2, 3, 4] for b in small)  # a client with < B: all
+
+
+# ------------------------------------------------------- vectorised clients (batched execution)
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {},
+        {"per_round": 3},
+        {"potential": "quad_full", "gamma_cap": "clamp", "gamma": 0.5},
+        {"psi_family": "affine_full", "gamma_cap": "rescale"},
+        {"cost": "w1_lip"},
+        {"personal_step": "literal_alg1"},
+        {"potential": "nn", "psi_family": "pixel_relu", "shift": "colour"},
+    ],
+    ids=["quad_diag", "partial", "quad_full_clamp", "affine_full", "w1", "literal", "nn_colour"],
+)
+def test_vectorised_clients_give_the_one_at_a_time_result(monkeypatch, variant):
+    """``workers.execution: batched`` runs a group's local iterations stacked (the pilot's
+    vectorisation, fedot.md §9.3): predictor, maps, heads and server mean as one client at a
+    time gives them, to float rounding."""
+    from raysim.algorithms.fedot.batched import GroupRound
+
+    groups = []
+    original = GroupRound.run
+
+    def counted(self):
+        groups.append(self.k)
+        return original(self)
+
+    monkeypatch.setattr(GroupRound, "run", counted)
+    cfg = fedot_cfg(n=6, rounds=3, **variant)
+    wire = cfg.to_dict()
+    wire["workers"] = {"execution": "batched", "group_size": 4}
+    seq, bat = run(cfg), run(load_config(wire))
+    assert groups and max(groups) == min(4, variant.get("per_round", 6))
+    assert np.abs(bat.weights - seq.weights).max() < 1e-5
+    np.testing.assert_allclose(bat.strategy.vbar, seq.strategy.vbar, atol=1e-6)
+    a, b = seq.materialized_states(), bat.materialized_states()
+    assert sorted(a) == sorted(b)
+    for c in a:
+        for name in a[c]:
+            np.testing.assert_allclose(b[c][name], a[c][name], atol=1e-5, err_msg=name)
+
+
+def test_simultaneous_gda_is_not_vectorised_and_says_so(capsys):
+    cfg = fedot_cfg(n=4, rounds=2, gda_mode="simultaneous", k_max=1)
+    wire = cfg.to_dict()
+    wire["workers"] = {"execution": "batched"}
+    assert run(load_config(wire)).digest() == run(cfg).digest()
+    assert "only alternating GDA is vectorised" in capsys.readouterr().out

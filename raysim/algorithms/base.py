@@ -439,10 +439,10 @@ class Method:
     def batching(self) -> str:
         """For ``raysim methods``: how ``workers.execution: batched`` trains its clients."""
         client = self.client
-        if client.train_together is not ClientAlgorithm.train_together:
-            return "coupled (train_together)"
         if client.train_batched is not ClientAlgorithm.train_batched:
             return "one pass (its own)"
+        if client.train_together is not ClientAlgorithm.train_together:
+            return "coupled (train_together)"
         if client.train is not ClientAlgorithm.train:
             return "one after another"
         return "one pass"

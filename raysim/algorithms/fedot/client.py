@@ -295,6 +295,18 @@ class FedOTClient(ClientAlgorithm):
             self.step(run, t)
         return self.finish(run)
 
+    # ------------------------------------------------- workers.execution: batched
+    def unbatchable(self, ctxs: Sequence[ClientContext]) -> str:
+        from .batched import refusal
+
+        return refusal(self.params, ctxs)
+
+    def train_batched(self, model, ctxs, starts):
+        """The group's local iterations vectorised over its clients (``batched.GroupRound``)."""
+        from .batched import GroupRound
+
+        return GroupRound(self.params, model, ctxs, starts).run()
+
     # ------------------------------------------------------- clients together (exact)
     def train_together(self, ctxs: Sequence[ClientContext]) -> list[dict[str, float]]:
         """The round's clients in lockstep with exact centring (fedot.md §3.3); under sync

@@ -281,3 +281,18 @@ def _ctx(model):
     data = (torch.zeros(3, 10), torch.zeros(3, dtype=torch.long))
     return ClientContext(model, ClassificationTask(), data, LocalTrainingConfig(),
                          torch.Generator(), 0, 0)  # fmt: skip
+
+
+def test_a_lora_classifier_on_a_transformer_runs_one_after_another_and_says_why(capsys):
+    """``lm_classifier`` (a LoRA LLaMA with a head) cannot run under ``vmap``: batched execution
+    trains its clients one after another, with the same digest."""
+    from raysim.config import load_config
+    from tests.conftest import EXAMPLES
+
+    over = ["algorithm={name: fedavg}", "rounds=1", "clients.num=3", "clients.per_round=3",
+            "tracking.enabled=false", "eval.every=1", "data.max_tokens=16"]  # fmt: skip
+    fm = EXAMPLES / "fedot" / "fm-mini.yaml"
+    seq = finish(load_config(fm, over))
+    bat = finish(load_config(fm, [*over, "workers.execution=batched"]))
+    assert bat.digest() == seq.digest()
+    assert "does not run under vmap" in capsys.readouterr().out

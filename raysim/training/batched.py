@@ -119,12 +119,18 @@ def unbatchable(
         return f"its task ({type(task).__name__}) has no batched loss yet"
     if cfg.absent_logits != "keep":
         return "local.absent_logits masks each client's own classes"
+    if stacked_forward(module) is None and _has_transformer(module):
+        return "a transformers model does not run under vmap (causal LMs batch through multi-LoRA)"
     for m in module.modules():
         if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
             return "BatchNorm updates running statistics in place"
         if isinstance(m, torch.nn.Dropout) and m.p > 0:
             return "dropout draws from torch's global stream, per client when sequential"
     return ""
+
+
+def _has_transformer(module: nn.Module) -> bool:
+    return any(type(m).__module__.startswith("transformers.") for m in module.modules())
 
 
 @dataclass

@@ -219,6 +219,11 @@ class Report:
 
     def write(self, where: Path) -> None:
         seconds = sum(float(v.get("seconds", 0)) for v in self.results.values())
+        modes: dict[str, int] = {}
+        for v in self.results.values():
+            mode = v.get("execution", "sequential")
+            modes[mode] = modes.get(mode, 0) + 1
+        how = ", ".join(f"{n} cells {mode}" for mode, n in sorted(modes.items()))
         cells = [f"{sh}/{t}/{m}" for sh in SHIFTS for t in TAUS for m in METHODS]
         cells += [f"fm/{m}" for m in FM_METHODS]
         done = sum(len(self.scores(c)) > 0 for c in cells)
@@ -251,7 +256,9 @@ class Report:
             "",
             f"{cpu_model()}, {os.cpu_count()} cores, Python {platform.python_version()}; the "
             f"cells measured so far took {seconds / 60:.0f} min of wall time (the 3 seeds of a "
-            "cell side by side, one worker each), at times beside other jobs on the same cores.",
+            f"cell side by side, one worker each), at times beside other jobs on the same cores; "
+            f"{how} (`workers.execution`: a round's clients one after another, or in one "
+            "vectorised pass; the two agree to float rounding, `tests/test_fedot.py`).",
         ]
         (where / "RESULTS.md").write_text("\n".join(text) + "\n")
         self.plot(where / "results.png")

@@ -88,8 +88,10 @@ def run_digest(client: Any, run_id: str) -> dict[str, Any]:
 
 
 class Reproduction:
-    def __init__(self, out: Path, quick: bool, results: Path = RESULTS) -> None:
-        self.out, self.quick = out, quick
+    def __init__(
+        self, out: Path, quick: bool, results: Path = RESULTS, execution: str = "batched"
+    ) -> None:
+        self.out, self.quick, self.execution = out, quick, execution
         out.mkdir(parents=True, exist_ok=True)
         self.file = results
         self.results: dict[str, Any] = (
@@ -121,7 +123,13 @@ class Reproduction:
         elif algo is not None:
             raw["algorithm"] = {**raw["algorithm"], **algo}
         raw["eval"] = {"every": rounds if method in FINAL_ONLY else max(rounds // 10, 1)}
-        raw["workers"] = {"count": 1, "num_cpus": 0.5}  # one worker per trial, trials side by side
+        # one worker per trial, trials side by side; batched: a round's clients in one group
+        raw["workers"] = {
+            "count": 1,
+            "num_cpus": 0.5,
+            "execution": self.execution,
+            "group_size": 64,
+        }
         raw["tracking"] = {"experiment": "fedot-mini-reproduction", "uri": self.uri}
         raw["name"] = f"fedot-mini-{shift}-tau{tau}-{method}"
         return raw
@@ -153,6 +161,7 @@ class Reproduction:
             "table": table,
             "seconds": time.time() - t0,
             "rounds": raw["rounds"],
+            "execution": self.execution,
         }
         self.save()
         print(f"{label}: {len(summary.table)} runs in {time.time() - t0:.0f} s", flush=True)
@@ -174,10 +183,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="MLflow store and Tune files")
     ap.add_argument("--results", type=Path, default=RESULTS, help="the cells' results (JSON)")
+    ap.add_argument(
+        "--execution",
+        choices=["batched", "sequential"],
+        default="batched",
+        help="workers.execution of every run (the two agree to float rounding per round)",
+    )
     ap.add_argument("--quick", action="store_true", help="1 seed, rounds/20 (a smoke test)")
     ap.add_argument("--only", default=None, help="cells whose label starts with this")
     args = ap.parse_args()
-    Reproduction(args.out, args.quick, args.results).grid(args.only)
+    Reproduction(args.out, args.quick, args.results, args.execution).grid(args.only)
 
 
 if __name__ == "__main__":

@@ -81,21 +81,21 @@ class DittoClient(ParamProxClient):
                 s[PERSONAL] = out[i][PERSONAL] = [t.clone() for t in s[GLOBAL]]
         centre = [t.detach().clone() for t in starts[0][GLOBAL]]  # the same round-start global
         datas = [c.data for c in ctxs]
+
+        def phase(group: str, stream: str | None, penalty=None):
+            model.use(group)
+            streams = [c.phase(stream) for c in ctxs]
+            own = [s[group] for s in starts]
+            params = model.group_parameters(group)
+            return train_batched(
+                model, own, first.task, datas, first.config, streams, penalty, params=params
+            )
+
         if first.dispatch_round >= p.personal_start_round:
-            model.use(PERSONAL)
             penalty = None
             if p.lam:
                 penalty = lambda ps: 0.5 * p.lam * squared_distance(ps, centre)  # noqa: E731
-            finals, m = train_batched(
-                model,
-                [s[PERSONAL] for s in starts],
-                first.task,
-                datas,
-                first.config,
-                [c.phase(PERSONAL) for c in ctxs],
-                penalty,
-                params=model.group_parameters(PERSONAL),
-            )
+            finals, m = phase(PERSONAL, PERSONAL, penalty)
             start = np.concatenate([t.reshape(-1).numpy() for t in centre]).astype(np.float64)
             for i, f in enumerate(finals):
                 out[i][PERSONAL] = f
@@ -103,15 +103,7 @@ class DittoClient(ParamProxClient):
                 metrics[i]["personal_train_loss"] = m[i]["train_loss"]
                 metrics[i]["param_distance"] = float(np.linalg.norm(own.astype(np.float64) - start))
         if p.train_global:
-            model.use(GLOBAL)
-            finals, m = train_batched(
-                model,
-                [s[GLOBAL] for s in starts],
-                first.task,
-                datas,
-                first.config,
-                [c.phase(None) for c in ctxs],
-            )
+            finals, m = phase(GLOBAL, None)
             for i, f in enumerate(finals):
                 out[i][GLOBAL] = f
                 metrics[i].update(m[i])

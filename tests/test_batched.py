@@ -219,18 +219,6 @@ def test_ditto_batches_its_personal_copies_and_ends_where_sequential_does(init, 
     )
 
 
-def test_fedot_with_sync_centring_runs_its_clients_alone_in_batched_groups():
-    """Batched groups must not couple FedOT's clients: only ``dual_centering: exact`` does."""
-    from tests.test_fedot import fedot_cfg
-
-    seq = finish(fedot_cfg(n=4, rounds=2))
-    wire = fedot_cfg(n=4, rounds=2).to_dict()
-    wire["workers"] = {"execution": "batched", "group_size": 4}
-    from raysim.config import load_config
-
-    assert finish(load_config(wire)).digest() == seq.digest()
-
-
 def test_fedit_on_a_tiny_llama_batches_through_multi_lora_and_ends_where_sequential_does(
     monkeypatch,
 ):
@@ -268,7 +256,7 @@ def test_fedbaf_batches_as_its_base_method(tmp_path):
         "fedbaf": "one pass (its own)",
         "ditto": "one pass (its own)",
         "fedoa": "one after another",
-        "fedot": "coupled (train_together)",
+        "fedot": "one pass (its own)",
     }
     client = get_method("fedbaf").build_client({"base": "fedavg", "foundation": str(tmp_path)})
     model = ModelHandle(clients([3])[0][0])

@@ -28,7 +28,7 @@ from torch.func import functional_call, grad, grad_and_value, vmap
 from ...training.batched import unbatchable
 from ...training.loop import step_batches
 from ..base import ClientContext, Snapshot
-from .client import DUAL_DELTA, PERSONAL_SCALE, VBAR
+from .channels import DUAL_DELTA, PERSONAL_SCALE, VBAR
 from .families import NNPotential
 from .model import DUAL, MAP, FedOTModel
 from .params import FedOTParams

@@ -30,14 +30,10 @@ import torch
 
 from ...training.loop import step_batches, training_task
 from ..base import ClientAlgorithm, ClientContext
+from .channels import DUAL_DELTA, PERSONAL_SCALE, VBAR
 from .families import cap_curvature, cap_spectral, map_deviation
 from .model import TRUNK_PREFIX, FedOTModel
 from .params import FedOTParams
-
-#: downlink names: the server's head mean v̄ and the personal-step scale (1/n, literal_alg1)
-VBAR, PERSONAL_SCALE = "fedot/vbar", "fedot/personal_scale"
-#: uplink name: Δṽ_i, the round's change of the client's head
-DUAL_DELTA = "fedot/dual_delta"
 
 
 def sgd(params: list[torch.Tensor], grads: tuple[torch.Tensor, ...], lr: float) -> None:

@@ -18,7 +18,7 @@ import numpy as np
 from ..base import Diverged, Downlink, Update
 from ..context import ServerContext
 from ..general.fedavg import FedAvg
-from .client import DUAL_DELTA, PERSONAL_SCALE, VBAR
+from .channels import DUAL_DELTA, PERSONAL_SCALE, VBAR
 from .model import TRUNK_PREFIX
 from .params import FedOTParams
 

@@ -81,7 +81,7 @@ class Report:
     def cell(self, label: str) -> str:
         a = self.scores(label)
         if len(a) == 0:
-            return "—"
+            return "no run finished" if self.results.get(label, {}).get("error") else "—"
         if np.isnan(a).any():
             return "NaN"
         return f"{100 * a.mean():.1f} ± {100 * a.std():.1f}"

@@ -148,7 +148,19 @@ class Reproduction:
             "space": {"seed": {"grid": self.seeds}},
         }
         t0 = time.time()
-        summary = tune(raw, storage=(self.out / "tune" / label).resolve())
+        try:
+            summary = tune(raw, storage=(self.out / "tune" / label).resolve())
+        except RuntimeError as e:  # every trial failed (a diverged run stops with Diverged)
+            self.results[label] = {
+                "error": str(e),
+                "table": [],
+                "seconds": time.time() - t0,
+                "rounds": raw["rounds"],
+                "execution": self.execution,
+            }
+            self.save()
+            print(f"{label}: no run finished ({e})", flush=True)
+            return self.results[label]
         from mlflow.tracking import MlflowClient
 
         client = MlflowClient(self.uri)

@@ -55,15 +55,15 @@ def test_the_moment_features_average_real_tokens_per_sample_then_over_the_batch(
     assert float(values) == pytest.approx(linear, rel=1e-5)
 
 
-def test_embedding_std_scales_what_the_potentials_read_by_one_over_the_tables_std():
+def test_embedding_std_maps_and_matches_embeddings_in_units_of_the_tables_std():
     raw, standard = lm_model(), lm_model(potential_input="embedding_std")
     sigma = float(raw.predictor.input_embeddings().weight.std())
     assert standard.potential_scale == pytest.approx(1 / sigma) and sigma < 0.5
-    y, mask = sigma * torch.randn(2, 5, 32), torch.ones(2, 5, dtype=torch.bool)
-    for a, b in zip(
-        standard.mean_features(y, mask), raw.mean_features(y / sigma, mask), strict=True
-    ):
-        np.testing.assert_allclose(a, b, rtol=1e-5)
+    tokens = torch.randint(1, 300, (3, 16))
+    raw.eval(), standard.eval()
+    torch.testing.assert_close(standard(tokens), raw(tokens), atol=1e-5, rtol=1e-5)  # still id
+    torch.testing.assert_close(standard.mapped, raw.mapped / sigma, rtol=1e-5, atol=1e-5)
+    assert 0.5 < float(standard.mapped.std()) < 2.0 and float(raw.mapped.std()) < 0.5
     with pytest.raises(ValueError, match="needs a model with input embeddings"):
         spec = DataSpec("dense", (8,), 3)
         wrap(

@@ -50,7 +50,8 @@ class FedOTModel(nn.Module):
         self.predictor = predictor
         self.potential = potential
         self.on_embeddings = hasattr(predictor, "from_embeddings")
-        #: the potential reads ``potential_scale · ψ(x)`` (``FedOTParams.potential_input``)
+        #: token embeddings enter ψ multiplied by it and leave divided by it, so the map and the
+        #: potential work in those units (``FedOTParams.potential_input``)
         self.potential_scale = potential_scale
         self.mapped: torch.Tensor | None = None
         self.mask: torch.Tensor | None = None
@@ -58,19 +59,23 @@ class FedOTModel(nn.Module):
     def map(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(ψ_i of the inputs or of their token embeddings, the real-token mask or None)."""
         if self.on_embeddings:
-            return self.psi(self.predictor.embed(x)), x != getattr(self.predictor, "pad_id", 0)
+            e = self.predictor.embed(x)
+            if self.potential_scale != 1.0:
+                e = e * self.potential_scale
+            return self.psi(e), x != getattr(self.predictor, "pad_id", 0)
         return self.psi(x), None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y, mask = self.map(x)
         self.mapped, self.mask = y, mask
         if mask is not None:
+            if self.potential_scale != 1.0:
+                y = y / self.potential_scale
             return self.predictor.from_embeddings(y, mask)
         return self.predictor(y)
 
     def potential_values(self, y: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """φ_i per sample: on the flattened mapped input, or the mean over real tokens."""
-        y = self._scaled(y)
         if mask is None:
             return self.potential(y.reshape(len(y), -1))
         tokens = self.potential(y.reshape(-1, y.shape[-1])).reshape(mask.shape)
@@ -80,21 +85,18 @@ class FedOTModel(nn.Module):
     def mean_features(self, y: torch.Tensor, mask: torch.Tensor | None = None):
         """The batch mean of the potential's features (None for the nn potential): the rows of
         the flattened input, or every real token weighted 1/(its sample's tokens · N)."""
-        y = self._scaled(y)
         if mask is None:
             return self.potential.mean_features(y.reshape(len(y), -1))
         weights = mask.to(y.dtype)
         weights = weights / weights.sum(dim=1, keepdim=True).clamp(min=1.0) / len(y)
         return self.potential.mean_features(y.reshape(-1, y.shape[-1]), weights.reshape(-1))
 
-    def _scaled(self, y: torch.Tensor) -> torch.Tensor:
-        return y if self.potential_scale == 1.0 else y * self.potential_scale
-
 
 def potential_scale(module: nn.Module, params: Any) -> float:
     """1 (``raw``), or 1/σ_e with σ_e the std of the predictor's token-embedding table
-    (``embedding_std``: the §9.4 benchmark's own unit, so the moments the potentials match are
-    O(1) whatever the table's scale)."""
+    (``embedding_std``: the §9.4 benchmark's own unit; the map and the potentials then work on
+    e/σ_e, so the moments they match are O(1) and the map's step sizes mean the same whatever
+    the table's scale)."""
     if params.potential_input == "raw":
         return 1.0
     table = getattr(module, "input_embeddings", None)

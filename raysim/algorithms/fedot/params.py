@@ -51,8 +51,8 @@ class FedOTParams(MethodParams):
     potential: PotentialFamily = "quad_diag"
     potential_input: Literal["raw", "embedding_std"] = Field(
         "raw",
-        description="§9.4 (an extension): the potentials read ψ(e) as it is | ψ(e)/σ_e, σ_e the "
-        "std of the token-embedding table, so the matched moments are O(1)",
+        description="§9.4 (an extension): the map and potentials work on the embeddings e as they "
+        "are | on e/σ_e, σ_e the std of the token-embedding table, so the matched moments are O(1)",
     )
     hidden: int = Field(32, ge=1, description="h_φ, width of the nn potential's trunk (§4.2)")
     gamma_cap: Literal["none", "clamp", "rescale"] = Field(

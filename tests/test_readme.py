@@ -43,8 +43,8 @@ ELSEWHERE = {
     "tests/test_extraction_harness.py runs the CLI on one",
     "python examples/fedbaf/reproduce.py --out runs/fedbaf-mini": "about an hour; "
     "examples/fedbaf/RESULTS.md",
-    "python examples/fedot/reproduce.py --out runs/fedot-mini": "about an hour; "
-    "examples/fedot/RESULTS.md",
+    "python examples/fedot/reproduce.py --out runs/fedot-mini": "hours on 2 cores, resuming from "
+    "examples/fedot/results.json; examples/fedot/RESULTS.md",
     "raysim tune examples/tune-async.yaml --resume tune/tune-async-DATE": "a stopped sweep's "
     "directory; tests/test_tune.py interrupts a sweep and resumes it",
     "ray job submit --runtime-env cluster/runtime_env.yaml -- raysim run "

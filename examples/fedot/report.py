@@ -154,7 +154,10 @@ class Report:
             line(
                 f"A4 ({shift})",
                 mean > 0 and word != "behind",
-                f"τ = 5: FedOT − FedAvg = {mean:+.1f} points (seeds {lo:+.1f} … {hi:+.1f}, {word})",
+                f"τ = 5: FedOT − FedAvg = {mean:+.1f} points (seeds {lo:+.1f} … {hi:+.1f}, "
+                f"{word}); FedOT's dual term λ·mean φ_i in the last round: "
+                f"{self.last(f'{shift}/5/fedot', 'client_dual_penalty'):.2g} "
+                f"(τ = 1: {self.last(f'{shift}/1/fedot', 'client_dual_penalty'):.2g})",
                 f"{shift}/5/fedot",
                 f"{shift}/5/fedavg",
             )

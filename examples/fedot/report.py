@@ -34,7 +34,7 @@ NAMES = {
 }
 FM_NAMES = {
     "fedot": "**FedOT** + LoRA",
-    "fedot_std": "FedOT + LoRA, potentials on ψ(e)/σ_e",
+    "fedot_std": "FedOT + LoRA, map and potentials on e/σ_e",
     "fedot_l0": "FedOT λ = 0 + LoRA (maps only)",
     "fedavg": "FedAvg + LoRA",
     "local_only": "Local + LoRA",
@@ -55,10 +55,10 @@ from a config (hidden 64, 2 layers, random init) with LoRA r 8 on q/v and a head
 mean-pooled states; BBC News topics (5 classes), 20 IID clients, every client's token embeddings
 shifted by its own s_i ⊙ e + z_i (z_i at the scale of the embedding table); 30 rounds of 10 local
 steps; the map is diagonal affine on the embeddings and the potentials match the clients'
-per-dimension moments. "ψ(e)/σ_e" is an extension beyond the spec
-(`algorithm.potential_input: embedding_std`): the potentials read the mapped embeddings in units of
-the table's std σ_e, the unit of the shift itself, so the moments they match are O(1) rather than
-O(σ_e). Scores: mean over clients of personalised test accuracy, mean ± std over 3 seeds.
+per-dimension moments. "On e/σ_e" is an extension beyond the spec
+(`algorithm.potential_input: embedding_std`): the map and the potentials work on the embeddings in
+units of the table's std σ_e, the unit of the shift itself, so the moments they match are O(1) and
+not O(σ_e). Scores: mean over clients of personalised test accuracy, mean ± std over 3 seeds.
 """
 
 

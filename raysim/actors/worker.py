@@ -122,6 +122,9 @@ class ClientRunner:
         algo = self.client_algorithm
         if algo.trains_together:
             return self._run_coupled(weights, jobs)
+        if not algo.may_batch():  # decided by the class: load no job twice to find out
+            self._notice(f"{type(algo).__name__} trains its own way (it overrides train)")
+            return [self.run(weights, job) for job in jobs]
         prepared, starts = [], []
         groups = [g.name for g in self.model.groups]
         for job in jobs:
@@ -133,9 +136,7 @@ class ClientRunner:
         ctxs = [ctx for _, ctx, _ in prepared]
         why = algo.unbatchable(ctxs)
         if why:
-            if not self._noticed:
-                print(f"raysim: {self.cfg.algorithm.name}'s clients train one after another: {why}")
-                self._noticed = True
+            self._notice(why)
             return [self.run(weights, job) for job in jobs]
         finals, metrics = algo.train_batched(self.model, ctxs, starts)
         results = []
@@ -147,6 +148,11 @@ class ClientRunner:
                         p.copy_(value)
             results.append(self._result(weights, job, ctx, active, m))
         return results
+
+    def _notice(self, why: str) -> None:
+        if not self._noticed:
+            print(f"raysim: {self.cfg.algorithm.name}'s clients train one after another: {why}")
+            self._noticed = True
 
     def _run_coupled(self, weights: np.ndarray, jobs: list[ClientJob]) -> list[ClientResult]:
         while len(self._replicas) < len(jobs):

@@ -306,6 +306,14 @@ class ClientAlgorithm:
         )
         return [{group: f} for f in finals], metrics
 
+    @classmethod
+    def may_batch(cls) -> bool:
+        """Whether ``train_batched`` can train this client at all: the default ``train``, or
+        its own ``train_batched``."""
+        return cls.train_batched is not ClientAlgorithm.train_batched or (
+            cls.train is ClientAlgorithm.train
+        )
+
     def unbatchable(self, ctxs: Sequence[ClientContext]) -> str:
         """Why ``train_batched`` cannot train these clients ("" when it can): they then train
         one after another."""
@@ -443,9 +451,7 @@ class Method:
             return "one pass (its own)"
         if client.train_together is not ClientAlgorithm.train_together:
             return "coupled (train_together)"
-        if client.train is not ClientAlgorithm.train:
-            return "one after another"
-        return "one pass"
+        return "one pass" if client.may_batch() else "one after another"
 
     @property
     def adapts_for_eval(self) -> bool:

@@ -66,26 +66,29 @@ class RayWorkerPool:
         if self.group_size > 1:
             return self._grouped(jobs)
         n = min(len(self.workers), len(jobs))
-        cost = [1 if self._sizes is None else int(self._sizes[j.client]) for j in jobs]
-        load, batches = [0] * n, [[] for _ in range(n)]
-        for i in sorted(range(len(jobs)), key=lambda i: (-cost[i], i)):
-            w = min(range(n), key=lambda w: (load[w], w))
-            load[w] += cost[i]
+        batches: list[list[ClientJob]] = [[] for _ in range(n)]
+        for i, w in self._least_loaded([self._cost([j]) for j in jobs], n):
             batches[w].append(jobs[i])
         return [(w, b) for w, b in enumerate(batches) if b]
 
     def _grouped(self, jobs: list[ClientJob]) -> list[tuple[int, list[ClientJob]]]:
         """One batch per group; groups go to the least-loaded worker, the largest first."""
         groups = job_groups(jobs, self.group_size)
-        cost = [
-            sum(1 if self._sizes is None else int(self._sizes[j.client]) for j in g) for g in groups
-        ]
-        load = [0] * len(self.workers)
-        out = []
-        for i in sorted(range(len(groups)), key=lambda i: (-cost[i], i)):
-            w = min(range(len(load)), key=lambda w: (load[w], w))
+        placed = self._least_loaded([self._cost(g) for g in groups], len(self.workers))
+        return [(w, groups[i]) for i, w in placed]
+
+    def _cost(self, jobs: list[ClientJob]) -> int:
+        return sum(1 if self._sizes is None else int(self._sizes[j.client]) for j in jobs)
+
+    @staticmethod
+    def _least_loaded(cost: list[int], n: int) -> list[tuple[int, int]]:
+        """(item, worker) pairs: the costliest item first, each to the least-loaded of ``n``
+        workers (ties to the lower index; deterministic)."""
+        load, out = [0] * n, []
+        for i in sorted(range(len(cost)), key=lambda i: (-cost[i], i)):
+            w = min(range(n), key=lambda w: (load[w], w))
             load[w] += cost[i]
-            out.append((w, groups[i]))
+            out.append((i, w))
         return out
 
     def submit(self, handle: Any, jobs: list[ClientJob]) -> None:

@@ -258,7 +258,8 @@ class Report:
             "## Where it ran",
             "",
             f"{cpu_model()}, {os.cpu_count()} cores, Python {platform.python_version()}; the "
-            f"cells measured so far took {seconds / 60:.0f} min of wall time (the 3 seeds of a "
+            f"{'cells measured so far' if done < len(cells) else 'cells'} took "
+            f"{seconds / 60:.0f} min of wall time (the 3 seeds of a "
             f"cell side by side, one worker each), at times beside other jobs on the same cores; "
             f"{how} (`workers.execution`: a round's clients one after another, or in one "
             "vectorised pass; the two agree to float rounding, `tests/test_fedot.py`).",

@@ -210,10 +210,12 @@ class WorkersConfig(StrictModel):
     num_gpus: float = Field(0.0, ge=0)
     threads: int = Field(1, ge=1, description="torch intra-op threads per worker")
     max_restarts: int = Field(3, ge=0, description="times a dead worker is replaced")
-    execution: Literal["sequential", "batched"] = Field(
-        "sequential",
+    execution: Literal["auto", "sequential", "batched"] = Field(
+        "auto",
         description="sequential: a worker trains its clients one after another; batched: in "
-        "groups of group_size, one vmapped pass per step (raysim.training.batched)",
+        "groups of group_size, one vmapped pass per step (raysim.training.batched); auto: "
+        "batched where the method, model and local settings allow it, quietly sequential "
+        "elsewhere (always with per_client actors)",
     )
     group_size: int = Field(
         16,
@@ -410,7 +412,22 @@ class RunConfig(StrictModel):
         (batched execution) or all of them (a method whose clients train together)."""
         if self.method_client().trains_together:
             return sys.maxsize
-        return self.workers.group_size if self.workers.execution == "batched" else 1
+        w = self.workers
+        if w.execution == "sequential" or (w.execution == "auto" and not self.may_batch()):
+            return 1
+        return w.group_size
+
+    def may_batch(self) -> bool:
+        """``workers.execution: auto``: whether the clients may train batched, as far as the
+        config tells (the worker checks the built model, ``ClientRunner.sequential_reason``)."""
+        local = self.local
+        return (
+            self.workers.count != "per_client"
+            and self.method_client().may_batch()
+            and local.backend == "torch"
+            and local.mixed_precision == "no"
+            and local.grad_accumulation == 1
+        )
 
     def _check_together(self) -> None:
         """A method whose round trains together (FedOT's exact centring) runs it on one worker,

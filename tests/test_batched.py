@@ -138,6 +138,7 @@ def test_what_cannot_be_batched_says_why():
 
 # ------------------------------------------------------------------ through the runtime
 QUICK = ["rounds=4", "eval.every=4", "tracking.enabled=false"]
+SEQUENTIAL = "workers.execution=sequential"
 
 
 def quickstart(*overrides):
@@ -160,7 +161,7 @@ def finish(cfg):
 def test_a_batched_run_ends_where_the_sequential_one_does(algorithm):
     """The quickstart (Dir(0.3) sizes 1–45, 5 epochs, momentum): 4 rounds of 10 clients in
     groups of 4, against one client after another."""
-    seq = finish(quickstart(f"algorithm={algorithm}"))
+    seq = finish(quickstart(f"algorithm={algorithm}", SEQUENTIAL))
     bat = finish(quickstart(f"algorithm={algorithm}", "workers.execution=batched",
                             "workers.group_size=4"))  # fmt: skip
     assert bat.digest() != "" and np.abs(bat.weights - seq.weights).max() < 1e-5
@@ -191,7 +192,7 @@ def test_a_client_that_trains_its_own_way_runs_sequentially_and_says_so(capsys):
     """Local-only overrides ``train``: batched execution trains its clients one after another,
     with a one-line notice, and ends exactly where sequential execution does."""
     local = ["algorithm={name: local_only}", "rounds=2", "eval.every=2"]
-    seq = finish(quickstart(*local))
+    seq = finish(quickstart(*local, SEQUENTIAL))
     bat = finish(quickstart(*local, "workers.execution=batched"))
     assert bat.digest() == seq.digest()
     assert "local_only's clients train one after another" in capsys.readouterr().out
@@ -204,7 +205,7 @@ def test_ditto_batches_its_personal_copies_and_ends_where_sequential_does(init, 
     stacked like the global tensors."""
     ditto = [f"algorithm={{name: ditto, lambda: 0.5, personal_init: {init}}}", "rounds=3",
              "eval.every=3", "clients.num=20"]  # fmt: skip
-    seq = finish(quickstart(*ditto))
+    seq = finish(quickstart(*ditto, SEQUENTIAL))
     bat = finish(quickstart(*ditto, "workers.execution=batched", "workers.group_size=4"))
     assert "one after another" not in capsys.readouterr().out
     assert np.abs(bat.weights - seq.weights).max() < 1e-5
@@ -239,7 +240,7 @@ def test_fedit_on_a_tiny_llama_batches_through_multi_lora_and_ends_where_sequent
     over = ["algorithm={name: fedit}", "model.lora.dropout=0", "rounds=2", "eval.every=50",
             "tracking.enabled=false", "data.text.n_train=36"]  # fmt: skip
     smoke = EXAMPLES / "fedoa" / "smoke.yaml"
-    seq = finish(load_config(smoke, over))
+    seq = finish(load_config(smoke, [*over, SEQUENTIAL]))
     bat = finish(load_config(smoke, [*over, "workers.execution=batched", "workers.group_size=3"]))
     gap = np.abs(bat.weights - seq.weights).max()
     assert gap < 1e-5 and np.abs(bat.weights).max() > 0, gap
@@ -280,7 +281,7 @@ def test_a_lora_classifier_on_a_transformer_runs_one_after_another_and_says_why(
     over = ["algorithm={name: fedavg}", "rounds=1", "clients.num=3", "clients.per_round=3",
             "tracking.enabled=false", "eval.every=1", "data.max_tokens=16"]  # fmt: skip
     fm = EXAMPLES / "fedot" / "fm-mini.yaml"
-    seq = finish(load_config(fm, over))
+    seq = finish(load_config(fm, [*over, SEQUENTIAL]))
     bat = finish(load_config(fm, [*over, "workers.execution=batched"]))
     assert bat.digest() == seq.digest()
     assert "does not run under vmap" in capsys.readouterr().out

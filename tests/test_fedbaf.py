@@ -345,6 +345,8 @@ def test_fedbaf_through_raysim_run_on_two_workers_with_the_auditor(
     foundation_for(run_cfg({"name": "fedavg"}), path)
     raw = audited({"name": "fedbaf", "base": "fedprox", "foundation": str(path)})
     cfg = load_config({**raw.model_dump(mode="json"), "tracking": {"experiment": "fedbaf-smoke"}})
+    # groups of 2, so that both workers train batched groups and the killed one had work
+    cfg = load_config(cfg, ["workers.group_size=2"])
     faults = ["faults.kill_worker.round=1", "faults.kill_worker.worker=1"]
     res = raysim.run(cfg, ["workers.count=2", *faults])
     assert res.weights_digest == finish(cfg).digest()

@@ -365,13 +365,15 @@ RAY_SMOKE = [SMOKE[0], *(pytest.param(*s, marks=pytest.mark.matrix) for s in SMO
 
 
 def smoke_config(algorithm: dict):
-
+    """Groups of 2 under batched execution, so that both of 2 workers train and a killed one
+    had work."""
     return cfg_for(
         algorithm,
         rounds=3,
         id_size=32,
         ood=[{"name": "shapes", "size": 100}],
         tracking={"experiment": "feddle-smoke"},
+        workers={"group_size": 2},
     )
 
 

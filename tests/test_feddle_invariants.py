@@ -17,6 +17,7 @@ import pytest
 
 from raysim.actors.coordinator_core import CoordinatorCore
 from raysim.actors.evaluation import evaluator_for
+from raysim.actors.jobs import job_groups
 from raysim.actors.local import local_core
 from raysim.actors.worker import ClientRunner
 from raysim.config import load_config
@@ -269,12 +270,14 @@ def test_feddle_mini_evaluates_at_rounds_10_to_200_and_reports_the_max_of_the_la
 
 # --------------------------------------------------------------------------- I-16
 class RoundRobinExecutor:
-    """An in-process stand-in for a pool of ``n`` workers: each job runs on runner
-    ``job_id % n`` as soon as it is submitted, the jobs of a batch in reverse order (as if they
-    finished out of order), and evaluations alternate between runners."""
+    """An in-process stand-in for a pool of ``n`` workers: each group of jobs that trains
+    together (``job_groups``, as the Ray pool cuts them; one job each under sequential execution)
+    runs on runner ``first job_id % n`` as soon as it is submitted, the groups of a batch in
+    reverse order (as if they finished out of order), and evaluations alternate between runners."""
 
     def __init__(self, runners):
         self.runners, self.results, self.evals = runners, {}, 0
+        self.group_size = runners[0].group_size
 
     def put(self, weights):
         return weights
@@ -283,8 +286,10 @@ class RoundRobinExecutor:
         return handle
 
     def submit(self, handle, jobs):
-        for job in reversed(jobs):
-            self.results[job.job_id] = self.runners[job.job_id % len(self.runners)].run(handle, job)
+        for group in reversed(job_groups(jobs, self.group_size)):
+            runner = self.runners[group[0].job_id % len(self.runners)]
+            for result in runner.run_batch(handle, group):
+                self.results[result.job_id] = result
 
     def result(self, job_id):
         return self.results.pop(job_id)

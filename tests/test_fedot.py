@@ -222,7 +222,8 @@ def test_i4_exact_centring_keeps_the_heads_zero_sum_at_every_ascent_step(monkeyp
         if per_round == 6:
             assert start <= 1e-9 * scale
     mode[0] = "sync"
-    run(fedot_cfg(per_round=6, rounds=1, dual_centering="sync"))
+    sync = fedot_cfg(per_round=6, rounds=1, dual_centering="sync")  # spied one client at a time
+    run(load_config(sync.to_dict(), ["workers.execution=sequential"]))
     first_step = np.sum(seen["sync"][::2][:6], axis=0)  # each client's first local iteration
     assert np.linalg.norm(first_step) > 1e-3
 
@@ -595,7 +596,8 @@ def test_vectorised_clients_give_the_one_at_a_time_result(monkeypatch, variant):
     cfg = fedot_cfg(n=6, rounds=3, **variant)
     wire = cfg.to_dict()
     wire["workers"] = {"execution": "batched", "group_size": 4}
-    seq, bat = run(cfg), run(load_config(wire))
+    seq = run(load_config(wire, ["workers.execution=sequential"]))
+    bat = run(load_config(wire))
     assert groups and max(groups) == min(4, variant.get("per_round", 6))
     assert np.abs(bat.weights - seq.weights).max() < 1e-5
     np.testing.assert_allclose(bat.strategy.vbar, seq.strategy.vbar, atol=1e-6)
@@ -610,5 +612,6 @@ def test_simultaneous_gda_is_not_vectorised_and_says_so(capsys):
     cfg = fedot_cfg(n=4, rounds=2, gda_mode="simultaneous", k_max=1)
     wire = cfg.to_dict()
     wire["workers"] = {"execution": "batched"}
-    assert run(load_config(wire)).digest() == run(cfg).digest()
+    sequential = run(load_config(wire, ["workers.execution=sequential"]))
+    assert run(load_config(wire)).digest() == sequential.digest()
     assert "only alternating GDA is vectorised" in capsys.readouterr().out

@@ -40,7 +40,7 @@ def test_i10_an_actor_per_client_gives_the_in_process_result(ray_cluster):
     """Clients served by their own actors give the same weights, maps and heads as the
     in-process run (two pooled workers serving clients in whatever order: the CLI smoke)."""
     cfg = fedot_cfg(n=4, per_round=3, rounds=3)
-    reference = run(cfg)
+    reference = run(load_config(cfg.to_dict(), ["workers.execution=sequential"]))
     res = raysim.run(cfg.to_dict(), ["workers.count=per_client", "workers.num_cpus=0.1"])
     assert res.weights_digest == reference.digest()
     same_states(res.client_states, reference.materialized_states())
@@ -64,13 +64,13 @@ def test_the_fedot_example_gives_the_in_process_digest_on_2_workers_through_a_ki
     the digest of the uninterrupted in-process run."""
     faults = ["checkpoint.every=1", f"checkpoint.dir={tmp_path / 'ckpt'}"]
     faults += ["faults.kill_worker.round=1", "faults.kill_worker.worker=1"]
-    faults += ["faults.kill_coordinator.round=2"]
+    faults += ["faults.kill_coordinator.round=2", "workers.group_size=3"]  # both workers busy
     out = fresh_cli(["run", str(MINI), *SMOKE, "workers.count=2", *faults], tmp_path)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     said = out.stdout + out.stderr
     assert "worker 1 restarted" in said and "took over from the checkpoint of round 2" in said
     digest = re.search(r"weights sha256: (\w+)", out.stdout).group(1)
-    assert run(load_config(MINI, SMOKE)).digest() == digest
+    assert run(load_config(MINI, [*SMOKE, "workers.group_size=3"])).digest() == digest
 
 
 def test_exact_centring_on_2_workers_through_a_killed_worker_gives_the_in_process_digest(

@@ -75,7 +75,7 @@ def test_same_result_with_one_or_three_workers(ray_cluster, delays):
 @pytest.mark.matrix  # slow (an actor per client); the 1-vs-3-workers test above runs by default
 def test_per_client_actors_equal_pooled_workers(ray_cluster):
     cfg = tiny(clients={"num": 4, "per_round": 3}, delays={"kind": "half_normal", "sigma": 2.0})
-    pooled = raysim.run(cfg)
+    pooled = raysim.run(cfg, ["workers.execution=sequential"])  # per_client is sequential
     pinned = raysim.run(cfg, ["workers.count=per_client", "workers.num_cpus=0.1"])
     assert pooled.weights_digest == pinned.weights_digest
 

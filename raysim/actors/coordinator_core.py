@@ -18,7 +18,7 @@ import numpy as np
 
 from raysim.actors.audit import LeakAuditor
 from raysim.actors.executor import Executor
-from raysim.actors.jobs import ClientJob
+from raysim.actors.jobs import ClientJob, job_groups
 from raysim.algorithms.base import Diverged, Downlink, Strategy, Update
 from raysim.algorithms.context import ServerContext
 from raysim.algorithms.hooks import compose
@@ -122,6 +122,9 @@ class CoordinatorCore:
         self._versions: dict[int, _Version] = {}
         self._broadcasts: dict[int, _Broadcast] = {}  # by dispatch round
         self._job_ids = 0
+        #: each dispatch round's submitted jobs, (job id, client) in schedule order, while any
+        #: is in flight: a resumed run re-forms the groups that trained together from them
+        self._submissions: dict[int, list[tuple[int, int]]] = {}
         self.stats: dict[int, ClientStats] = defaultdict(ClientStats)
         #: Personal state per client (simulated client storage; the strategy never sees it).
         #: personal state by client: arrays, or executor handles (``materialized_states``)
@@ -215,6 +218,8 @@ class CoordinatorCore:
             self._deliver(job, k, log)
         self._bump(self._timed(self.strategy.on_round_end, k))
         self.round += 1
+        if len(self._submissions) > 64:
+            self._live_submissions()
         if self.done:
             for job in self.queue.drop_after(k):
                 self.stats[job.client].dropped_late += 1
@@ -255,6 +260,7 @@ class CoordinatorCore:
                 jobs.append(self._client_job(self._job_ids, client, k))
         log.bytes_down += len(d) * v.weights.nbytes
         if jobs:
+            self._submissions[k] = [(j.job_id, j.client) for j in jobs]
             self.executor.submit(v.handle, jobs)
 
     def _warn_unused_faults(self, k: int, dispatched: set[int]) -> None:
@@ -385,6 +391,7 @@ class CoordinatorCore:
             "round": self.round,
             "version": self.version,
             "job_ids": self._job_ids,
+            "submissions": self._live_submissions(),
             "schedule": self.schedule.state_dict(),
             "queue": self.queue.state_dict(),
             # weights of every version that in-flight jobs were dispatched on (and the current)
@@ -439,6 +446,10 @@ class CoordinatorCore:
         self.round = int(state["round"])
         self.version = int(state["version"])
         self._job_ids = int(state["job_ids"])
+        self._submissions = {
+            int(k): [(int(j), int(c)) for j, c in sub]
+            for k, sub in state.get("submissions", {}).items()
+        }
         self.schedule.load_state_dict(state["schedule"])
         self.queue.load_state_dict(state["queue"])
         self.stats = defaultdict(
@@ -454,16 +465,47 @@ class CoordinatorCore:
         self._versions = {}
         for v, saved in state["versions"].items():
             self._versions[int(v)] = self._publish(saved["weights"], int(saved["refs"]))
-        by_version: dict[int, list[ClientJob]] = defaultdict(list)
-        for job in sorted(self.queue.jobs(), key=lambda j: j.job_id):
+        pending = [j for j in self.queue.jobs() if j.arrival_round < self.cfg.rounds]
+        for job in pending:
             if job.dispatch_version not in self._versions:
                 raise ValueError(f"checkpoint lacks model version {job.dispatch_version}")
-            if job.arrival_round < self.cfg.rounds:
-                by_version[job.dispatch_version].append(
-                    self._client_job(job.job_id, job.client, job.dispatch_round)
-                )
+        size = getattr(self.executor, "group_size", 1)
+        if size > 1 and all(j.dispatch_round in self._submissions for j in pending):
+            self._resubmit_groups(pending, size)
+            return
+        by_version: dict[int, list[ClientJob]] = defaultdict(list)
+        for job in sorted(pending, key=lambda j: j.job_id):
+            by_version[job.dispatch_version].append(
+                self._client_job(job.job_id, job.client, job.dispatch_round)
+            )
         for v, jobs in by_version.items():
             self.executor.submit(self._versions[v].handle, jobs)
+
+    def _resubmit_groups(self, pending: list[PendingJob], size: int) -> None:
+        """In-flight jobs that trained in groups (batched execution, or clients that train
+        together) go out again in their original groups: a batched client's float rounding
+        depends on its group's shapes, so each group is re-formed from its round's submission
+        (``job_groups``), mates that arrived before the checkpoint included; their results are
+        fetched and dropped."""
+        wanted = {j.job_id: j for j in pending}
+        mates: list[int] = []
+        for k in sorted({j.dispatch_round for j in pending}):
+            for group in job_groups(self._submissions[k], size):
+                ids = [job_id for job_id, _ in group]
+                if not any(i in wanted for i in ids):
+                    continue
+                version = next(wanted[i].dispatch_version for i in ids if i in wanted)
+                jobs = [self._client_job(job_id, client, k) for job_id, client in group]
+                self.executor.submit(self._versions[version].handle, jobs)
+                mates += [i for i in ids if i not in wanted]
+        for job_id in mates:
+            self.executor.result(job_id)
+
+    def _live_submissions(self) -> dict[int, list[tuple[int, int]]]:
+        """``_submissions`` of the rounds with a job in flight (the rest are dropped)."""
+        live = {j.dispatch_round for j in self.queue.jobs()}
+        self._submissions = {k: v for k, v in self._submissions.items() if k in live}
+        return dict(self._submissions)
 
     # ----------------------------------------------------------------- results
     @property

@@ -10,7 +10,12 @@ from raysim.actors.jobs import ClientJob, ClientResult, EvalJob, job_groups
 
 
 class Executor(Protocol):
-    """Runs client jobs somewhere; results are fetched by job id, in any order."""
+    """Runs client jobs somewhere; results are fetched by job id, in any order.
+
+    ``group_size``: how many of a submission's jobs train together (cut by ``job_groups``);
+    1 where each trains alone."""
+
+    group_size: int
 
     def put(self, weights: np.ndarray) -> Any:
         """Publish one global model version once; the handle is passed to ``submit``."""
@@ -48,6 +53,10 @@ class InProcessExecutor:
         self._pending: dict[int, tuple[np.ndarray, ClientJob]] = {}
         self._together: dict[int, list[ClientJob]] = {}  # job id → the group it trains in
         self._done: dict[int, ClientResult] = {}
+
+    @property
+    def group_size(self) -> int:
+        return self.runner.group_size
 
     def put(self, weights: np.ndarray) -> np.ndarray:
         return weights

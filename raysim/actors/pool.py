@@ -45,6 +45,9 @@ class RayWorkerPool:
         config = cfg.to_dict()
         self.data = [dataset_ref]  # sent with every batch; see ``Worker``
         self.workers = [actor.remote(config, spec, w.threads) for _ in range(size)]
+        if self.group_size > 1 and w.execution == "auto":  # the built model may not batch
+            if ray.get(self.workers[0].sequential_reason.remote(self.data)):
+                self.group_size = 1
         self._where: dict[int, tuple[Any, int]] = {}
         self._fetched: dict[Any, list[ClientResult]] = {}
         self._remaining: dict[Any, int] = {}

@@ -55,8 +55,7 @@ class ClientRunner:
         self.model = method_resident(self.cfg, spec)
         self.task = task_for(spec, next(self.model.module.parameters()).device)
         self.client_algorithm = self.method.client(self.cfg.algorithm.params)
-        #: jobs of one batch that train together (``RunConfig.group_size``)
-        self.group_size = self.cfg.group_size()
+        self._sequential_reason: str | None = None  # see ``sequential_reason``
         self.behaviours = [BEHAVIOURS.get(name).build(p) for name, p in self.cfg.client_hooks()]
         for b in self.behaviours:
             b.setup(self.cfg.seed, self.cfg.clients.num)
@@ -69,6 +68,31 @@ class ClientRunner:
         self._initial = self.model.get_global()
         # torch.optim imports torch._dynamo lazily on first use (~1.5 s); pay it at start-up.
         make_optimizer(self.model.global_parameters(), self.cfg.local)
+
+    @property
+    def group_size(self) -> int:
+        """Jobs of one batch that train together (``RunConfig.group_size``); 1 where
+        ``workers.execution: auto`` finds this model's clients cannot batch."""
+        size = self.cfg.group_size()
+        if size > 1 and self.cfg.workers.execution == "auto" and self.sequential_reason():
+            return 1
+        return size
+
+    def sequential_reason(self) -> str:
+        """Why this method's clients train one after another on this model ("" when they batch):
+        its client's ``unbatchable`` asked once, on client 0's context at the initial weights.
+        A group can still fall back on its own (different local settings, uneven data)."""
+        if self._sequential_reason is None:
+            algo = self.client_algorithm
+            if algo.trains_together:  # a round that trains together is one group by nature
+                self._sequential_reason = ""
+            elif not algo.may_batch():
+                self._sequential_reason = f"{type(algo).__name__} trains its own way"
+            else:
+                job = ClientJob(job_id=-1, client=0, dispatch_round=0, run_seed=self.cfg.seed)
+                ctx, _ = self._context(self._initial, job)
+                self._sequential_reason = algo.unbatchable([ctx])
+        return self._sequential_reason
 
     def initial_global(self) -> tuple[np.ndarray, Layout]:
         """The global vector as built (before any job) and its layout."""
@@ -150,7 +174,9 @@ class ClientRunner:
         return results
 
     def _notice(self, why: str) -> None:
-        if not self._noticed:
+        """One line, once, where ``workers.execution: batched`` was asked for and not given
+        (``auto`` falls back quietly)."""
+        if not self._noticed and self.cfg.workers.execution == "batched":
             print(f"raysim: {self.cfg.algorithm.name}'s clients train one after another: {why}")
             self._noticed = True
 
@@ -292,7 +318,8 @@ class ClientRunner:
             x, y = self._eval_tensors[name]
             shifts = getattr(self.dataset, "shifts", None)
             if shifts is not None and client is not None and name == "test":
-                x = torch.from_numpy(shifts.test_view(client))  # the client's own view
+                view = shifts.test_view(client)  # the client's own view (cached read-only)
+                x = torch.from_numpy(view if view.flags.writeable else view.copy())
             return evaluate(module, x, y)
         from raysim.metrics import rouge1
         from raysim.training.lm_eval import generate as greedy
@@ -424,6 +451,10 @@ class Worker(ClientRunner):
     ) -> list[dict[str, dict[str, float]]]:
         self._attach(data)
         return super().evaluate_batch(weights, jobs)
+
+    def sequential_reason(self, data: list[Any] | None = None) -> str:  # type: ignore[override]
+        self._attach(data)
+        return super().sequential_reason()
 
     def info(self) -> dict[str, Any]:
         import ray

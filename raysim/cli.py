@@ -687,8 +687,10 @@ def main(argv: list[str] | None = None) -> int:
     from raysim.actors.coordinator_actor import RunSetupError
     from raysim.algorithms.base import Diverged
     from raysim.api import CoordinatorLost
+    from raysim.quiet import quiet_libraries
 
     args = build_parser().parse_args(argv)
+    quiet_libraries()
     try:
         return int(args.func(args))
     except user_errors() as e:

@@ -76,12 +76,22 @@ def store_lock(uri: str) -> Any:
     return FileLock(str(path) + ".lock", timeout=300)
 
 
+def quiet_mlflow() -> None:
+    """No INFO lines from MLflow or its schema migrations (a fresh store's "Creating initial
+    MLflow database tables"). After ``import mlflow``, which sets its loggers to INFO."""
+    import mlflow  # noqa: F401
+
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+
+
 def open_store(uri: str) -> Any:
     """An ``MlflowClient`` on ``uri`` whose store is ready: a fresh store creates and migrates
     its schema on first use, under ``store_lock`` so that runs starting together never race; a
     sqlite store that was copied or moved has its artifact paths repointed (``relocate_store``)."""
     from mlflow.tracking import MlflowClient
 
+    quiet_mlflow()
     with store_lock(uri):
         client = MlflowClient(tracking_uri=uri)
         client.search_experiments(max_results=1)
@@ -199,7 +209,10 @@ def ensure_experiment(client: Any, name: str) -> str:
 
 
 class Tracker:
-    """One MLflow run; metrics are batched per round (one request per round).
+    """One MLflow run; metrics are batched per round (one request per round), written by
+    MLflow's asynchronous logging queue so that the store's write (~10-20 ms on sqlite) is off
+    the round's critical path. ``flush`` waits for them; a checkpoint, the end of the run and a
+    failure flush first, so a resumed run finds every round up to its checkpoint.
 
     ``resume_run_id`` reopens an existing run instead (``raysim run --resume``): its status goes
     back to RUNNING, params are left as they are, and rounds it already logged before it stopped
@@ -217,16 +230,13 @@ class Tracker:
         parent_run_id: str | None = None,
         resume_run_id: str | None = None,
     ) -> None:
-
-        logging.getLogger("mlflow").setLevel(logging.WARNING)
-        logging.getLogger("alembic").setLevel(logging.WARNING)
-
         self.client = open_store(uri)  # its own client: the process-wide tracking URI stays put
         self.uri = uri
         self.warnings: list[str] = []
         self.ended = False
         #: Rounds up to this step were logged by an earlier attempt of a resumed run.
         self.logged_through = -1
+        self._pending: list[Any] = []  # RunOperations of rounds not yet known written
         if resume_run_id is not None:
             self.run_id = resume_run_id
             history = self.client.get_metric_history(resume_run_id, "round")
@@ -260,7 +270,16 @@ class Tracker:
             for k, v in metrics.items()
             if v is not None and np.isfinite(v)
         ]
-        self.client.log_batch(self.run_id, metrics=batch)
+        self._pending.append(self.client.log_batch(self.run_id, metrics=batch, synchronous=False))
+        if len(self._pending) >= 100:  # long runs without checkpoints: keep the list short
+            self.flush()
+
+    def flush(self) -> None:
+        """Wait until every round logged so far is in the store."""
+        pending, self._pending = self._pending, []
+        for operations in pending:
+            if operations is not None:
+                operations.wait()
 
     def log_config(self, config: Mapping[str, Any]) -> None:
         """The resolved config as ``config.yaml`` now (a run that dies early still has it)."""
@@ -280,6 +299,7 @@ class Tracker:
 
     def log_checkpoint(self, files: Mapping[str, bytes], next_round: int) -> None:
         """Replace the run's ``checkpoint/`` artifacts; ``meta.json`` goes last."""
+        self.flush()
         with tempfile.TemporaryDirectory() as tmp:
             for name in sorted(files, key=lambda n: n == "meta.json"):
                 path = Path(tmp) / name
@@ -339,12 +359,16 @@ class Tracker:
                 for name, rows in tables.items():
                     (d / "strategy" / f"{name}.csv").write_text(rows_csv(rows))
             self.client.log_artifacts(self.run_id, str(d))
+        self.flush()
         self.client.set_terminated(self.run_id, "FINISHED")
         self.ended = True
 
     def fail(self, status: str = "FAILED") -> None:
         """End the run unfinished: FAILED (an error) or KILLED (interrupted, closed early)."""
-        self.client.set_terminated(self.run_id, status)
+        try:
+            self.flush()
+        finally:
+            self.client.set_terminated(self.run_id, status)
         self.ended = True
 
 

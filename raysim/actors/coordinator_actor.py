@@ -42,6 +42,9 @@ class Coordinator:
         that cannot be loaded, a missing file) is kept and raised by ``ready`` as a
         ``RunSetupError``: a task error, which the driver reports once, where an actor dying in
         its constructor would be replaced and fail the same way again."""
+        from raysim.quiet import quiet_libraries
+
+        quiet_libraries()
         self._setup_error: RunSetupError | None = None
         try:
             self._setup(config, pool_size, tracking_uri, resume, session, restarts)
@@ -161,7 +164,10 @@ class Coordinator:
         return metrics
 
     def save_checkpoint(self) -> None:
-        """Write the run's state now (MLflow ``checkpoint/`` and/or ``checkpoint.dir``)."""
+        """Write the run's state now (MLflow ``checkpoint/`` and/or ``checkpoint.dir``), after
+        the rounds it covers are in the store (a resumed run does not log them again)."""
+        if self.tracker is not None:
+            self.tracker.flush()
         core = self.core.state_dict()
         private = core.pop("strategy_private")  # its own file, never MLflow (checkpoint.py)
         state = {"core": core, "warnings": list(self.tracker.warnings) if self.tracker else []}

@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import os
 import time
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,6 +18,7 @@ from raysim.data import FederatedDataset
 from raysim.models import DataSpec
 from raysim.models.handle import ModelHandle
 from raysim.models.layout import Layout
+from raysim.quiet import quiet_libraries
 from raysim.runtime import data_spec, method_resident
 from raysim.training.loop import evaluate, local_accuracy, make_optimizer
 from raysim.training.tasks import task_for
@@ -47,7 +47,7 @@ class ClientRunner:
         from raysim.config import config_from_wire
 
         torch.set_num_threads(threads)
-        warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
+        quiet_libraries()
         self.cfg = config_from_wire(config)
         self.dataset = dataset
         spec = spec or data_spec(dataset)

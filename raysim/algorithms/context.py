@@ -95,6 +95,12 @@ class ServerContext:
 
     # ----------------------------------------------------------------- compute
     @property
+    def device(self) -> torch.device:
+        """Where server-side vector work runs: the coordinator's GPU when it has one
+        (``coordinator.num_gpus``), else the CPU."""
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+    @property
     def has_model(self) -> bool:
         return self._model_factory is not None
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 
 import numpy as np
+import torch
 
 
 class PrivateStateError(RuntimeError):
@@ -51,3 +52,13 @@ class PrivateTensors(Mapping[str, np.ndarray]):
 
     def __reduce_ex__(self, protocol):  # noqa: D105
         return self.__reduce__()
+
+
+class PrivateDeviceTensors(PrivateTensors):
+    """``PrivateTensors`` of torch tensors (server-side compute on the coordinator's device):
+    copied on construction, and refused by pickle like the arrays."""
+
+    __slots__ = ()
+
+    def __init__(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        object.__setattr__(self, "_arrays", {n: t.detach().clone() for n, t in tensors.items()})

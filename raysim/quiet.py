@@ -1,0 +1,24 @@
+"""Keep the console to raysim's own progress and warnings: the chatter of the libraries it
+drives (transformers' per-load progress bars, their deprecation warnings, DeepSpeed's accelerator
+probe) is switched off in every raysim process, before those libraries are imported."""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+
+def quiet_libraries() -> None:
+    """Call at the start of a raysim process (driver, coordinator, worker); idempotent."""
+    # transformers reads this at import for its own bars ("Loading weights", GGUF conversion)
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    for module in ("transformers", "peft"):
+        warnings.filterwarnings("ignore", category=FutureWarning, module=module)
+    torch = sys.modules.get("torch")  # not imported here: a driver may never need it
+    if "DS_ACCELERATOR" not in os.environ and torch is not None and not torch.cuda.is_available():
+        os.environ["DS_ACCELERATOR"] = "cpu"  # DeepSpeed warns when it probes and finds no GPU

@@ -313,3 +313,21 @@ def test_natural_needs_client_column() -> None:
 def test_config_typo_named() -> None:
     with pytest.raises(ValueError, match="did you mean 'alpha'"):
         DataConfig.model_validate({"partition": {"kind": "dirichlet", "alpah": 0.1}})
+
+
+def test_digits_are_sklearns_digits_read_without_importing_sklearn() -> None:
+    """``load_digits`` reads sklearn's shipped file itself (start-up cost): the same arrays."""
+    import subprocess
+    import sys
+
+    from sklearn.datasets import load_digits as sklearn_digits
+
+    from raysim.data.builtin import load_digits
+
+    raw, bunch = load_digits(), sklearn_digits()
+    np.testing.assert_array_equal(raw.x, (bunch.data / 16.0).astype(np.float32))
+    np.testing.assert_array_equal(raw.y, bunch.target)
+    probe = "import sys; from raysim.data.builtin import load_digits; load_digits(); "
+    probe += "print('sklearn' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -6,6 +6,7 @@ the last one into a freshly built run before the first step (``raysim/checkpoint
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import ray
@@ -18,7 +19,7 @@ from raysim.algorithms.base import Diverged
 from raysim.algorithms.registry import get_method
 from raysim.config import config_from_wire, flatten
 from raysim.runtime import attacking_clients, data_spec, run_dataset, server_context
-from raysim.tracking import NODE_TAG, SESSION_TAG, Tracker
+from raysim.tracking import NODE_TAG, SESSION_TAG, Tracker, open_store
 
 
 class RunSetupError(RuntimeError):
@@ -62,6 +63,10 @@ class Coordinator:
     ) -> None:
         cfg = config_from_wire(config)
         self.cfg = cfg
+        opening = None  # a fresh store's schema (~3 s) is made while the workers start
+        if cfg.tracking.enabled and tracking_uri:
+            opening = threading.Thread(target=_open_quietly, args=(tracking_uri,), daemon=True)
+            opening.start()
         saved = None  # read before taking anything: a checkpoint that does not load fails here
         if resume:
             try:
@@ -92,6 +97,8 @@ class Coordinator:
             self.core.load_state_dict({**saved["core"], "strategy_private": saved["private"]})
         self.tracker = None
         node = ray.get_runtime_context().get_node_id()
+        if opening is not None:
+            opening.join()
         if cfg.tracking.enabled and tracking_uri:
             self.tracker = Tracker(
                 tracking_uri,
@@ -242,3 +249,11 @@ class Coordinator:
             self.fail("KILLED")
         finally:
             self.pool.close()
+
+
+def _open_quietly(uri: str) -> None:
+    """``open_store`` ahead of the ``Tracker``; a failure is left for the ``Tracker`` to report."""
+    try:
+        open_store(uri)
+    except Exception:  # noqa: BLE001, S110 - raised again, in one line, where the run opens it
+        pass

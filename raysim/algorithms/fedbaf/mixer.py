@@ -9,10 +9,10 @@ After the base strategy produced ``w'`` from ``w_t``:
 Norms and the mix run in torch float32 on the server's device (``ServerContext.device``: the
 coordinator's GPU when it has one), as §8.2 asks; the float64 numpy form they replaced
 (``mix_float64``, kept as the reference) agrees within 1e-5 relative on r_t (so on c_t) and within
-1e-6 of the weights' scale on the mixed weights (``tests/test_fedbaf.py``). τ_0 is floored at 1e-12 and a zero vector normalises to
-zero (§2.5). ``tau_scope`` picks the vector of the norms (§2.4 (c)); ``rng``
-is ``seeded`` (reproducible, resumed with the run) or ``secure`` (OS entropy, deliberately not
-reproducible, §2.5). The foundation weights are read from ``foundation`` (a safetensors file or
+1e-6 of the weights' scale on the mixed weights (``tests/test_fedbaf.py``). τ_0 is floored at 1e-12
+and a zero vector normalises to zero (§2.5). ``tau_scope`` picks the vector of the norms (§2.4 (c));
+``rng`` is ``seeded`` (reproducible, resumed with the run) or ``secure`` (OS entropy, deliberately
+not reproducible, §2.5). The foundation weights are read from ``foundation`` (a safetensors file or
 a directory holding ``model.safetensors``) in the server's process only, and held as
 ``PrivateTensors``, which refuse to be pickled, so they never reach a Ray payload or a
 checkpoint. r_t, τ_t, u_t, α_t and c_t are logged on the server (§7.1) and never sent.

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from common import ROOT, machine, report
 
-WATCHED = ("Coordinator", "Worker", "ImplicitFunc")
+WATCHED = ("Coordinator", "Worker", "RunTrial")
 POLL_S = 0.02
 
 

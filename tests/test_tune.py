@@ -131,7 +131,7 @@ def test_a_sweep_runs_trials_as_raysim_runs_and_resumes_after_ctrl_c(
     # a finished trial's weights equal `raysim run`'s: tests/test_multinode.py (on two nodes)
     assert all(r["weights_digest"] for r in out.table if r["status"] == "finished")
     alive = [a["ActorClassName"] for a in ray_state.actors().values() if a["State"] == "ALIVE"]
-    assert not [a for a in alive if a in ("Coordinator", "Worker", "ImplicitFunc")], alive
+    assert not [a for a in alive if a in ("Coordinator", "Worker", "RunTrial")], alive
 
 
 def test_a_trial_that_cannot_fit_is_refused_saying_what_it_needs():

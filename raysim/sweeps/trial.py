@@ -8,6 +8,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from ray import tune
+
 #: what every trial reports besides the run's per-round metrics (the last report also carries
 #: the digest and when the run's artifacts were written, as epoch seconds)
 ROUND, RUN_ID, DIGEST, FINISHED_AT = "round", "run_id", "weights_digest", "finished_at"
@@ -52,41 +54,63 @@ def placement_share() -> dict[str, float] | None:
     return {key: float(sum(b.get(key, 0.0) for b in rest)) for key in ("CPU", "GPU")}
 
 
-def run_trial(
-    params: dict[str, Any],
-    *,
-    base: dict[str, Any],
-    parent_run_id: str | None,
-    metric: str,
-    cwd: str | None = None,
-) -> None:
-    """The Tune function trainable. It reports the rounds that measured ``metric`` (``eval.every``)
-    and the last one, which carries the run's final value of it and the weights digest. It runs
-    in ``cwd``, the sweep's directory where this node has it, so relative paths in the config
-    mean what they mean to ``raysim run`` (Tune starts trials in their own directories)."""
-    import os
-    import time
+class RunTrial(tune.Trainable):
+    """The Tune trainable: one raysim run. Each ``step`` runs rounds up to the next one that
+    measured ``metric`` (``eval.every``), or to the last, whose result carries the run's final
+    value of it and the weights digest. ``cleanup`` closes the run, so a trial that ASHA stops
+    ends its coordinator and workers itself (its MLflow run KILLED) before Tune ends the trial's
+    process, instead of leaving them to die with their owner. The trial runs in ``cwd``, the
+    sweep's directory where this node has it, so relative paths in the config mean what they
+    mean to ``raysim run`` (Tune starts trials in their own directories)."""
 
-    from ray import tune
+    def setup(
+        self,
+        config: dict[str, Any],
+        *,
+        base: dict[str, Any],
+        parent_run_id: str | None,
+        metric: str,
+        cwd: str | None = None,
+    ) -> None:
+        import logging
+        import os
 
-    if cwd and os.path.isdir(cwd):
-        os.chdir(cwd)
+        from raysim.api import RunSession
 
-    from raysim.api import RunSession
+        # Tune's own notes from this process (a setup over 10 s, each end-of-trial checkpoint)
+        for name in ("ray.tune", "ray.train"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+        if cwd and os.path.isdir(cwd):
+            os.chdir(cwd)
+        self.metric = metric
+        cfg = trial_config(base, config, parent_run_id, self.trial_name)
+        self.session = RunSession(cfg, resources=placement_share())
 
-    ctx = tune.get_context()
-    cfg = trial_config(base, params, parent_run_id, ctx.get_trial_name())
-    session = RunSession(cfg, resources=placement_share())
-    try:
-        while not session.done:
+    def step(self) -> dict[str, Any]:
+        import time
+
+        session = self.session
+        while True:
             metrics = dict(session.step())
-            if session.done:  # the last round: finish first, so the report carries the digest
+            if session.done:  # the last round: finish first, so the result carries the digest
                 result = session.finish()
                 metrics[DIGEST] = result.weights_digest
                 metrics[FINISHED_AT] = time.time()
-                metrics.setdefault(metric, result.metrics.get(metric, float("nan")))
-            elif metric not in metrics:
+                metrics.setdefault(self.metric, result.metrics.get(self.metric, float("nan")))
+                metrics["done"] = True
+            elif self.metric not in metrics:
                 continue
-            tune.report({**metrics, ROUND: session.round, RUN_ID: session.run_id or ""})
-    finally:
-        session.close()
+            return {**metrics, ROUND: session.round, RUN_ID: session.run_id or ""}
+
+    def save_checkpoint(self, checkpoint_dir: str) -> dict[str, Any]:
+        """Nothing to save: a trial that Tune restores (``raysim tune --resume``) starts its run
+        over, as a function trainable's did; the run it left is KILLED in MLflow."""
+        return {}
+
+    def load_checkpoint(self, checkpoint: Any) -> None:
+        """See ``save_checkpoint``."""
+
+    def cleanup(self) -> None:
+        session = getattr(self, "session", None)
+        if session is not None:
+            session.close()

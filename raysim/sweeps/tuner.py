@@ -16,7 +16,7 @@ from ray.tune import Callback
 
 from raysim.config import ConfigError, RunConfig, load_config
 from raysim.sweeps.space import TuneSection
-from raysim.sweeps.trial import DIGEST, ROUND, RUN_ID, run_trial, trial_overrides
+from raysim.sweeps.trial import DIGEST, ROUND, RUN_ID, RunTrial, trial_overrides
 
 #: CPU of the trial's own process (it only steps the coordinator and reports)
 TRIAL_CPU = 0.1
@@ -148,7 +148,7 @@ def tune(
     elif tracker is not None:
         trainable_params["parent_run_id"] = tracker.start(name)
     trainable = rtune.with_resources(
-        rtune.with_parameters(run_trial, **trainable_params),
+        rtune.with_parameters(RunTrial, **trainable_params),
         rtune.PlacementGroupFactory(bundles, strategy="PACK"),
     )
     callbacks = [_TrialRuns(tracker.uri if tracker else None, cfg.rounds)]

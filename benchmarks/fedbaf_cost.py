@@ -6,8 +6,10 @@ process, the same round:
 
 * ``client_s``: one client's local work (``train_local``, ``--steps`` optimizer steps of
   ``--batch`` images), times ``--clients`` for the round's client compute;
-* ``mix_s``: the FedBaF mix of the whole global vector (τ_t and c_t, then the float64 convex
-  combination on the matched coordinates, what the server runs after aggregation);
+* ``mix_s``: the FedBaF mix of the whole global vector (τ_t and c_t, then the convex combination
+  on the matched coordinates, what the server runs after aggregation), in torch float32 on the
+  server's device; ``mix64_s``: the float64 numpy form it replaced (``mixer.r_float64`` and
+  ``mixer.mix_float64``), timed in the same run;
 * ``audit_s``: the leak auditor's check of one broadcast (allclose per matched tensor and the
   float32 byte search).
 
@@ -27,7 +29,7 @@ from common import machine, report
 
 from raysim.actors.audit import LeakAuditor
 from raysim.algorithms.context import ServerContext
-from raysim.algorithms.fedbaf.mixer import FedBaF, FedBaFParams
+from raysim.algorithms.fedbaf.mixer import FedBaF, FedBaFParams, mix_float64, r_float64
 from raysim.models.registry import DataSpec, ModelConfig, build_handle
 from raysim.training.loop import LocalTrainingConfig, train_local
 from raysim.training.tasks import ClassificationTask
@@ -108,12 +110,16 @@ def main() -> None:
         mixer = FedBaF(FedBaFParams(foundation=tmp))
         mixer.setup(ServerContext(0, layout, args.clients))
     aggregated = (flat + rng.normal(0, 1e-3, n)).astype(np.float32)
-    mix_times, audit_times = [], []
+    mix_times, mix64_times, audit_times = [], [], []
     auditor = LeakAuditor(mixer.secrets(), n)
     for t in range(args.repeats):
         t0 = time.perf_counter()
         mixed = mixer.mix(t, flat, aggregated)
         mix_times.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        r = r_float64(flat, aggregated, mixer.scope)
+        mix_float64(aggregated, mixer.pre["w_pre"], mixer.indices, r)
+        mix64_times.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         auditor.check(mixed, "a broadcast")
         audit_times.append(time.perf_counter() - t0)
@@ -129,9 +135,11 @@ def main() -> None:
         clients=args.clients,
         round_client_s=round_s,
         mix_s=min(mix_times),
+        mix64_s=min(mix64_times),
         audit_s=min(audit_times),
     )
     report(mix_fraction=min(mix_times) / round_s, audit_fraction=min(audit_times) / round_s)
+    report(mix_vs_float64=min(mix_times) / min(mix64_times))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 import time
 
 import numpy as np
@@ -108,15 +109,31 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=3, help="raysim sessions / plain runs")
     parser.add_argument("--workers", type=int, default=2, help="Ray CPU workers (= ray CPUs)")
+    parser.add_argument(
+        "--execution",
+        default="sequential",
+        help="workers.execution of the raysim side (sequential: the plain loop's weights, bit "
+        "for bit; batched: benchmarks/batched.py)",
+    )
+    parser.add_argument(
+        "--tracking",
+        action="store_true",
+        help="raysim logs to a fresh MLflow store (a user's default) instead of not at all",
+    )
     args = parser.parse_args()
     print(f"machine={machine()}", flush=True)
     overrides = [
         f"rounds={args.rounds}",
         f"workers.count={args.workers}",
         "workers.num_cpus=1",
-        "tracking.enabled=false",
         "delays.kind=none",
+        f"workers.execution={args.execution}",
     ]
+    store = tempfile.mkdtemp()
+    if args.tracking:
+        overrides.append(f"tracking.uri=sqlite:///{store}/mlflow.db")
+    else:
+        overrides.append("tracking.enabled=false")
     cfg = load_config(args.config, overrides)
     report(
         "config",
@@ -125,6 +142,8 @@ def main() -> None:
         clients=cfg.clients.num,
         per_round=cfg.clients.per_round,
         workers=args.workers,
+        execution=args.execution,
+        tracking=args.tracking,
         eval_every=cfg.eval.every,
         repeats=args.repeats,
     )

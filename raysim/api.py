@@ -143,6 +143,9 @@ def ensure_ray(address: str | None = None, **init_kwargs: Any) -> bool:
     return True
 
 
+#: wall time of rounds the coordinator runs per driver call in ``RunSession.rounds``
+ADVANCE_S = 0.25
+
 #: how often one run replaces a coordinator that died before it gives up
 MAX_COORDINATOR_RESTARTS = 3
 
@@ -232,13 +235,13 @@ class RunSession:
         self.run_id, self.round = info["run_id"], int(info["round"])
         return info
 
-    def _call(self, method: str) -> Any:
+    def _call(self, method: str, *args: Any) -> Any:
         """``ray.get`` of a coordinator method; a coordinator that died is replaced first."""
         import ray
 
         while True:
             try:
-                return ray.get(getattr(self.actor, method).remote())
+                return ray.get(getattr(self.actor, method).remote(*args))
             except ray.exceptions.ActorDiedError as died:
                 self._replace_coordinator(died)
 
@@ -326,8 +329,23 @@ class RunSession:
         return self.round >= self.cfg.rounds
 
     def rounds(self) -> Iterator[dict[str, float]]:
+        """Every remaining round's metrics, in order. The coordinator runs them in batches of up
+        to ``ADVANCE_S`` of wall time per call (one driver round trip per batch, not per round);
+        a batch stops before a ``faults.kill_coordinator`` round, so the fault lands where
+        ``step`` puts it. A coordinator that dies mid-batch is replaced and replays to the last
+        round reported here; the rounds it ran after that are run again (deterministically)."""
         while not self.done:
-            yield self.step()
+            kill = self.cfg.faults.kill_coordinator
+            armed = kill is not None and not self.coordinator_restarts and kill.round >= self.round
+            if armed and kill.round == self.round:
+                yield self.step()
+                continue
+            limit = self.cfg.rounds - self.round
+            if armed:
+                limit = min(limit, kill.round - self.round)
+            for metrics in self._call("advance", limit, ADVANCE_S):
+                self.round += 1
+                yield metrics
 
     def workers(self) -> list[dict[str, Any]]:
         import ray

@@ -7,6 +7,7 @@ the last one into a freshly built run before the first step (``raysim/checkpoint
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import ray
@@ -169,6 +170,17 @@ class Coordinator:
                     "on and the next checkpoint tries again"
                 )
         return metrics
+
+    def advance(self, max_rounds: int, max_seconds: float) -> list[dict[str, float]]:
+        """Rounds run back to back (at least one; at most ``max_rounds``; stopping once
+        ``max_seconds`` of wall time have passed or the run is done): their metrics, in order."""
+        out, t0 = [], time.perf_counter()
+        while True:
+            out.append(self.step())
+            if self.core.done or len(out) >= max_rounds:
+                return out
+            if time.perf_counter() - t0 >= max_seconds:
+                return out
 
     def save_checkpoint(self) -> None:
         """Write the run's state now (MLflow ``checkpoint/`` and/or ``checkpoint.dir``), after

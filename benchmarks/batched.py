@@ -57,7 +57,7 @@ def one_setting(args: argparse.Namespace, epochs: int) -> None:
         f"local.epochs={epochs}",
         f"workers.group_size={args.group_size}",
     ]
-    seq_cfg = load_config(QUICKSTART, base)
+    seq_cfg = load_config(QUICKSTART, [*base, "workers.execution=sequential"])
     bat_cfg = load_config(QUICKSTART, [*base, "workers.execution=batched"])
     ray_over = [f"workers.count={max(args.workers, 1)}", "workers.num_cpus=1"]
     ray_cfg = load_config(QUICKSTART, [*base, "workers.execution=batched", *ray_over])
@@ -99,7 +99,8 @@ def whole_runs(rounds: int | None, repeats: int) -> None:
         over = ["tracking.enabled=false", *extra] + ([f"rounds={rounds}"] if rounds else [])
         seq, bat = [], []
         for _ in range(repeats):
-            seq.append(sum(run_inprocess(load_config(path, over))[0]))
+            sequential = load_config(path, [*over, "workers.execution=sequential"])
+            seq.append(sum(run_inprocess(sequential)[0]))
             bat.append(
                 sum(run_inprocess(load_config(path, [*over, "workers.execution=batched"]))[0])
             )

@@ -103,6 +103,7 @@ def main() -> None:
         "workers.num_cpus=1",
         "tracking.enabled=false",
         f"eval.every={args.rounds + 1}",
+        "workers.execution=sequential",  # one client at a time, as the plain loop
     ]
     cfg = load_config(MINI, overrides)
     report("config", file=str(MINI.relative_to(ROOT)), rounds=cfg.rounds, workers=args.workers)

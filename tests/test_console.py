@@ -1,0 +1,57 @@
+"""Only raysim's progress and its own warnings reach a user's console (issue 24): a first
+``raysim run`` in a fresh folder (a fresh MLflow store) and a ``raysim tune`` whose ASHA stops
+trials early, each in a fresh process with its own private Ray, as a user starts them."""
+
+from __future__ import annotations
+
+import yaml
+
+from tests.conftest import EXAMPLES, fresh_cli, tiny
+
+#: what the libraries raysim drives print when they are not kept quiet
+LIBRARY_CHATTER = (
+    "INFO mlflow",
+    "Creating initial MLflow database tables",
+    "Loading weights",
+    "FutureWarning",
+    "UserWarning",
+    "Setting accelerator to CPU",
+)
+#: Ray's C++ crash dump, printed by a process that dies holding Ray state
+CRASH_DUMP = ("An unexpected system state has occurred", "StackTrace Information")
+
+
+def test_a_first_run_in_a_fresh_folder_prints_no_library_chatter(tmp_path):
+    out = fresh_cli(["run", str(EXAMPLES / "quickstart.yaml"), "rounds=2"], tmp_path)
+    said = out.stdout + out.stderr
+    assert out.returncode == 0, said[-3000:]
+    assert (tmp_path / "mlflow.db").is_file()  # the store was made here, by this run
+    assert "weights sha256:" in out.stdout
+    heard = [line for line in said.splitlines() if any(c in line for c in LIBRARY_CHATTER)]
+    assert not heard, heard
+
+
+def test_a_sweep_whose_trials_asha_stops_prints_no_crash_dump(tmp_path):
+    """Four trials, two at a time, ASHA from round 1: the sweep must stop some early (else
+    the test proves nothing), and no stopped trial's actors may leave a crash dump."""
+    cfg = tiny(
+        rounds=4,
+        clients={"num": 10, "per_round": 4},
+        workers={"count": 1, "num_cpus": 0.5},
+        tracking={"experiment": "console-test"},
+        tune={
+            "space": {"local.lr": {"grid": [0.3, 0.0001, 0.2, 0.0002]}},
+            "scheduler": "asha",
+            "asha": {"grace_period": 1, "reduction_factor": 2},
+            "max_concurrent_trials": 2,
+        },
+    )
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = fresh_cli(["tune", str(path)], tmp_path, timeout=600)
+    said = out.stdout + out.stderr
+    assert out.returncode == 0, said[-3000:]
+    assert "stopped early" in out.stdout, out.stdout[-3000:]
+    assert not [c for c in CRASH_DUMP if c in said], said[-5000:]
+    heard = [line for line in said.splitlines() if any(c in line for c in LIBRARY_CHATTER)]
+    assert not heard, heard

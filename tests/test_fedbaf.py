@@ -515,3 +515,17 @@ def test_a_bf16_model_is_mixed_in_fp32_and_stays_within_bf16_rounding(tmp_path):
     ulp = torch.finfo(torch.bfloat16).eps * ref.abs().clamp_min(torch.finfo(torch.bfloat16).tiny)
     assert torch.all((out.double() - ref).abs() <= ulp / 2 + 1e-12 + ref.abs() * 2**-24)
     assert not torch.equal(out, agg)  # the foundation did move it
+
+
+def test_a_missing_foundation_says_how_to_make_it(tmp_path):
+    """The examples' foundations come from ``raysim pretrain``: the error names the command."""
+    from raysim.algorithms.fedbaf.mixer import load_foundation
+
+    with pytest.raises(
+        FileNotFoundError, match=r"raysim pretrain digits --out .*foundations/digits"
+    ):
+        load_foundation(tmp_path / "foundations" / "digits")
+    with pytest.raises(FileNotFoundError, match=r"raysim pretrain markov --out"):
+        load_foundation(tmp_path / "markov")
+    with pytest.raises(FileNotFoundError, match=r"raysim pretrain digits\|markov --out PATH"):
+        load_foundation(tmp_path / "mine.safetensors")

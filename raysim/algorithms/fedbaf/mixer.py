@@ -74,14 +74,28 @@ def load_foundation(path: str | Path) -> dict[str, np.ndarray]:
     if p.is_dir():
         files = sorted(p.glob("*.safetensors"))
         if not files:
-            raise FileNotFoundError(f"no .safetensors file in the foundation directory {p}")
+            raise FileNotFoundError(
+                f"no .safetensors file in the foundation directory {p}; {how_to_make(p)}"
+            )
         out: dict[str, np.ndarray] = {}
         for f in files:
             out.update(load_file(str(f)))
         return out
     if not p.is_file():
-        raise FileNotFoundError(f"foundation weights not found: {p}")
+        raise FileNotFoundError(f"foundation weights not found: {p}; {how_to_make(p)}")
     return load_file(str(p))
+
+
+def how_to_make(path: Path) -> str:
+    """What to run for a missing foundation: ``raysim pretrain`` where its name says which of
+    the built-in tasks it is (the examples' ``foundations/digits`` and ``foundations/markov``)."""
+    for task in ("digits", "markov"):
+        if task in path.name:
+            return f"make it with `raysim pretrain {task} --out {path}`"
+    return (
+        "make one with `raysim pretrain digits|markov --out PATH`, or point "
+        "algorithm.foundation at a safetensors file (or a folder of them)"
+    )
 
 
 @dataclass(frozen=True)

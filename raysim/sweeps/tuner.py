@@ -4,6 +4,7 @@ space, the table, plots, the best config) with one child run per trial."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -105,6 +106,10 @@ def tune(
 
     from raysim.api import ensure_ray, local_resources, preflight, ray_address
     from raysim.placement import check_outlives_job, check_store_outlives_job, trial_pin
+
+    # trials that an interrupt left unstarted have no results yet: Tune warns about each of them
+    # when it reads the experiment back (at the interrupt, and again on --resume)
+    logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
 
     cfg = load_config(config, overrides)
     section = sweep_section(cfg, space)

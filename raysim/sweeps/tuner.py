@@ -110,6 +110,8 @@ def tune(
     # trials that an interrupt left unstarted have no results yet: Tune warns about each of them
     # when it reads the experiment back (at the interrupt, and again on --resume)
     logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
+    # at a Ctrl-C Tune names Tuner.restore; raysim says `raysim tune ... --resume` itself
+    logging.getLogger("ray.tune.tune").setLevel(logging.ERROR)
 
     cfg = load_config(config, overrides)
     section = sweep_section(cfg, space)

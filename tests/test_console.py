@@ -22,7 +22,8 @@ CRASH_DUMP = ("An unexpected system state has occurred", "StackTrace Information
 
 
 def test_a_first_run_in_a_fresh_folder_prints_no_library_chatter(tmp_path):
-    out = fresh_cli(["run", str(EXAMPLES / "quickstart.yaml"), "rounds=2"], tmp_path)
+    store = f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}"  # not the session's store
+    out = fresh_cli(["run", str(EXAMPLES / "quickstart.yaml"), "rounds=2", store], tmp_path)
     said = out.stdout + out.stderr
     assert out.returncode == 0, said[-3000:]
     assert (tmp_path / "mlflow.db").is_file()  # the store was made here, by this run

@@ -87,21 +87,27 @@ def tiny_model(d: int = 8, classes: int = 3, **params) -> tuple[FedOTModel, FedO
 
 
 # ------------------------------------------------------------------------------------ I-1
+def sequential(cfg):
+    """One client at a time: bit-for-bit identities between methods hold there (FedOT's
+    vectorised group and FedAvg's batched SGD agree with it to float rounding)."""
+    return load_config(cfg.to_dict(), ["workers.execution=sequential"])
+
+
 def test_i1_lambda_zero_with_a_frozen_identity_map_is_fedavg_bit_for_bit():
     """λ = 0, η_θ = 0, duals at 0: the predictor's trajectory is FedAvg's exactly, for k_max 3
     and τ 2 (a dual term left in the descent loss, or another batch stream, breaks it)."""
-    fedot = run(fedot_cfg(**{"lambda": 0.0, "lr_map": 0.0}))
-    plain = run(fedot_cfg(algorithm={"name": "fedavg"}))
+    fedot = run(sequential(fedot_cfg(**{"lambda": 0.0, "lr_map": 0.0})))
+    plain = run(sequential(fedot_cfg(algorithm={"name": "fedavg"})))
     assert np.array_equal(fedot.weights, plain.weights)
     for state in fedot.materialized_states().values():
         assert not heads(state).any()  # ∇_v = −2ρ_v v = 0 from v = 0
 
 
 def test_i1_the_trunk_only_decays_and_the_predictor_still_follows_fedavg():
-    cfg = fedot_cfg(**{"lambda": 0.0, "lr_map": 0.0, "potential": "nn", "rho_u": 0.5})
+    cfg = sequential(fedot_cfg(**{"lambda": 0.0, "lr_map": 0.0, "potential": "nn", "rho_u": 0.5}))
     fedot = run(cfg)
     start = local_core(cfg).weights
-    plain = run(fedot_cfg(algorithm={"name": "fedavg"}))
+    plain = run(sequential(fedot_cfg(algorithm={"name": "fedavg"})))
     layout = fedot.server.layout
     predictor = np.concatenate(
         [fedot.weights[t.slice] for t in layout.select(pattern="^predictor")]

@@ -142,16 +142,65 @@ def test_full_batch_descent_on_c_never_raises_the_server_loss():
 
 
 def test_a_huge_lambda_keeps_the_fallback_coefficients():
+    """I-10 (λ half), at the control's own step size: without λ the SGD search moves c by more
+    than 1e-2; with λ = 1e12 (the tie's exact proximal step) it stays at c' within 1e-6. Both
+    start from c' on the same batches."""
     module, params, data, base, anchors = toy()
     task, c_fb = ClassificationTask(), torch.tensor([0.3, -0.2, 0.1])
-    cfg = SearchConfig(lr=1e-6, epochs=3, batch_size=16, optimizer="sgd", lam=1e6)
-    gen = torch.Generator().manual_seed(0)
     obj = Objective(module, params, task, data, base, anchors)
-    c = search(obj, c_fb, c_fb, cfg, gen)
-    torch.testing.assert_close(c, c_fb, rtol=0, atol=1e-5)
-    free = SearchConfig(lr=0.05, epochs=3, batch_size=16, optimizer="sgd", lam=0.0)
-    moved = search(obj, c_fb, c_fb, free, gen)
-    assert float((moved - c_fb).abs().max()) > 1e-2  # the control: without λ the search moves c
+
+    def searched(lam: float) -> torch.Tensor:
+        cfg = SearchConfig(0.05, 3, 16, "sgd", lam, tie_step="proximal")
+        return search(obj, c_fb, c_fb, cfg, torch.Generator().manual_seed(0))
+
+    assert float((searched(0.0) - c_fb).abs().max()) > 1e-2  # the control: λ = 0 moves c
+    torch.testing.assert_close(searched(1e12), c_fb, rtol=0, atol=1e-6)
+
+
+def test_the_proximal_tie_step_is_the_explicit_one_to_first_order():
+    """For small η·λ the two tie steps agree to O((η·λ)²) per step."""
+    module, params, data, base, anchors = toy()
+    task, c_fb = ClassificationTask(), torch.tensor([0.3, -0.2, 0.1])
+    obj = Objective(module, params, task, data, base, anchors)
+    start = c_fb + 0.05
+    out = [
+        search(obj, start, c_fb, SearchConfig(0.05, 1, 16, "sgd", 0.1, tie_step=kind),
+               torch.Generator().manual_seed(0))
+        for kind in ("explicit", "proximal")
+    ]  # fmt: skip
+    gap = float((out[0] - out[1]).abs().max())
+    assert 0 < gap < 1e-3
+
+
+def test_an_unstable_sgd_tie_is_refused_and_a_nan_search_stops_the_run():
+    """η_g·λ ≥ 2 with the explicit SGD step grows c − c' without bound: refused in one line.
+    A search that still ends non-finite stops the run (``Diverged``), naming the round."""
+    from raysim.algorithms.base import Diverged
+    from raysim.algorithms.feddle.method import FeddleParams
+
+    with pytest.raises(ValueError, match="diverges; lower server_lr or lam, or set tie_step"):
+        FeddleParams(coef_optimizer="sgd", server_lr=0.1, lam=1e12)
+    FeddleParams(coef_optimizer="sgd", server_lr=0.1, lam=1e12, tie_step="proximal")
+    FeddleParams(coef_optimizer="adam", server_lr=0.1, lam=1e12)  # Adam's step is bounded
+    cfg = cfg_for({**FEDDLE, "server_epochs": 1, "server_lr": 1e30}, rounds=2, id_size=32)
+    with pytest.raises(Diverged, match=r"round \d+: Feddle's coefficient search diverged"):
+        run(cfg)
+
+
+def test_feddle_with_a_huge_lambda_is_its_fedbuff_fallback_weight_for_weight():
+    """I-10 in a run: λ = 1e12 with the proximal SGD tie keeps ĉ = c' every round, so Feddle's
+    model is ``fedbuff_per_round``'s at the same η_fb (the search runs: E_g = 2)."""
+    delays = {"kind": "half_normal", "sigma": 2.0}
+    tied = {**FEDDLE, "server_epochs": 2, "server_lr": 0.05, "coef_optimizer": "sgd"}
+    tied |= {"lam": 1e12, "tie_step": "proximal"}
+    feddle = cfg_for(tied, rounds=4, id_size=32, delays=delays)
+    free = cfg_for({**tied, "lam": 0.0}, rounds=4, id_size=32, delays=delays)
+    fedbuff = cfg_for(
+        {"name": "fedbuff_per_round", "server_lr": 0.5}, rounds=4, id_size=32, delays=delays
+    )
+    a, b, c = run(feddle).weights, run(fedbuff).weights, run(free).weights
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+    assert np.abs(c - b).max() > 1e-3  # the control: λ = 0 searches away from the fallback
 
 
 # --------------------------------------------------------------------------- I-6, I-10, runs

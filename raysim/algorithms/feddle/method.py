@@ -19,10 +19,10 @@ from typing import Literal
 
 import numpy as np
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from ...models.layout import BUFFERS, SHARED
-from ..base import Method, MethodParams, Strategy, Update
+from ..base import Diverged, Method, MethodParams, Strategy, Update
 from ..context import ServerContext
 from ..general.fedbuff import StalenessWeight, staleness_weight
 from ..registry import register
@@ -64,12 +64,29 @@ class FeddleParams(MethodParams):
     server_epochs: int = Field(10, ge=0, description="E_g; 0 = no search (I-6)")
     server_batch_size: int = Field(32, ge=1, description="A11")
     coef_optimizer: Literal["adam", "sgd"] = Field("adam", description="A10; fresh every round")
+    tie_step: Literal["explicit", "proximal"] = Field(
+        "explicit",
+        description="SGD's step on the tie (λ/2)‖c − c'‖²: explicit (its gradient, Eq. 11 as "
+        "written) or proximal (exact; stable for any λ; search.SearchConfig)",
+    )
     search_trigger: Literal["every_round", "new_arrivals"] = Field("every_round", description="A5")
     bn_buffers: Literal["fallback_mean", "fedavg_models", "freeze"] = Field(
         "fallback_mean", description="§3.1, A14"
     )
     log_server_loss: bool = Field(True, description="server loss before and after the search")
     log_flops: bool = Field(True, description="the search's FLOPs per round (Table 6)")
+
+    @model_validator(mode="after")
+    def _stable_tie(self) -> FeddleParams:
+        """With SGD the tie's explicit step multiplies c − c' by 1 − η_g·λ each step: at
+        η_g·λ ≥ 2 it grows without bound (a NaN model), so such settings are refused."""
+        explicit = self.coef_optimizer == "sgd" and self.tie_step == "explicit"
+        if explicit and self.server_lr * self.tie >= 2:
+            raise ValueError(
+                f"server_lr · lam = {self.server_lr * self.tie:g} ≥ 2: the SGD coefficient "
+                "search's tie to c' diverges; lower server_lr or lam, or set tie_step proximal"
+            )
+        return self
 
     @property
     def tie(self) -> float:
@@ -207,11 +224,16 @@ class Feddle(Strategy):
         module.eval()
         if p.log_server_loss:
             diag["server_loss_before"] = obj.loss(c_start, bs)
-        config = SearchConfig(p.server_lr, p.server_epochs, bs, p.coef_optimizer, p.tie)
+        config = SearchConfig(p.server_lr, p.server_epochs, bs, p.coef_optimizer, p.tie, p.tie_step)
         if p.log_flops:
             diag["server_gflops"] = obj.flops(c_start, config) / 1e9
         generator = self.ctx.torch_generator(f"feddle/search/{round_index}")
         c_hat = search(obj, c_start, t(c_fb), config, generator)
+        if not bool(torch.isfinite(c_hat).all()):
+            raise Diverged(
+                f"round {round_index}: Feddle's coefficient search diverged (ĉ is not finite); "
+                "lower algorithm.server_lr"
+            )
         diag["feddle_anchor_matrix_bytes"] = float(a.numel() * a.element_size())  # on the device
         if like.is_cuda:  # the server's GPU: anchors, model and search together (Table 6)
             diag["server_gpu_peak_bytes"] = float(torch.cuda.max_memory_allocated(like.device))

@@ -20,13 +20,17 @@ from ...training.tasks import Task
 @dataclass(frozen=True)
 class SearchConfig:
     """§3.7: optimiser on ``c`` (fresh every round), its learning rate η_g, epochs E_g, batch
-    size, and the tie λ to the fallback coefficients ``c'`` (Eq. 11)."""
+    size, and the tie λ to the fallback coefficients ``c'`` (Eq. 11). ``tie_step`` (SGD only):
+    ``explicit``, the gradient of (λ/2)‖c − c'‖² in the step (stable for η_g·λ < 2); or
+    ``proximal``, that term's exact proximal step, c ← (c − η_g∇ℓ + η_g·λ·c') / (1 + η_g·λ),
+    stable for any λ and equal to c' as λ → ∞."""
 
     lr: float = 1e-3
     epochs: int = 10
     batch_size: int = 32
     optimizer: Literal["adam", "sgd"] = "adam"
     lam: float = 0.0
+    tie_step: Literal["explicit", "proximal"] = "explicit"
 
 
 @dataclass(frozen=True)
@@ -125,6 +129,11 @@ def search(
             for start in range(0, n, config.batch_size):
                 batch = task.batch(data, order[start : start + config.batch_size])
                 grad, _ = objective.gradient(batch, c.detach())
+                if config.tie_step == "proximal" and config.optimizer == "sgd":
+                    step = config.lr * config.lam
+                    with torch.no_grad():
+                        c.copy_((c - config.lr * grad + step * c_fallback) / (1.0 + step))
+                    continue
                 c.grad = grad + config.lam * (c.detach() - c_fallback)
                 opt.step()
         objective.place(c.detach())

@@ -511,3 +511,31 @@ def test_paper_scale_configs_validate_for_every_method_cell_and_ablation_row(pat
     assert cfg.rounds == 200 and cfg.data.server.ood[0].size == 250_000
     assert cfg.data.hf_image.path  # a preset names its hub id
     assert load_config(cfg.to_dict()) == cfg  # a preset survives a dump and reload
+
+
+def test_search_trigger_on_new_arrivals_skips_rounds_without_arrivals():
+    """§2.2, A5: ``every_round`` searches whenever the atlas is non-empty; ``on_new_arrivals``
+    (the spec's name; the earlier ``new_arrivals`` still reads) only in rounds where an update
+    arrived. A round's search shows as its ``server_loss_before``."""
+    from raysim.algorithms.feddle.method import FeddleParams
+
+    assert FeddleParams(search_trigger="new_arrivals").search_trigger == "on_new_arrivals"
+    base = {**FEDDLE, "server_epochs": 1, "server_lr": 0.01}
+    seen = {}
+    for trigger in ("every_round", "on_new_arrivals"):
+        cfg = cfg_for(
+            {**base, "search_trigger": trigger},
+            rounds=10,
+            id_size=32,
+            delays={"kind": "half_normal", "sigma": 6.0},
+            clients={"num": 20, "per_round": 2},
+        )
+        history = run(cfg).history
+        seen[trigger] = [("server_loss_before" in h, h["clients_arrived"] > 0) for h in history]
+    arrived = [a for _, a in seen["on_new_arrivals"]]
+    assert arrived == [a for _, a in seen["every_round"]]  # the same schedule
+    first = arrived.index(True)
+    quiet = [i for i, a in enumerate(arrived) if i > first and not a]
+    assert quiet  # rounds without arrivals after the atlas filled: the test can tell them apart
+    assert [s for s, _ in seen["every_round"]] == [i >= first for i in range(len(arrived))]
+    assert [s for s, _ in seen["on_new_arrivals"]] == arrived

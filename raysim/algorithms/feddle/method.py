@@ -19,7 +19,7 @@ from typing import Literal
 
 import numpy as np
 import torch
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from ...models.layout import BUFFERS, SHARED
 from ..base import Diverged, Method, MethodParams, Strategy, Update
@@ -69,12 +69,19 @@ class FeddleParams(MethodParams):
         description="SGD's step on the tie (λ/2)‖c − c'‖²: explicit (its gradient, Eq. 11 as "
         "written) or proximal (exact; stable for any λ; search.SearchConfig)",
     )
-    search_trigger: Literal["every_round", "new_arrivals"] = Field("every_round", description="A5")
+    search_trigger: Literal["every_round", "on_new_arrivals"] = Field(
+        "every_round", description="A5 (§2.2's names; the earlier 'new_arrivals' still reads)"
+    )
     bn_buffers: Literal["fallback_mean", "fedavg_models", "freeze"] = Field(
         "fallback_mean", description="§3.1, A14"
     )
     log_server_loss: bool = Field(True, description="server loss before and after the search")
     log_flops: bool = Field(True, description="the search's FLOPs per round (Table 6)")
+
+    @field_validator("search_trigger", mode="before")
+    @classmethod
+    def _spec_name(cls, value: object) -> object:
+        return "on_new_arrivals" if value == "new_arrivals" else value
 
     @model_validator(mode="after")
     def _stable_tie(self) -> FeddleParams:
@@ -144,7 +151,7 @@ class Feddle(Strategy):
             if m >= 0:
                 inserted[m] = (atlas.slots[m].seq, u)
         new = {m: u for m, (seq, u) in inserted.items() if atlas.slots[m].seq == seq}
-        if not len(atlas) or (self.params.search_trigger == "new_arrivals" and not arrivals):
+        if not len(atlas) or (self.params.search_trigger == "on_new_arrivals" and not arrivals):
             self.last = {"feddle_atlas_size": float(len(atlas))}
             self._update_buffers(arrivals)
             return True  # a new version every round, even with nothing to search (§2.4)

@@ -539,3 +539,30 @@ def test_search_trigger_on_new_arrivals_skips_rounds_without_arrivals():
     assert quiet  # rounds without arrivals after the atlas filled: the test can tell them apart
     assert [s for s, _ in seen["every_round"]] == [i >= first for i in range(len(arrived))]
     assert [s for s, _ in seen["on_new_arrivals"]] == arrived
+
+
+@pytest.mark.parametrize(
+    "switches, want",
+    [
+        # §3.6: FedBuff's step over the new arrivals, each in the normalised basis (‖Δ‖/ρ)
+        ({}, [0.5 * 2.0 / 2, 0.0, 0.5 * 0.5 / 2]),
+        # no correction: the raw FedBuff coefficient, as if the anchors were not normalised
+        ({"fallback_norm_correction": False}, [0.5 / 2, 0.0, 0.5 / 2]),
+        # the whole atlas, each slot once, corrected
+        ({"fallback_scope": "whole_atlas"}, [0.5 * 2.0 / 3, 0.5 * 1.0 / 3, 0.5 * 0.5 / 3]),
+        # A9: w(τ) = 1/√(1+τ) on each arrival (τ = 3 for slot 0, 0 for slot 2)
+        ({"staleness_weight": "inv_sqrt"}, [0.5 * 0.5 * 2.0 / 2, 0.0, 0.5 * 0.5 / 2]),
+    ],
+    ids=["default", "no_norm_correction", "whole_atlas", "inv_sqrt"],
+)
+def test_the_fallback_coefficients_follow_each_switch(switches, want):
+    """c' (§3.6) for an atlas of three anchors with norms 2, 1, 0.5 (ρ = 1, the median), two of
+    them this round's arrivals (slots 0 and 2): each switch changes exactly its factor."""
+    from raysim.algorithms.feddle.method import Feddle, FeddleParams
+    from tests.test_feddle_baselines import upd
+
+    params = FeddleParams(fallback_lr=0.5, normalize="median", **switches)
+    feddle = Feddle(params, np.zeros(4, np.float32), 10)
+    new = {0: upd(0, np.ones(4), tau=3), 2: upd(1, np.ones(4))}  # τ_versions 3 and 0
+    c = feddle.fallback(new, arrived=2, norms=np.array([2.0, 1.0, 0.5]), rho=1.0)
+    np.testing.assert_allclose(c, want, rtol=1e-12)

@@ -566,3 +566,49 @@ def test_the_fallback_coefficients_follow_each_switch(switches, want):
     new = {0: upd(0, np.ones(4), tau=3), 2: upd(1, np.ones(4))}  # τ_versions 3 and 0
     c = feddle.fallback(new, arrived=2, norms=np.array([2.0, 1.0, 0.5]), rho=1.0)
     np.testing.assert_allclose(c, want, rtol=1e-12)
+
+
+SHAPES = {"name": "shapes", "size": 200}
+
+
+def test_theta_init_warm_continues_the_probe_and_fresh_starts_a_new_one(monkeypatch):
+    """A13: ``warm`` starts each round's probe from the previous round's fitted θ (one init
+    stream); ``fresh`` draws a new probe every round from a per-round stream and loads nothing."""
+    import raysim.algorithms.feddle.method as feddle
+
+    seeds: list[int] = []
+    loaded: list[dict] = []
+    fitted: list[dict] = []
+    new_probe, load_probe, probe_state = feddle.new_probe, feddle.load_probe, feddle.probe_state
+
+    def spy_new(in_features, classes, seed, like):
+        seeds.append(seed)
+        return new_probe(in_features, classes, seed, like)
+
+    def spy_load(probe, state):
+        loaded.append({k: v.copy() for k, v in state.items()})
+        load_probe(probe, state)
+
+    def spy_state(probe):
+        fitted.append(probe_state(probe))
+        return fitted[-1]
+
+    monkeypatch.setattr(feddle, "new_probe", spy_new)
+    monkeypatch.setattr(feddle, "load_probe", spy_load)
+    monkeypatch.setattr(feddle, "probe_state", spy_state)
+    algo = {"name": "feddle_ood", "server_epochs": 1, "server_lr": 1e-2}
+    algo |= {"ood_samples_per_round": 64}
+    for init in ("warm", "fresh"):
+        seeds.clear(), loaded.clear(), fitted.clear()
+        cfg = cfg_for({**algo, "theta_init": init}, rounds=4, id_size=64, ood=[SHAPES])
+        run(cfg)
+        assert len(seeds) >= 3, init  # a probe fitted in most rounds
+        if init == "warm":
+            assert len(set(seeds)) == 1
+            assert len(loaded) == len(seeds) - 1  # every round after the first continues θ
+            for before, after in zip(fitted, loaded, strict=False):
+                for k in before:
+                    np.testing.assert_array_equal(after[k], before[k])
+        else:
+            assert len(set(seeds)) == len(seeds) and not loaded
+

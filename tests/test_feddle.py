@@ -611,4 +611,3 @@ def test_theta_init_warm_continues_the_probe_and_fresh_starts_a_new_one(monkeypa
                     np.testing.assert_array_equal(after[k], before[k])
         else:
             assert len(set(seeds)) == len(seeds) and not loaded
-

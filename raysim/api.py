@@ -335,14 +335,13 @@ class RunSession:
         ``step`` puts it. A coordinator that dies mid-batch is replaced and replays to the last
         round reported here; the rounds it ran after that are run again (deterministically)."""
         while not self.done:
+            limit = self.cfg.rounds - self.round
             kill = self.cfg.faults.kill_coordinator
-            armed = kill is not None and not self.coordinator_restarts and kill.round >= self.round
-            if armed and kill.round == self.round:
+            if kill is not None and not self.coordinator_restarts and kill.round >= self.round:
+                limit = min(limit, kill.round - self.round)
+            if not limit:  # the fault's round: ``step`` injects it
                 yield self.step()
                 continue
-            limit = self.cfg.rounds - self.round
-            if armed:
-                limit = min(limit, kill.round - self.round)
             for metrics in self._call("advance", limit, ADVANCE_S):
                 self.round += 1
                 yield metrics

@@ -423,7 +423,7 @@ class RunConfig(StrictModel):
         local = self.local
         return (
             self.workers.count != "per_client"
-            and self.method_client().may_batch()
+            and get_method(self.algorithm.name).client.may_batch()  # decided by the class
             and local.backend == "torch"
             and local.mixed_precision == "no"
             and local.grad_accumulation == 1

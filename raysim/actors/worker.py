@@ -56,6 +56,7 @@ class ClientRunner:
         self.task = task_for(spec, next(self.model.module.parameters()).device)
         self.client_algorithm = self.method.client(self.cfg.algorithm.params)
         self._sequential_reason: str | None = None  # see ``sequential_reason``
+        self._group_size: int | None = None  # see ``group_size``
         self.behaviours = [BEHAVIOURS.get(name).build(p) for name, p in self.cfg.client_hooks()]
         for b in self.behaviours:
             b.setup(self.cfg.seed, self.cfg.clients.num)
@@ -72,11 +73,13 @@ class ClientRunner:
     @property
     def group_size(self) -> int:
         """Jobs of one batch that train together (``RunConfig.group_size``); 1 where
-        ``workers.execution: auto`` finds this model's clients cannot batch."""
-        size = self.cfg.group_size()
-        if size > 1 and self.cfg.workers.execution == "auto" and self.sequential_reason():
-            return 1
-        return size
+        ``workers.execution: auto`` finds this model's clients cannot batch. Decided once."""
+        if self._group_size is None:
+            size = self.cfg.group_size()
+            if size > 1 and self.cfg.workers.execution == "auto" and self.sequential_reason():
+                size = 1
+            self._group_size = size
+        return self._group_size
 
     def sequential_reason(self) -> str:
         """Why this method's clients train one after another on this model ("" when they batch):
@@ -87,7 +90,9 @@ class ClientRunner:
             if algo.trains_together:  # a round that trains together is one group by nature
                 self._sequential_reason = ""
             elif not algo.may_batch():
-                self._sequential_reason = f"{type(algo).__name__} trains its own way"
+                self._sequential_reason = (
+                    f"{type(algo).__name__} trains its own way (it overrides train)"
+                )
             else:
                 job = ClientJob(job_id=-1, client=0, dispatch_round=0, run_seed=self.cfg.seed)
                 ctx, _ = self._context(self._initial, job)
@@ -146,8 +151,9 @@ class ClientRunner:
         algo = self.client_algorithm
         if algo.trains_together:
             return self._run_coupled(weights, jobs)
-        if not algo.may_batch():  # decided by the class: load no job twice to find out
-            self._notice(f"{type(algo).__name__} trains its own way (it overrides train)")
+        why = self.sequential_reason()  # this model at all (asked once): load no job twice
+        if why:
+            self._notice(why)
             return [self.run(weights, job) for job in jobs]
         prepared, starts = [], []
         groups = [g.name for g in self.model.groups]

@@ -234,16 +234,19 @@ class FedBaF(Mixer):
     def mix(self, round_index: int, previous: np.ndarray, aggregated: np.ndarray) -> np.ndarray:
         if self.params.variant == "weight_init":
             return aggregated
-        c = self.coefficient(round_index, previous, aggregated)
+        out = torch.tensor(np.asarray(aggregated, dtype=np.float32), device=self.device)
+        c = self.coefficient(round_index, previous, out)  # w' moved to the device once
         if c == 0.0:
             return aggregated  # ψ = 0: the base algorithm, bit for bit (§7.2 inv. 1)
-        out = torch.tensor(np.asarray(aggregated, dtype=np.float32), device=self.device)
         idx = self.on_device["indices"]
         out[idx] = (out[idx] + c * self.on_device["w_pre"]) / (1.0 + c)
         return out.cpu().numpy()
 
-    def _on_device(self, weights: np.ndarray) -> torch.Tensor:
-        """A float32 view of ``weights`` on the device (a copy where it is read-only)."""
+    def _on_device(self, weights: np.ndarray | torch.Tensor) -> torch.Tensor:
+        """A float32 view of ``weights`` on the device (a copy where it is read-only); a tensor
+        already there as it is."""
+        if isinstance(weights, torch.Tensor):
+            return weights
         w = np.asarray(weights, dtype=np.float32)
         if w.flags.writeable:
             return torch.as_tensor(w, device=self.device)

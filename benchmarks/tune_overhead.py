@@ -13,7 +13,10 @@ Measured on each side:
 - ``release_s``: from the run's end (``finish()`` returned: its artifacts are written; the
   trial's last report says when) to the moment no Coordinator, Worker or trial actor is alive,
   seen by a thread polling Ray's actor table every 20 ms;
-- ``steady_s``: the median wall of rounds 2..N (the trial's from its reports' spacing).
+- ``steady_s``: the median wall of rounds 2..N (the trial's from its reports' spacing);
+- ``next_start_s`` (``--trials`` > 1: one sweep of that many identical trials, one at a time):
+  from a trial's last report to the next trial's first, the start a trial pays when Tune hands
+  it the previous trial's process (``reuse_actors``).
 
 Last lines: ``ratio.start`` and ``ratio.release`` = sweep / plain (medians over repeats).
 """
@@ -104,6 +107,21 @@ def sweep(cfg: dict, storage: Path) -> dict[str, float]:
     return _measures(t0, marks, last[FINISHED_AT], watch)
 
 
+def series(cfg: dict, storage: Path, trials: int) -> float:
+    """Median gap from one trial's last report to the next trial's first, ``trials`` in a row."""
+    import raysim
+
+    cfg = {**cfg, "tune": {**cfg["tune"], "num_samples": trials, "max_concurrent_trials": 1}}
+    marks: dict[str, list[float]] = {}
+
+    def on_result(trial: str, result: dict) -> None:
+        marks.setdefault(trial, []).append(time.perf_counter())
+
+    raysim.tune(cfg, storage=storage, on_result=on_result)
+    runs = sorted(marks.values(), key=lambda m: m[0])
+    return statistics.median(b[0] - a[-1] for a, b in zip(runs, runs[1:], strict=False))
+
+
 def _measures(
     t0: float, marks: list[float], finished_at: float, watch: ActorWatch
 ) -> dict[str, float]:
@@ -124,6 +142,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--trials", type=int, default=3, help="for next_start_s; 1: skip it")
     args = parser.parse_args()
     print(f"machine: {machine()}")
     with tempfile.TemporaryDirectory() as tmp:
@@ -135,6 +154,8 @@ def main() -> None:
         for i in range(args.repeats):
             sides["plain"].append(plain(cfg))
             sides["sweep"].append(sweep(cfg, Path(tmp) / f"tune{i}"))
+        if args.trials > 1:
+            next_start = series(cfg, Path(tmp) / "series", args.trials)
         ray.shutdown()
     medians = {
         side: {k: statistics.median(r[k] for r in runs) for k in runs[0]}
@@ -149,6 +170,9 @@ def main() -> None:
         release=medians["sweep"]["release_s"] / max(medians["plain"]["release_s"], 1e-3),
         steady=medians["sweep"]["steady_s"] / medians["plain"]["steady_s"],
     )
+    if args.trials > 1:
+        report("series", trials=args.trials, next_start_s=next_start)
+        report("ratio", next_start=next_start / medians["plain"]["start_s"])
 
 
 if __name__ == "__main__":

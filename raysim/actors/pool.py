@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,10 @@ class RayWorkerPool:
     in ``per_client`` mode every client has its own actor and a batch is that client's job; jobs
     that train together (``workers.execution: batched``, or a method whose round trains together)
     go out as one batch per group, cut by the schedule.
+
+    A pool sized ``auto`` starts only the workers a round keeps busy (``busy_workers``); the
+    others of its reservation start when work needs them (a model that cannot batch, an
+    evaluation with more jobs than workers), so an idle worker costs no start-up.
     """
 
     def __init__(
@@ -44,16 +49,25 @@ class RayWorkerPool:
         )
         config = cfg.to_dict()
         self.data = [dataset_ref]  # sent with every batch; see ``Worker``
-        self.workers = [actor.remote(config, spec, w.threads) for _ in range(size)]
+        self._size = size
+        self._start = lambda: actor.remote(config, spec, w.threads)
+        self.workers: list[Any] = []
+        self._grow(busy_workers(cfg, size))
         if self.group_size > 1 and w.execution == "auto":  # the built model may not batch
             if ray.get(self.workers[0].sequential_reason.remote(self.data)):
                 self.group_size = 1
+                self._grow(size)
         self._where: dict[int, tuple[Any, int]] = {}
         self._fetched: dict[Any, list[ClientResult]] = {}
         self._remaining: dict[Any, int] = {}
         self._sizes = client_sizes
         self._pids: dict[int, set[int]] = {}
         self._events: list[str] = []
+
+    def _grow(self, n: int) -> None:
+        """Start workers until ``n`` run (at most the pool's reserved size)."""
+        while len(self.workers) < min(n, self._size):
+            self.workers.append(self._start())
 
     def put(self, weights: np.ndarray) -> Any:
         return ray.put(weights)
@@ -134,6 +148,7 @@ class RayWorkerPool:
 
     def evaluate(self, handle: Any, jobs: list[EvalJob]) -> list[dict[str, float]]:
         """Evaluation jobs spread evenly over the workers (contiguous chunks, one call each)."""
+        self._grow(len(jobs))
         n = min(len(self.workers), len(jobs))
         bounds = np.linspace(0, len(jobs), n + 1).round().astype(int)
         refs = [
@@ -158,3 +173,13 @@ class RayWorkerPool:
         for w in self.workers:
             ray.kill(w)
         self.workers = []
+
+
+def busy_workers(cfg: RunConfig, size: int) -> int:
+    """Workers a round keeps busy, of a pool of ``size``: with ``workers.count: auto``, batched
+    clients and no delays (each round's jobs finish before the next round's start), a round is
+    ``ceil(per_round / group_size)`` groups; otherwise the whole pool."""
+    group = cfg.group_size()
+    if cfg.workers.count != "auto" or group == 1 or cfg.delays.kind != "none":
+        return size
+    return max(1, min(size, math.ceil(cfg.clients.per_round / group)))

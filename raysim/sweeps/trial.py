@@ -61,7 +61,9 @@ class RunTrial(tune.Trainable):
     ends its coordinator and workers itself (its MLflow run KILLED) before Tune ends the trial's
     process, instead of leaving them to die with their owner. The trial runs in ``cwd``, the
     sweep's directory where this node has it, so relative paths in the config mean what they
-    mean to ``raysim run`` (Tune starts trials in their own directories)."""
+    mean to ``raysim run`` (Tune starts trials in their own directories). With Tune's
+    ``reuse_actors`` the process goes on to the next trial (``reset_config``): the old run is
+    closed, and the new one starts in the same placement group without a new process."""
 
     def setup(
         self,
@@ -75,16 +77,25 @@ class RunTrial(tune.Trainable):
         import logging
         import os
 
-        from raysim.api import RunSession
-
         # Tune's own notes from this process (a setup over 10 s, each end-of-trial checkpoint)
         for name in ("ray.tune", "ray.train"):
             logging.getLogger(name).setLevel(logging.WARNING)
         if cwd and os.path.isdir(cwd):
             os.chdir(cwd)
-        self.metric = metric
-        cfg = trial_config(base, config, parent_run_id, self.trial_name)
+        self.metric, self.base, self.parent_run_id = metric, base, parent_run_id
+        self._start(config)
+
+    def _start(self, config: dict[str, Any]) -> None:
+        from raysim.api import RunSession
+
+        cfg = trial_config(self.base, config, self.parent_run_id, self.trial_name)
         self.session = RunSession(cfg, resources=placement_share())
+
+    def reset_config(self, new_config: dict[str, Any]) -> bool:
+        """The next trial in this process (Tune's ``reuse_actors``): its own run, from scratch."""
+        self.cleanup()
+        self._start(new_config)
+        return True
 
     def step(self) -> dict[str, Any]:
         import time
@@ -100,7 +111,10 @@ class RunTrial(tune.Trainable):
                 metrics["done"] = True
             elif self.metric not in metrics:
                 continue
-            return {**metrics, ROUND: session.round, RUN_ID: session.run_id or ""}
+            out = {**metrics, ROUND: session.round, RUN_ID: session.run_id or ""}
+            if session.done:  # its actors go now, not when Tune reuses or stops this process
+                self.cleanup()
+            return out
 
     def save_checkpoint(self, checkpoint_dir: str) -> dict[str, Any]:
         """Nothing to save: a trial that Tune restores (``raysim tune --resume``) starts its run
@@ -113,4 +127,5 @@ class RunTrial(tune.Trainable):
     def cleanup(self) -> None:
         session = getattr(self, "session", None)
         if session is not None:
+            self.session = None
             session.close()

@@ -3,11 +3,12 @@ space, the table, plots, the best config) with one child run per trial."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -158,7 +159,11 @@ def tune(
         rtune.with_parameters(RunTrial, **trainable_params),
         rtune.PlacementGroupFactory(bundles, strategy="PACK"),
     )
-    callbacks = [_TrialRuns(tracker.uri if tracker else None, cfg.rounds)]
+    from ray.tune.logger import CSVLoggerCallback
+
+    # each trial's progress.csv feeds the sweep's learning curves; Tune's JSON and TensorBoard
+    # loggers would add about 10 ms to every round (benchmarks/RESULTS.md) and nothing reads them
+    callbacks = [_TrialRuns(tracker.uri if tracker else None, cfg.rounds), CSVLoggerCallback()]
     _TrialRuns.display = on_result  # not in the callback's state: Tune pickles that
     try:
         if resume is not None:
@@ -180,6 +185,7 @@ def tune(
                     num_samples=section.num_samples,
                     max_concurrent_trials=section.max_concurrent_trials,
                     scheduler=_scheduler(section, cfg.rounds),
+                    reuse_actors=True,  # a trial's process serves the next (RunTrial.reset_config)
                 ),
                 run_config=rtune.RunConfig(
                     name=name,
@@ -193,7 +199,8 @@ def tune(
             (Path(path) / SWEEP_FILE).write_text(
                 json.dumps({"parent_run_id": trainable_params["parent_run_id"]})
             )
-        grid = tuner.fit()
+        with _only_our_loggers():
+            grid = tuner.fit()
     except BaseException:
         if tracker is not None:
             tracker.end("KILLED")
@@ -210,6 +217,21 @@ def tune(
     if tracker is not None:
         tracker.finish(summary, grid)
     return summary
+
+
+@contextlib.contextmanager
+def _only_our_loggers() -> Iterator[None]:
+    """Tune adds its default result loggers unless this variable is set when ``fit`` starts."""
+    key = "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"
+    before = os.environ.get(key)
+    os.environ[key] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
 
 
 def trial_bundles(cfg: RunConfig, total: Mapping[str, float]) -> list[dict[str, float]]:

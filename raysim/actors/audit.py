@@ -1,30 +1,80 @@
 """The leak auditor: every payload the coordinator sends to clients is checked against the
-strategy's server-private values (``Strategy.secrets``), as fedbaf.md §6.3 asks, knowing no paper.
+strategy's server-private blocks (``Strategy.secrets``), as fedbaf.md §6.3 asks, knowing no paper.
 
-A payload leaks a secret block when its values at the block's coordinates equal the secret's
-(``allclose``, rtol 1e-6), or when the block's bytes occur anywhere in the payload's bytes. A
-reachable reference cannot happen: private tensors refuse to be pickled (``PrivateTensors``), so
-a payload holding one fails to serialise before it leaves.
+A payload leaks a block (of ``MIN_VALUES`` values or more) when one of its float arrays (numpy
+float16/32/64, or a torch tensor of any float dtype, bfloat16 included):
+
+- **at the block's own coordinates** (an array shaped like the global vector), or
+- **as a whole array**, against the block or any contiguous sub-block of its length,
+
+equals the block's values after a map ``a·s + b`` (``a ≠ 0``), in their order, reversed or in any
+order; or when the block's float32 bytes occur anywhere in the payload (an exact copy in a
+window, §6.3 (ii)). "Equals" is judged value by value, at the rounding of bfloat16 (the coarsest
+float a copy may have passed through): a copy rounded to float16 or bfloat16, scaled, shifted or
+reordered is caught, and a model that is merely close to the foundation (FedBaF's mixed
+broadcast) is not. A reordered match must also beat chance: the residual must be far below what
+an unrelated sample of the same distribution would leave, at the payload's effective precision.
+What it cannot catch is in docs/leak-auditor.md (threat model).
+
+Arithmetic runs in torch on the server's device (``ServerContext.device``), in float32 with
+float64 sums (float64 where a payload or a secret is float64). A reachable
+reference cannot happen: private tensors refuse to be pickled (``PrivateTensors``).
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 from raysim.algorithms.base import Secret
 
-MIN_BYTES = 64 * 4  # fedbaf.md §6.3: tensors of 64 float32 values or more
+MIN_VALUES = 64  # fedbaf.md §6.3: blocks of 64 values or more
+MIN_BYTES = MIN_VALUES * 4
+#: the unit roundoff of bfloat16: a copy rounded to any float dtype we send is within it
+U_BF16 = 2.0**-8
+#: a fit explains a copy: its residual's RMS is at most this fraction of the payload's spread
+EXPLAINED = 0.1
+#: candidate sub-blocks checked in full per array and sign of ``a``: the nearest by moments,
+#: and up to MAX_CANDIDATES where the payload's rounding blurs its moments
+CANDIDATES, MAX_CANDIDATES = 8, 512
+#: a reordered match counts where twice the rounding is at most GATE/√m of the spread (two
+#: samples of one distribution differ by about 1/√m of it; tests/test_audit.py measures chance)
+GATE = 0.25
+#: values in the strided sample a fit tries first
+SAMPLE = 256
+#: significand bits of the floats an array's values may have been rounded to, coarsest first
+PRECISIONS = (8, 11, 24, 53)
 
 
 class LeakError(RuntimeError):
     """A payload to clients carries server-private values."""
 
 
-def _arrays(payload: Any) -> Iterable[np.ndarray]:
-    if isinstance(payload, np.ndarray):
+@dataclass(frozen=True)
+class Match:
+    """How a payload array equals a private block: ``t ≈ a·s + b`` in the given order."""
+
+    a: float
+    b: float
+    order: str  # "in order" | "reversed" | "reordered"
+    spread: float = 0.0  # the payload's standard deviation
+
+    def describe(self) -> str:
+        """`` (as 2·x + 0.5, reversed)``, to 3 digits; a shift below bfloat16's rounding of the
+        payload's spread reads 0; an exact copy reads nothing."""
+        if self.a == 1.0 and self.b == 0.0 and self.order == "in order":
+            return ""
+        b = 0.0 if abs(self.b) <= U_BF16 * self.spread else self.b
+        return f" (as {self.a:.3g}·x {'+' if b >= 0 else '−'} {abs(b):.3g}, {self.order})"
+
+
+def _arrays(payload: Any) -> Iterable[np.ndarray | torch.Tensor]:
+    if isinstance(payload, (np.ndarray, torch.Tensor)):
         yield payload
     elif isinstance(payload, Mapping):
         for v in payload.values():
@@ -34,80 +84,359 @@ def _arrays(payload: Any) -> Iterable[np.ndarray]:
             yield from _arrays(v)
 
 
-def _pattern(values: np.ndarray) -> bytes | None:
-    raw = np.ascontiguousarray(values, dtype=np.float32).tobytes()
-    return raw if len(raw) >= MIN_BYTES else None
+def significand_bits(a: np.ndarray | torch.Tensor, t: torch.Tensor) -> int:
+    """Bits of precision ``a``'s values use: 8 for bfloat16, 11 for float16, else read off the
+    values ``t`` (a float32 array of float16-rounded values counts as 11)."""
+    if isinstance(a, torch.Tensor) and a.dtype in (torch.bfloat16, torch.float16):
+        return 8 if a.dtype == torch.bfloat16 else 11
+    if isinstance(a, np.ndarray) and a.dtype == np.float16:
+        return 11
+    head = t[:SAMPLE]
+    mant = torch.frexp(head[head != 0].double()).mantissa  # most arrays use all their bits
+    for bits in PRECISIONS:
+        if bool(((mant * 2.0**bits) % 1 == 0).all()):
+            if bits >= 24:
+                return bits
+            whole = torch.frexp(t[t != 0].double()).mantissa
+            if bool(((whole * 2.0**bits) % 1 == 0).all()):
+                return bits
+    return 53
 
 
-def _anchor(values: np.ndarray) -> int:
-    """A block's first two float32 values as one 64-bit word: where the block could start."""
-    return int(np.ascontiguousarray(values[:2], dtype=np.float32).view(np.uint64)[0])
+def moments(x: torch.Tensor) -> tuple[float, float]:
+    """(skewness, kurtosis) of ``x``: unchanged by any reordering and by ``a·x + b`` with
+    a > 0 (the skewness flips its sign for a < 0)."""
+    c = x - x.mean()
+    m2 = float((c * c).mean())
+    if m2 == 0.0:
+        return 0.0, 0.0
+    return float((c**3).mean()) / m2**1.5, float((c**4).mean()) / m2**2
 
 
-def _float32_holds(flat: np.ndarray, blocks: list[tuple[int, np.ndarray]]) -> int | None:
-    """Index (into ``blocks``) of a block whose float32 values sit contiguously in ``flat``.
+def fit(s: torch.Tensor, t: torch.Tensor, u: float = U_BF16) -> tuple[float, float] | None:
+    """``(a, b)`` when ``t`` equals ``a·s + b`` value by value at unit roundoff ``u`` (each
+    residual at most ``2u·(|t| + |b|) + u·std(t)``) and the fit explains ``t``; else None.
+    A strided sample is tried first: a copy passes it too, and most non-copies fail it."""
+    if len(t) > 4 * SAMPLE:
+        pick = torch.linspace(0, len(t) - 1, SAMPLE, device=t.device).long()
+        if _fit(s[pick], t[pick], u) is None:
+            return None
+    return _fit(s, t, u)
 
-    Copies in a float32 array start on a 4-byte boundary, so the search looks up every pair of
-    neighbouring values (both parities) among the blocks' anchors at once (one vectorised
-    ``searchsorted``), then compares the few candidates in full: O(n log k), where searching
-    each block's bytes in turn costs O(n·k)."""
-    anchors = np.array([a for a, _ in blocks], dtype=np.uint64)
-    order = np.argsort(anchors)
-    sorted_anchors = anchors[order]
-    words = flat.view(np.uint32)
-    for parity in (0, 1):
-        body = words[parity:]
-        body = body[: len(body) - len(body) % 2]
-        pairs = body.view(np.uint64)
-        slot = np.minimum(np.searchsorted(sorted_anchors, pairs), len(anchors) - 1)
-        for i in np.flatnonzero(sorted_anchors[slot] == pairs):
-            start = parity + 2 * int(i)
-            for k in np.flatnonzero(anchors == pairs[i]):
-                pattern = blocks[k][1]
-                if np.array_equal(words[start : start + len(pattern)], pattern):
-                    return int(k)
+
+def _fit(s: torch.Tensor, t: torch.Tensor, u: float) -> tuple[float, float] | None:
+    s_mean, t_mean = s.mean(dtype=torch.float64), t.mean(dtype=torch.float64)
+    sc, tc = s - s_mean, t - t_mean
+    sxx, tt = (
+        float(sc.square().sum(dtype=torch.float64)),
+        float(tc.square().sum(dtype=torch.float64)),
+    )
+    if sxx == 0.0 or tt == 0.0:
+        return None  # a constant carries one value, not a block
+    a = float((sc * tc).sum(dtype=torch.float64)) / sxx
+    b = float(t_mean) - a * float(s_mean)
+    r = t - (a * s + b)
+    if float(r.square().sum(dtype=torch.float64)) > EXPLAINED**2 * tt:
+        return None
+    bound = 2 * u * (t.abs() + abs(b)) + u * (tt / len(t)) ** 0.5
+    return (a, b) if bool((r.abs() <= bound).all()) else None
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Mean, spread and extremes of a block or an array: what a reordered copy must share."""
+
+    mean: float
+    std: float
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, x: torch.Tensor) -> Summary:
+        low, high = torch.aminmax(x)
+        mean = x.mean(dtype=torch.float64)
+        std = (x - mean).square().mean(dtype=torch.float64).sqrt()
+        return cls(float(mean), float(std), float(low), float(high))
+
+    def could_be(self, s: Summary, u: float) -> bool:
+        """Whether these values could be ``a·s + b`` reordered, at unit roundoff ``u``: the
+        extremes map onto each other under the ``a`` and ``b`` that the spreads and means give."""
+        if s.std == 0.0 or self.std == 0.0:
+            return False
+        reach = max(abs(self.low), abs(self.high)) + self.std
+        for sign in (1.0, -1.0):
+            a = sign * self.std / s.std
+            b = self.mean - a * s.mean
+            low, high = sorted((a * s.low + b, a * s.high + b))
+            tol = 8 * u * (reach + abs(b))
+            if abs(low - self.low) <= tol and abs(high - self.high) <= tol:
+                return True
+        return False
+
+
+def matches(
+    s: torch.Tensor,
+    t: torch.Tensor,
+    bits: int,
+    s_summary: Summary | None = None,
+    in_order: bool = True,
+) -> Match | None:
+    """How ``t`` equals block values ``s`` (same length), if it does: in order or reversed (at
+    bfloat16's rounding), or reordered (sorted values, at the ``bits`` of precision ``t``'s
+    values use, and only where that precision makes a match beat chance)."""
+    for order, ref in (("in order", s), ("reversed", s.flip(0)))[0 if in_order else 1 :]:
+        ab = fit(ref, t)
+        if ab is not None:
+            return Match(*ab, order, float(t.std()))
+    u, mine = 2.0**-bits, Summary.of(t)
+    if mine.std == 0.0:
+        return None
+    # sorted values of two samples of one distribution differ by about std/√m: a reordered
+    # copy is told from chance only where its rounding is far below that
+    reach = (max(abs(mine.low), abs(mine.high)) + abs(mine.mean)) / mine.std
+    if 2 * u * reach > GATE / len(t) ** 0.5:
+        return None
+    if not mine.could_be(s_summary or Summary.of(s), u):
+        return None
+    t_sorted = t.sort().values
+    for ref in (s.sort().values, s.sort(descending=True).values):
+        ab = _fit(ref, t_sorted, u)
+        if ab is not None:
+            return Match(*ab, "reordered", mine.std)
     return None
 
 
 class LeakAuditor:
     """Checks payloads against ``secrets``; a leak raises ``LeakError`` naming block and payload."""
 
-    def __init__(self, secrets: list[Secret], size: int) -> None:
+    def __init__(
+        self, secrets: list[Secret], size: int, device: torch.device | str = "cpu"
+    ) -> None:
         self.secrets = [s for s in secrets if s.values.size and np.any(s.values != 0)]
-        #: each secret's float32 bytes for the substring check (None: too short to count)
-        self.patterns = [_pattern(s.values) for s in self.secrets]
-        #: (anchor, float32 words) of the secrets long enough to count, for float32 payloads
-        self.blocks = [
-            (i, _anchor(s.values), np.ascontiguousarray(s.values, dtype=np.float32).view(np.uint32))
-            for i, (s, p) in enumerate(zip(self.secrets, self.patterns, strict=True))
-            if p is not None
-        ]
         self.size = size
+        self.device = torch.device(device)
         self.checked = 0
+        #: small blocks: checked exactly at their own coordinates, as before §6.3's threshold
+        self.small = [
+            (
+                s.name,
+                torch.as_tensor(np.asarray(s.indices, np.int64).reshape(-1), device=self.device),
+                torch.as_tensor(np.asarray(s.values, np.float64).reshape(-1), device=self.device),
+            )
+            for s in self.secrets
+            if s.values.size < MIN_VALUES
+        ]
+        big = [s for s in self.secrets if s.values.size >= MIN_VALUES]
+        self.names = [s.name for s in big]
+        wide = any(np.asarray(s.values).dtype == np.float64 for s in big)
+        dtype = np.float64 if wide else np.float32  # float64 only where a secret is
+        values = [np.asarray(s.values, dtype).reshape(-1) for s in big]
+        indices = [np.asarray(s.indices, np.int64).reshape(-1) for s in big]
+        self.values = torch.as_tensor(
+            np.concatenate(values) if big else np.zeros(0), device=self.device
+        )
+        self.indices = torch.as_tensor(
+            np.concatenate(indices) if big else np.zeros(0, np.int64), device=self.device
+        )
+        sizes = [s.values.size for s in big]
+        self.ends = np.cumsum(sizes).astype(np.int64)
+        self.starts = self.ends - np.asarray(sizes, dtype=np.int64)
+        self.block = torch.as_tensor(
+            np.repeat(np.arange(len(big)), sizes), device=self.device, dtype=torch.int64
+        )
+        self.longest = int(max(sizes, default=0))
+        count = torch.bincount(self.block, minlength=len(big)).to(self.values.dtype)
+        means = torch.zeros(len(big), dtype=self.values.dtype, device=self.device)
+        means = means.index_add_(0, self.block, self.values) / count.clamp_min(1)
+        #: each block's values less the block's mean (prefix sums of powers stay accurate)
+        self.centred = (self.values - means[self.block]).double()
+        self._sums: list[torch.Tensor] | None = None
+        self.summaries = [
+            Summary.of(self.values[lo:hi]) for lo, hi in zip(self.starts, self.ends, strict=True)
+        ]
+        #: (first, end) where a block's coordinates are one run of the global vector (a slice
+        #: reads them without a copy), else None
+        self.spans = [_span(np.asarray(s.indices).reshape(-1)) for s in big]
+        #: each block's float32 words, for exact copies anywhere (§6.3 (ii))
+        self.blocks = [
+            (i, np.ascontiguousarray(s.values, dtype=np.float32).view(np.uint32).reshape(-1))
+            for i, s in enumerate(big)
+        ]
 
+    # ------------------------------------------------------------------------------- public
     def check(self, payload: Any, where: str) -> None:
         for a in _arrays(payload):
             self.checked += 1
-            for s in self.secrets:
-                if a.shape == (self.size,) and np.allclose(
-                    a[s.indices], s.values, rtol=1e-6, atol=0
-                ):
-                    raise LeakError(f"stopped: {where} carries the server-private {s.name}")
+            self._check_array(a, where)
+
+    def _check_array(self, a: np.ndarray | torch.Tensor, where: str) -> None:
+        flat = a.reshape(-1)
+        if not _is_float(a):
+            hit = self._bytes_hit(np.asarray(a))
+            if hit is not None:
+                raise LeakError(f"stopped: {where} carries the server-private {hit}'s bytes")
+            return
+        t = _as_tensor(flat, self.device)
+        if tuple(a.shape) == (self.size,):
+            for name, idx, ref in self.small:
+                if torch.allclose(t[idx].double(), ref, rtol=1e-6, atol=0):
+                    raise LeakError(f"stopped: {where} carries the server-private {name}")
+            self._own_coordinates(a, t, where)
+        elif MIN_VALUES <= len(t) <= self.longest:
+            self._whole(a, t, where)
+        if isinstance(a, np.ndarray) and a.dtype == np.float32:
             hit = self._bytes_hit(a)
             if hit is not None:
-                name = self.secrets[hit].name
-                raise LeakError(f"stopped: {where} carries the server-private {name}'s bytes")
+                raise LeakError(f"stopped: {where} carries the server-private {hit}'s bytes")
 
-    def _bytes_hit(self, a: np.ndarray) -> int | None:
-        """Index of a secret whose float32 bytes occur in ``a`` (§6.3 (ii)), or None."""
+    # ----------------------------------------------------------------- at own coordinates
+    def _own_coordinates(self, a: np.ndarray | torch.Tensor, t: torch.Tensor, where: str) -> None:
+        """Block by block, the payload's values at the block's coordinates (``matches``)."""
+        for i, (lo, hi) in enumerate(zip(self.starts.tolist(), self.ends.tolist(), strict=True)):
+            span = self.spans[i]
+            x = t[span[0] : span[1]] if span is not None else t[self.indices[lo:hi]]
+            hit = matches(self.values[lo:hi], x, significand_bits(a, x), self.summaries[i])
+            if hit is not None:
+                self._raise(i, hit, where)
+
+    # ------------------------------------------------------------------ as a whole array
+    def _whole(self, a: np.ndarray | torch.Tensor, t: torch.Tensor, where: str) -> None:
+        """``t`` against every window of its length inside one block: the windows' moments
+        from prefix sums (one pass over the blocks), then the nearest few by moments in full."""
+        m = len(t)
+        if float(t.std()) == 0.0:
+            return
+        skew, kurt = moments(t)
+        w = [(q[m:] - q[:-m]) / m for q in self._power_sums()]  # windows' means of powers
+        mu = w[0]
+        m2 = (w[1] - mu**2).clamp_min(0)
+        m3 = w[2] - 3 * mu * w[1] + 2 * mu**3
+        m4 = w[3] - 4 * mu * w[2] + 6 * mu**2 * w[1] - 3 * mu**4
+        starts = torch.arange(len(mu), device=self.device)
+        valid = (self.block[starts] == self.block[starts + m - 1]) & (m2 > 0)
+        safe = m2.clamp_min(1e-300)
+        w_skew, w_kurt = m3 / safe**1.5, m4 / safe**2
+        bits = significand_bits(a, t)
+        # rounding moves the moments by about its size in units of the spread: a coarse copy
+        # (float16 far from zero) may rank behind a few hundred windows, a fine one behind none
+        mean, spread = float(t.mean()), float(t.std())
+        rel = 2.0**-bits * (float(t.abs().max()) + abs(mean)) / spread
+        tol = 8 * rel * (1 + abs(skew) + kurt)
+        for sign in (1.0, -1.0):
+            dist = (w_skew - sign * skew).abs() + 0.5 * (w_kurt - kurt).abs()
+            dist = torch.where(valid, dist, torch.full_like(dist, float("inf")))
+            near = int(((dist <= tol) & valid).sum())
+            k = min(max(CANDIDATES, min(near, MAX_CANDIDATES)), int(valid.sum()))
+            starts = torch.topk(dist, k, largest=False).indices
+            for j in starts[_could_match(self.values, starts, t, bits)].tolist():
+                hit = matches(self.values[j : j + m], t, bits)
+                if hit is not None:
+                    self._raise(int(self.block[j]), hit, where, sub=(j, m))
+
+    def _power_sums(self) -> list[torch.Tensor]:
+        """Prefix sums of the centred values' powers 1–4 (float64; made once, when first used)."""
+        if self._sums is None:
+            zero = torch.zeros(1, dtype=torch.float64, device=self.device)
+            self._sums = [torch.cat([zero, torch.cumsum(self.centred**p, 0)]) for p in range(1, 5)]
+        return self._sums
+
+    # --------------------------------------------------------------- exact float32 bytes
+    def _bytes_hit(self, a: np.ndarray) -> str | None:
+        """Name of a block whose float32 bytes occur in ``a`` (§6.3 (ii)), or None."""
         if not self.blocks:
             return None
         if a.dtype == np.float32 and a.size >= 2:
             flat = np.ascontiguousarray(a).reshape(-1)
-            k = _float32_holds(flat, [(anchor, words) for _, anchor, words in self.blocks])
-            return None if k is None else self.blocks[k][0]
+            k = _float32_holds(flat, self.blocks)
+            return None if k is None else self.names[self.blocks[k][0]]
         raw = np.ascontiguousarray(a).tobytes()  # any other dtype: a plain byte search
-        for i, _, words in self.blocks:
+        for i, words in self.blocks:
             if words.tobytes() in raw:
-                return i
+                return self.names[i]
         return None
+
+    def _raise(self, i: int, m: Match, where: str, sub: tuple[int, int] | None = None) -> None:
+        what = self.names[i]
+        if sub is not None and sub[1] < self.ends[i] - self.starts[i]:
+            lo = sub[0] - int(self.starts[i])
+            what += f" (values {lo}–{lo + sub[1] - 1})"
+        raise LeakError(f"stopped: {where} carries the server-private {what}{m.describe()}")
+
+
+def _rows_fit(rows: torch.Tensor, t: torch.Tensor, u: float) -> torch.Tensor:
+    """``fit`` for each row of ``rows`` against ``t`` at once: which rows ``t`` could be."""
+    rc = rows - rows.mean(1, keepdim=True)
+    tc = t - t.mean()
+    rr, tt = rc.square().sum(1), float(tc.square().sum())
+    a = (rc * tc).sum(1) / rr.clamp_min(1e-300)
+    b = t.mean() - a * rows.mean(1)
+    r = t - (a[:, None] * rows + b[:, None])
+    bound = 2 * u * (t.abs() + b.abs()[:, None]) + u * (tt / len(t)) ** 0.5
+    explained = r.square().sum(1) <= EXPLAINED**2 * tt
+    return (rr > 0) & explained & (r.abs() <= bound).all(1)
+
+
+def _could_match(values: torch.Tensor, starts: torch.Tensor, t: torch.Tensor, bits: int):
+    """Which windows ``values[j : j + len(t)]`` (``j`` in ``starts``) pass ``matches``' fits,
+    checked many at a time (the few that pass are then checked one by one)."""
+    m = len(t)
+    keep = torch.zeros(len(starts), dtype=torch.bool, device=t.device)
+    if float(t.std()) == 0.0:
+        return keep
+    u = 2.0**-bits
+    reach = (float(t.abs().max()) + abs(float(t.mean()))) / float(t.std())
+    reorder = 2 * u * reach <= GATE / m**0.5
+    t_sorted = t.sort().values
+    step = max(1, (1 << 22) // m)
+    for lo in range(0, len(starts), step):
+        rows = values[starts[lo : lo + step, None] + torch.arange(m, device=t.device)]
+        ok = _rows_fit(rows, t, U_BF16) | _rows_fit(rows.flip(1), t, U_BF16)
+        if reorder:
+            ranked = rows.sort(1).values
+            ok |= _rows_fit(ranked, t_sorted, u) | _rows_fit(ranked.flip(1), t_sorted, u)
+        keep[lo : lo + step] = ok
+    return keep
+
+
+def _span(indices: np.ndarray) -> tuple[int, int] | None:
+    first = int(indices[0])
+    if np.array_equal(indices, np.arange(first, first + len(indices))):
+        return first, first + len(indices)
+    return None
+
+
+def _is_float(a: np.ndarray | torch.Tensor) -> bool:
+    if isinstance(a, torch.Tensor):
+        return a.is_floating_point()
+    return np.issubdtype(a.dtype, np.floating)
+
+
+def _as_tensor(flat: np.ndarray | torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The values on ``device``: float64 stays float64, every narrower float becomes float32."""
+    if not isinstance(flat, torch.Tensor):
+        with warnings.catch_warnings():  # a published version is read-only; this only reads it
+            warnings.simplefilter("ignore", UserWarning)
+            flat = torch.from_numpy(np.ascontiguousarray(flat))
+    wide = flat.dtype == torch.float64
+    return flat.detach().to(device=device, dtype=torch.float64 if wide else torch.float32)
+
+
+def _float32_holds(flat: np.ndarray, blocks: list[tuple[int, np.ndarray]]) -> int | None:
+    """Index (into ``blocks``) of a block whose float32 values sit contiguously in ``flat``.
+
+    Each value's low 16 bits index a table of the blocks' first values (one gather over the
+    array), so only values whose low bits match a block's start are compared further: about
+    n·k/65536 candidates, each checked on its next value and then in full. O(n + k)."""
+    words = flat.view(np.uint32)
+    firsts = np.array([w[0] for _, w in blocks], dtype=np.uint32)
+    table = np.zeros(1 << 16, dtype=bool)
+    table[firsts & 0xFFFF] = True
+    candidates = np.flatnonzero(table[words & 0xFFFF])
+    for i in candidates[np.isin(words[candidates], firsts)].tolist():
+        for k in np.flatnonzero(firsts == words[i]):
+            pattern = blocks[k][1]
+            if i + len(pattern) <= len(words) and np.array_equal(
+                words[i : i + len(pattern)], pattern
+            ):
+                return int(k)
+    return None

@@ -111,7 +111,9 @@ class CoordinatorCore:
         self._log = RoundLog()
         self.strategy: Strategy = self._build_strategy(initial)
         self.auditor = (
-            LeakAuditor(self.strategy.secrets(), len(initial)) if cfg.audit.leaks else None
+            LeakAuditor(self.strategy.secrets(), len(initial), self.server.device)
+            if cfg.audit.leaks
+            else None
         )
         delay_model = build_delay_model(cfg.delays, cfg.clients.num, cfg.seed)
         self.schedule = Schedule(cfg.clients.num, cfg.clients.per_round, delay_model, cfg.seed)

@@ -1,0 +1,88 @@
+"""A user's method module that leaks on purpose (``algorithm.module``), for the leak auditor.
+
+``leaky`` is FedAvg with a server-private block: 512 values drawn in ``setup`` from a named
+server stream, declared in ``secrets()`` at the coordinates 0–511 of the global vector. Every
+round it sends a transformed copy of the block with ``configure()`` (``transform``), or, with
+``transform: none``, an unrelated draw of the same distribution in every float dtype (which must
+pass).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from raysim.algorithms import Method, MethodParams, register
+from raysim.algorithms.base import Downlink, Secret
+from raysim.algorithms.general.fedavg import FedAvg
+from raysim.algorithms.private import PrivateTensors
+
+SIZE = 512
+
+
+def bf16(x: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(x)).to(torch.bfloat16)
+
+
+class LeakyParams(MethodParams):
+    transform: str = "none"
+
+
+class Leaky(FedAvg):
+    params: LeakyParams
+    transient = ("secret",)
+
+    def setup(self, ctx) -> None:
+        super().setup(ctx)
+        self.size = ctx.layout.size
+        draw = ctx.rng("leaky/secret").normal(0.0, 0.1, SIZE).astype(np.float32)
+        self.secret = PrivateTensors({"w": draw})
+        self.noise = ctx.rng("leaky/noise")
+
+    def secrets(self) -> list[Secret]:
+        return [Secret("private.block", np.arange(SIZE), np.array(self.secret["w"]))]
+
+    def own(self, values: np.ndarray) -> np.ndarray:
+        """The global weights with ``values`` at the block's coordinates."""
+        out = np.array(self.weights, dtype=np.float32, copy=True)
+        out[:SIZE] = values
+        return out
+
+    def configure(self, round_index, clients):
+        s = np.array(self.secret["w"])
+        half = SIZE // 2
+        sends = {
+            "exact": lambda: {"x": s.copy()},
+            "fp16": lambda: {"x": s.astype(np.float16)},
+            "bf16": lambda: {"x": bf16(s)},
+            "fp16_own": lambda: {"x": self.own(s.astype(np.float16).astype(np.float32))},
+            "bf16_own": lambda: {"x": self.own(bf16(s).float().numpy())},
+            "fp64": lambda: {"x": s.astype(np.float64)},
+            "scaled": lambda: {"x": s * np.float32(2.0)},
+            "shifted": lambda: {"x": s + np.float32(0.25)},
+            "reversed": lambda: {"x": s[::-1].copy()},
+            "permuted": lambda: {"x": self.noise.permutation(s)},
+            "split": lambda: {"a": s[:half].copy(), "b": s[half:].copy()},
+            "window": lambda: {"x": np.concatenate([np.ones(7, np.float32), s])},
+            "fp16_of_scaled": lambda: {"x": (s * np.float32(3.0) - 1).astype(np.float16)},
+            "permuted_half": lambda: {"x": self.noise.permutation(s[:half])},
+            "none": lambda: self.unrelated(),
+        }
+        return Downlink(sends[self.params.transform]())
+
+    def unrelated(self) -> dict:
+        """A fresh draw of the block's distribution, whole and halved, in every dtype."""
+        x = self.noise.normal(0.0, 0.1, SIZE).astype(np.float32)
+        return {
+            "f32": x,
+            "f16": x.astype(np.float16),
+            "bf16": bf16(x),
+            "f64": x.astype(np.float64),
+            "half": self.noise.permutation(x[: SIZE // 2]),
+            "own": self.own(x),
+        }
+
+
+METHOD = register(
+    Method(name="leaky", strategy=Leaky, params=LeakyParams, reference="tests (leak auditor)")
+)

@@ -1,0 +1,152 @@
+"""The leak auditor (``raysim/actors/audit.py``, fedbaf.md §6.3, issue 25): a plugin method that
+sends a transformed copy of its private block is stopped in round 0 whatever the transform; an
+unrelated draw of the same distribution, in every dtype, is not; chance does not trip it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from raysim.actors.audit import LeakAuditor, LeakError
+from raysim.actors.local import local_core
+from raysim.algorithms.base import Secret
+from raysim.config import load_config
+from tests.conftest import fresh_cli, tiny
+
+PLUGIN = Path(__file__).parent / "plugins" / "leaky_method.py"
+
+
+def leaky(transform: str, **overrides) -> dict:
+    cfg = tiny(algorithm={"name": "leaky", "module": str(PLUGIN), "transform": transform})
+    cfg.update({"audit": {"leaks": True}, **overrides})
+    return cfg
+
+
+# each transform class of the issue, and two combinations, with what the message must name
+CAUGHT = {
+    "exact": "private.block",
+    "fp16": r"private.block \(as 1·x",
+    "bf16": r"private.block \(as 1·x",
+    "fp16_own": r"private.block \(as 1·x",
+    "bf16_own": r"private.block \(as 1·x",
+    "fp64": "private.block",
+    "scaled": r"\(as 2·x \+ 0, in order\)",
+    "shifted": r"\(as 1·x \+ 0.25, in order\)",
+    "reversed": r"reversed\)",
+    "permuted": r"reordered\)",
+    "split": r"private.block \(values 0–255\)",
+    "window": "private.block's bytes",
+    "fp16_of_scaled": r"\(as 3·x − 1, in order\)",
+    "permuted_half": r"\(values 0–255\) \(as 1·x \+ 0, reordered\)",
+}
+
+
+@pytest.mark.parametrize("transform", sorted(CAUGHT))
+def test_a_transformed_copy_of_a_private_block_stops_the_run_in_round_zero(transform):
+    core = local_core(load_config(leaky(transform)))
+    with pytest.raises(LeakError, match=CAUGHT[transform]) as stopped:
+        core.step()
+    assert "round 0's downlink" in str(stopped.value)
+
+
+def test_an_unrelated_draw_of_the_same_distribution_passes_in_every_dtype():
+    core = local_core(load_config(leaky("none")))
+    while not core.done:
+        core.step()
+    assert core.auditor.checked >= 6 * core.cfg.rounds  # six arrays a round, each checked
+
+
+def test_the_auditor_off_lets_a_leak_through():
+    core = local_core(load_config(leaky("exact", audit={"leaks": False})))
+    core.step()  # the control: without the auditor the copy goes out
+
+
+def test_raysim_run_stops_a_scaled_float16_copy_with_one_line(tmp_path):
+    """Through the CLI on its own private Ray: exit 1, one line naming the block and the map."""
+    import yaml
+
+    (tmp_path / "leaky.yaml").write_text(yaml.safe_dump(leaky("fp16_of_scaled", rounds=2)))
+    proc = fresh_cli(["run", "leaky.yaml", "tracking.enabled=false"], cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    err = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert "private.block (as 3·x − 1, in order)" in err[-1], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+
+
+# --------------------------------------------------------------------------- the rules
+def block(n: int = 1000, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).normal(0, 0.05, n).astype(np.float32)
+
+
+def test_chance_does_not_trip_the_reordered_match():
+    """Unrelated samples of the block's own distribution, at every size the gate allows and in
+    every precision, against every sub-block window: no match (each array is checked against
+    the 8 windows nearest by moments, per sign of a)."""
+    rng = np.random.default_rng(1)
+    s = rng.normal(0, 1, 20_000).astype(np.float32)
+    auditor = LeakAuditor([Secret("w", np.arange(20_000), s)], size=10**6)
+    for _ in range(25):
+        for m in (64, 100, 1000):
+            x = rng.normal(0, 1, m)
+            for p in (torch.tensor(x).bfloat16(), x.astype(np.float16), x.astype(np.float32)):
+                auditor.check(p, "chance")
+
+
+def test_a_model_near_the_block_is_not_a_copy():
+    """FedBaF's broadcast mixes a model with the foundation: 1 % of another model in the mix
+    already leaves residuals far above any rounding, so it passes; the same 1 % of bfloat16
+    rounding does not."""
+    s = block()
+    auditor = LeakAuditor([Secret("w", np.arange(1000), s)], size=4000)
+    other = block(seed=1)
+    w = np.zeros(4000, np.float32)
+    w[:1000] = 0.99 * s + 0.01 * other
+    auditor.check(w, "a mix")
+    w[:1000] = torch.tensor(s).bfloat16().float().numpy()
+    with pytest.raises(LeakError, match="as 1·x"):
+        auditor.check(w, "bf16")
+
+
+def test_a_near_constant_block_is_no_copy_of_another():
+    """LayerNorm-like blocks (1 ± tiny noise) fit each other within bfloat16's rounding of their
+    size, but the fit explains none of the payload's spread: not a leak."""
+    rng = np.random.default_rng(2)
+    s = (1 + rng.normal(0, 1e-4, 256)).astype(np.float32)
+    auditor = LeakAuditor([Secret("ln", np.arange(256), s)], size=1000)
+    w = np.ones(1000, np.float32)
+    w[:256] += rng.normal(0, 1e-4, 256).astype(np.float32)
+    auditor.check(w, "another layer norm")
+    auditor.check((1 + rng.normal(0, 1e-4, 256)).astype(np.float32), "alone")
+
+
+def test_a_sub_block_anywhere_in_the_block_is_found_and_located():
+    s = block(5000)
+    auditor = LeakAuditor([Secret("a", np.arange(5000), s)], size=10**5)
+    for lo, m in ((0, 64), (1234, 64), (4936, 64), (777, 2000)):
+        piece = (s[lo : lo + m] * np.float32(-0.5) + np.float32(3)).astype(np.float16)
+        with pytest.raises(LeakError, match=f"values {lo}–{lo + m - 1}"):
+            auditor.check(piece, "a piece")
+
+
+def test_windows_across_two_blocks_are_no_sub_block():
+    a, b = block(100, 3), block(100, 4)
+    auditor = LeakAuditor(
+        [Secret("a", np.arange(100), a), Secret("b", np.arange(100, 200), b)], size=1000
+    )
+    auditor.check(np.concatenate([a[50:], b[:50]]) * np.float32(2), "straddling")
+
+
+def test_a_reordered_match_must_beat_chance():
+    """Sorted, two large uniform samples agree within bfloat16's rounding almost everywhere:
+    without the gate (GATE) an unrelated bfloat16 draw of 400k values would read as a reordered
+    copy. A reordered bfloat16 copy of 64 values is still caught."""
+    rng = np.random.default_rng(3)
+    s = rng.uniform(-0.1, 0.1, 400_000).astype(np.float32)
+    auditor = LeakAuditor([Secret("w", np.arange(400_000), s)], size=10**6)
+    for _ in range(3):
+        auditor.check(torch.tensor(rng.uniform(-0.1, 0.1, 400_000)).bfloat16(), "chance")
+    with pytest.raises(LeakError, match="reordered"):
+        auditor.check(torch.tensor(rng.permutation(s[:64])).bfloat16(), "a copy")

@@ -10,8 +10,9 @@ process, the same round:
   on the matched coordinates, what the server runs after aggregation), in torch float32 on the
   server's device; ``mix64_s``: the float64 numpy form it replaced (``mixer.r_float64`` and
   ``mixer.mix_float64``), timed in the same run;
-* ``audit_s``: the leak auditor's check of one broadcast (allclose per matched tensor and the
-  float32 byte search).
+* ``audit_s``: the leak auditor's check of one broadcast (each matched tensor fitted at its own
+  coordinates as ``a·s + b``, in order, reversed and reordered, and the float32 byte search), in
+  torch on the server's device (docs/leak-auditor.md).
 
 Last lines: ``mix_fraction`` and ``audit_fraction`` = each cost / the round's client compute.
 """
@@ -111,7 +112,7 @@ def main() -> None:
         mixer.setup(ServerContext(0, layout, args.clients))
     aggregated = (flat + rng.normal(0, 1e-3, n)).astype(np.float32)
     mix_times, mix64_times, audit_times = [], [], []
-    auditor = LeakAuditor(mixer.secrets(), n)
+    auditor = LeakAuditor(mixer.secrets(), n, "cuda" if cuda else "cpu")
     for t in range(args.repeats):
         t0 = time.perf_counter()
         mixed = mixer.mix(t, flat, aggregated)

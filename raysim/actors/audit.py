@@ -9,12 +9,12 @@ float16/32/64, or a torch tensor of any float dtype, bfloat16 included):
 
 equals the block's values after a map ``a·s + b`` (``a ≠ 0``), in their order, reversed or in any
 order; or when the block's float32 bytes occur anywhere in the payload (an exact copy in a
-window, §6.3 (ii)). "Equals" is judged value by value, at the rounding of bfloat16 (the coarsest
-float a copy may have passed through): a copy rounded to float16 or bfloat16, scaled, shifted or
-reordered is caught, and a model that is merely close to the foundation (FedBaF's mixed
-broadcast) is not. A reordered match must also beat chance: the residual must be far below what
-an unrelated sample of the same distribution would leave, at the payload's effective precision.
-What it cannot catch is in docs/leak-auditor.md (threat model).
+window, §6.3 (ii)). "Equals" is judged value by value, at the precision the payload's values
+use (``significand_bits``: 8 bits for bfloat16, 11 for float16, also for such values inside a
+float32 array): a copy rounded to float16 or bfloat16, scaled, shifted or reordered is caught,
+and a model that is merely close to the foundation (FedBaF's mixed broadcast) is not. A
+reordered match must also beat chance: the residual must be far below what an unrelated sample
+of the same distribution would leave. What it cannot catch: docs/leak-auditor.md.
 
 Arithmetic runs in torch on the server's device (``ServerContext.device``), in float32 with
 float64 sums (float64 where a payload or a secret is float64). A reachable
@@ -23,6 +23,7 @@ reference cannot happen: private tensors refuse to be pickled (``PrivateTensors`
 
 from __future__ import annotations
 
+import sys
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ from raysim.algorithms.base import Secret
 
 MIN_VALUES = 64  # fedbaf.md §6.3: blocks of 64 values or more
 MIN_BYTES = MIN_VALUES * 4
-#: the unit roundoff of bfloat16: a copy rounded to any float dtype we send is within it
+#: the unit roundoff of bfloat16: a shift below it (relative to the spread) is reported as 0
 U_BF16 = 2.0**-8
 #: a fit explains a copy: its residual's RMS is at most this fraction of the payload's spread
 EXPLAINED = 0.1
@@ -113,7 +114,7 @@ def moments(x: torch.Tensor) -> tuple[float, float]:
     return float((c**3).mean()) / m2**1.5, float((c**4).mean()) / m2**2
 
 
-def fit(s: torch.Tensor, t: torch.Tensor, u: float = U_BF16) -> tuple[float, float] | None:
+def fit(s: torch.Tensor, t: torch.Tensor, u: float) -> tuple[float, float] | None:
     """``(a, b)`` when ``t`` equals ``a·s + b`` value by value at unit roundoff ``u`` (each
     residual at most ``2u·(|t| + |b|) + u·std(t)``) and the fit explains ``t``; else None.
     A strided sample is tried first: a copy passes it too, and most non-copies fail it."""
@@ -181,14 +182,15 @@ def matches(
     s_summary: Summary | None = None,
     in_order: bool = True,
 ) -> Match | None:
-    """How ``t`` equals block values ``s`` (same length), if it does: in order or reversed (at
-    bfloat16's rounding), or reordered (sorted values, at the ``bits`` of precision ``t``'s
-    values use, and only where that precision makes a match beat chance)."""
+    """How ``t`` equals block values ``s`` (same length), if it does, at the ``bits`` of
+    precision ``t``'s values use: in order, reversed, or reordered (sorted values; only where
+    that precision makes a match beat chance)."""
+    u = 2.0**-bits
     for order, ref in (("in order", s), ("reversed", s.flip(0)))[0 if in_order else 1 :]:
-        ab = fit(ref, t)
+        ab = fit(ref, t, u)
         if ab is not None:
             return Match(*ab, order, float(t.std()))
-    u, mine = 2.0**-bits, Summary.of(t)
+    mine = Summary.of(t)
     if mine.std == 0.0:
         return None
     # sorted values of two samples of one distribution differ by about std/√m: a reordered
@@ -390,7 +392,7 @@ def _could_match(values: torch.Tensor, starts: torch.Tensor, t: torch.Tensor, bi
     step = max(1, (1 << 22) // m)
     for lo in range(0, len(starts), step):
         rows = values[starts[lo : lo + step, None] + torch.arange(m, device=t.device)]
-        ok = _rows_fit(rows, t, U_BF16) | _rows_fit(rows.flip(1), t, U_BF16)
+        ok = _rows_fit(rows, t, u) | _rows_fit(rows.flip(1), t, u)
         if reorder:
             ranked = rows.sort(1).values
             ok |= _rows_fit(ranked, t_sorted, u) | _rows_fit(ranked.flip(1), t_sorted, u)
@@ -431,7 +433,8 @@ def _float32_holds(flat: np.ndarray, blocks: list[tuple[int, np.ndarray]]) -> in
     firsts = np.array([w[0] for _, w in blocks], dtype=np.uint32)
     table = np.zeros(1 << 16, dtype=bool)
     table[firsts & 0xFFFF] = True
-    candidates = np.flatnonzero(table[words & 0xFFFF])
+    low = words.view(np.uint16)[0 if sys.byteorder == "little" else 1 :: 2]  # no copy
+    candidates = np.flatnonzero(table[low])
     for i in candidates[np.isin(words[candidates], firsts)].tolist():
         for k in np.flatnonzero(firsts == words[i]):
             pattern = blocks[k][1]

@@ -76,6 +76,7 @@ class RoundLog:
     client_metrics: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     wait_s: float = 0.0
     server_s: float = 0.0
+    audit_s: float = 0.0
     server_metrics: dict[str, float] = field(default_factory=dict)
 
 
@@ -156,6 +157,16 @@ class CoordinatorCore:
         finally:
             self._log.server_s += time.perf_counter() - t0
 
+    def _audit(self, payload: Any, where: str) -> None:
+        """The leak auditor's check of a payload (when on), timed into the round's audit_s."""
+        if self.auditor is None:
+            return
+        t0 = time.perf_counter()
+        try:
+            self.auditor.check(payload, where)
+        finally:
+            self._log.audit_s += time.perf_counter() - t0
+
     # ----------------------------------------------------------------- model versions
     def _current_handle(self) -> _Version:
         v = self._versions.get(self.version)
@@ -167,8 +178,7 @@ class CoordinatorCore:
         """An immutable float32 copy of ``weights``, put once where the workers read it."""
         w = np.array(weights, dtype=np.float32, copy=True)
         w.flags.writeable = False  # a version is immutable once published
-        if self.auditor is not None:
-            self.auditor.check(w, f"the global model of version {self.version}")
+        self._audit(w, f"the global model of version {self.version}")
         return _Version(w, self.executor.put(w), refs)
 
     def _client_job(self, job_id: int, client: int, dispatch_round: int) -> ClientJob:
@@ -243,9 +253,8 @@ class CoordinatorCore:
         v = self._current_handle()
         downlink = self._timed(self.strategy.configure, k, d.clients.tolist())
         if downlink is not None and (downlink.tensors or downlink.per_client):
-            if self.auditor is not None:
-                payload = [dict(downlink.tensors), dict(downlink.per_client)]
-                self.auditor.check(payload, f"round {k}'s downlink")
+            payload = [dict(downlink.tensors), dict(downlink.per_client)]
+            self._audit(payload, f"round {k}'s downlink")
             b = _Broadcast(downlink, self.executor.put(dict(downlink.tensors)), len(d))
             self._broadcasts[k] = b
             log.bytes_down += sum(downlink.nbytes(c) for c in d.clients.tolist())
@@ -363,6 +372,8 @@ class CoordinatorCore:
             for event in events:
                 self.warn(f"round {k}: {event}")
         m["worker_restarts"] = float(len(events))
+        if self.auditor is not None:
+            m["audit_wall_s"] = log.audit_s
         if log.tau_rounds:
             m["staleness_rounds_mean"] = float(np.mean(log.tau_rounds))
             m["staleness_rounds_max"] = float(np.max(log.tau_rounds))

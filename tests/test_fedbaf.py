@@ -442,7 +442,8 @@ def test_full_collusion_recovers_the_foundation_exactly(tmp_path):
 
 def test_the_auditor_finds_the_foundation_bytes_anywhere_in_a_payload():
     """§6.3 (ii): a matched tensor's float32 bytes inside any payload array trip the auditor,
-    wherever they sit; the same values perturbed, or a block under 64 values, do not."""
+    wherever they sit, and so does a scaled copy (issue 25); the values with 1 % noise each, or
+    a block under 64 values, do not."""
     from raysim.actors.audit import LeakAuditor, LeakError
     from raysim.algorithms.base import Secret
 
@@ -452,10 +453,13 @@ def test_the_auditor_finds_the_foundation_bytes_anywhere_in_a_payload():
     hidden = np.concatenate([rng.normal(size=37), pre, rng.normal(size=5)]).astype(np.float32)
     with pytest.raises(LeakError, match="body.weight's bytes"):
         auditor.check([{"extra": hidden}], "a downlink")
-    auditor.check({"extra": hidden * np.float32(1.001)}, "a downlink")  # not the bytes
+    with pytest.raises(LeakError, match=r"as 1·x \+ 0, in order\) at positions 37–136"):
+        auditor.check({"extra": hidden * np.float32(1.001)}, "a downlink")  # scaled: a copy
+    noisy = hidden * (1 + rng.normal(0, 0.01, hidden.shape)).astype(np.float32)
+    auditor.check({"extra": noisy}, "a downlink")  # 1 % noise on each value: no copy
     short = LeakAuditor([Secret("bias", np.arange(10), pre[:10])], size=1000)
     short.check(hidden, "a downlink")
-    assert auditor.checked == 2 and short.checked == 1
+    assert auditor.checked == 3 and short.checked == 1
     smuggled = np.frombuffer(b"\x07" + pre.tobytes() + b"\x01\x02", dtype=np.uint8)
     with pytest.raises(LeakError, match="bytes"):  # not a float32 array: a plain byte search
         auditor.check({"blob": smuggled}, "a downlink")

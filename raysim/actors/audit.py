@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from raysim.actors.audit_windows import SPAN, WindowIndex, extent, sign_keys
 from raysim.algorithms.base import Secret
 
 MIN_VALUES = 64  # fedbaf.md §6.3: blocks of 64 values or more
@@ -253,6 +254,8 @@ class LeakAuditor:
         #: each block's values less the block's mean (prefix sums of powers stay accurate)
         self.centred = (self.values - means[self.block]).double()
         self._sums: list[torch.Tensor] | None = None
+        self._index: WindowIndex | None = None  # built at the first array long enough
+        self._own: np.ndarray | None = None
         self.summaries = [
             Summary.of(self.values[lo:hi]) for lo, hi in zip(self.starts, self.ends, strict=True)
         ]
@@ -290,6 +293,8 @@ class LeakAuditor:
             hit = self._bytes_hit(a)
             if hit is not None:
                 raise LeakError(f"stopped: {where} carries the server-private {hit}'s bytes")
+        if len(t) >= MIN_VALUES and self.names:
+            self._windows(a, t, where)
 
     # ----------------------------------------------------------------- at own coordinates
     def _own_coordinates(self, a: np.ndarray | torch.Tensor, t: torch.Tensor, where: str) -> None:
@@ -335,6 +340,49 @@ class LeakAuditor:
                 if hit is not None:
                     self._raise(int(self.block[j]), hit, where, sub=(j, m))
 
+    # ------------------------------------------------------------ inside a larger array
+    def _windows(self, a: np.ndarray | torch.Tensor, t: torch.Tensor, where: str) -> None:
+        """In-order copies (``a·s + b``, rounded) of ≥ MIN_VALUES values anywhere inside ``t``:
+        candidates by the signs of neighbours' differences (``audit_windows``), each fitted on
+        its key's span and followed as far as it holds."""
+        if self._index is None:
+            spans = zip(self.starts.tolist(), self.ends.tolist(), strict=True)
+            self._index = WindowIndex([self.values[lo:hi].cpu().numpy() for lo, hi in spans])
+        x = t.cpu().numpy()
+        own = tuple(a.shape) == (self.size,)  # the blocks at their own coordinates: done
+        at, blk, start = self._index.candidates(x, self._own_keys() if own else None)
+        if not len(at):
+            return
+        first_np = self.starts[blk] + start
+        span = torch.arange(SPAN + 1, device=self.device)
+        first = torch.as_tensor(first_np, device=self.device)
+        at_t = torch.as_tensor(at, device=self.device)
+        for lo in range(0, len(at), 1 << 14):  # candidates fitted in chunks, many at a time
+            rows_t = t[at_t[lo : lo + (1 << 14), None] + span]
+            rows_s = self.values[first[lo : lo + (1 << 14), None] + span]
+            u = 2.0 ** -_row_bits(rows_t)
+            for i in torch.nonzero(_pairs_fit(rows_s, rows_t, u)).flatten().tolist():
+                i += lo
+                piece = t[at[i] : at[i] + SPAN + 1]
+                ui = 2.0 ** -significand_bits(a, piece)
+                ab = fit(self.values[int(first[i]) : int(first[i]) + SPAN + 1], piece, ui)
+                if ab is None:
+                    continue
+                b = int(blk[i])
+                shift, length = extent(x, self._index.values[b], int(at[i]), int(start[i]), *ab, ui)
+                if length >= MIN_VALUES:
+                    hit = Match(*ab, "in order", float(piece.std()))
+                    sub = (int(first[i]) + shift, length)
+                    self._raise(b, hit, where, sub=sub, at=int(at[i]) + shift)
+
+    def _own_keys(self) -> np.ndarray:
+        """``sign_keys`` of the blocks laid out at their own coordinates (zeros elsewhere)."""
+        if self._own is None:
+            layout = np.zeros(self.size, dtype=np.float32)
+            layout[self.indices.cpu().numpy()] = self.values.cpu().numpy()
+            self._own = sign_keys(layout)
+        return self._own
+
     def _power_sums(self) -> list[torch.Tensor]:
         """Prefix sums of the centred values' powers 1–4 (float64; made once, when first used)."""
         if self._sums is None:
@@ -357,12 +405,22 @@ class LeakAuditor:
                 return self.names[i]
         return None
 
-    def _raise(self, i: int, m: Match, where: str, sub: tuple[int, int] | None = None) -> None:
+    def _raise(
+        self,
+        i: int,
+        m: Match,
+        where: str,
+        sub: tuple[int, int] | None = None,
+        at: int | None = None,
+    ) -> None:
+        """``LeakError`` naming the block (and which of its values, ``sub``: (index into the
+        concatenated blocks, count)), the map, and where in the array the copy sits (``at``)."""
         what = self.names[i]
         if sub is not None and sub[1] < self.ends[i] - self.starts[i]:
             lo = sub[0] - int(self.starts[i])
             what += f" (values {lo}–{lo + sub[1] - 1})"
-        raise LeakError(f"stopped: {where} carries the server-private {what}{m.describe()}")
+        place = f" at positions {at}–{at + sub[1] - 1}" if at is not None and sub else ""
+        raise LeakError(f"stopped: {where} carries the server-private {what}{m.describe()}{place}")
 
 
 def _rows_fit(rows: torch.Tensor, t: torch.Tensor, u: float) -> torch.Tensor:
@@ -376,6 +434,32 @@ def _rows_fit(rows: torch.Tensor, t: torch.Tensor, u: float) -> torch.Tensor:
     bound = 2 * u * (t.abs() + b.abs()[:, None]) + u * (tt / len(t)) ** 0.5
     explained = r.square().sum(1) <= EXPLAINED**2 * tt
     return (rr > 0) & explained & (r.abs() <= bound).all(1)
+
+
+def _pairs_fit(s: torch.Tensor, t: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """``fit`` for each row pair of ``s`` and ``t`` at its row's unit roundoff ``u``: which
+    rows of ``t`` could be ``a·s + b`` of their row of ``s``."""
+    s, t = s.double(), t.double()
+    sc = s - s.mean(1, keepdim=True)
+    tc = t - t.mean(1, keepdim=True)
+    ss, tt = sc.square().sum(1), tc.square().sum(1)
+    a = (sc * tc).sum(1) / ss.clamp_min(1e-300)
+    b = t.mean(1) - a * s.mean(1)
+    r = t - (a[:, None] * s + b[:, None])
+    u = u[:, None]
+    bound = 2 * u * (t.abs() + b.abs()[:, None]) + u * (tt[:, None] / t.shape[1]).sqrt()
+    explained = r.square().sum(1) <= EXPLAINED**2 * tt
+    return (ss > 0) & (tt > 0) & explained & (r.abs() <= bound).all(1)
+
+
+def _row_bits(rows: torch.Tensor) -> torch.Tensor:
+    """``significand_bits`` of each row's values: 8, 11, 24 or 53."""
+    mant = torch.frexp(rows.double()).mantissa
+    bits = torch.full((rows.shape[0],), 53.0, dtype=torch.float64, device=rows.device)
+    for b in reversed(PRECISIONS[:-1]):
+        fits = ((mant * 2.0**b) % 1 == 0).all(1)
+        bits = torch.where(fits, torch.full_like(bits, float(b)), bits)
+    return bits
 
 
 def _could_match(values: torch.Tensor, starts: torch.Tensor, t: torch.Tensor, bits: int):

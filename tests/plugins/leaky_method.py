@@ -64,11 +64,26 @@ class Leaky(FedAvg):
             "permuted": lambda: {"x": self.noise.permutation(s)},
             "split": lambda: {"a": s[:half].copy(), "b": s[half:].copy()},
             "window": lambda: {"x": np.concatenate([np.ones(7, np.float32), s])},
+            "window_scaled": lambda: {"x": self.inside(s[100:300] * np.float32(2) + 0.1)},
+            "window_bf16": lambda: {"x": self.inside(bf16(s[:128]).float().numpy())},
+            "elsewhere_fp16": lambda: {"x": self.own_at(700, s.astype(np.float16))},
             "fp16_of_scaled": lambda: {"x": (s * np.float32(3.0) - 1).astype(np.float16)},
             "permuted_half": lambda: {"x": self.noise.permutation(s[:half])},
             "none": lambda: self.unrelated(),
         }
         return Downlink(sends[self.params.transform]())
+
+    def inside(self, values: np.ndarray) -> np.ndarray:
+        """``values`` at position 1000 of a 3000-value draw of the block's distribution."""
+        out = self.noise.normal(0.0, 0.1, 3000).astype(np.float32)
+        out[1000 : 1000 + len(values)] = values
+        return out
+
+    def own_at(self, offset: int, values: np.ndarray) -> np.ndarray:
+        """The global weights with ``values`` at other coordinates, from ``offset`` on."""
+        out = np.array(self.weights, dtype=np.float32, copy=True)
+        out[offset : offset + len(values)] = values
+        return out
 
     def unrelated(self) -> dict:
         """A fresh draw of the block's distribution, whole and halved, in every dtype."""

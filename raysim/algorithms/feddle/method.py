@@ -209,6 +209,7 @@ class Feddle(Strategy):
         handle.set_global(self.weights)
         params = handle.global_parameters()
         module, like = handle.module, params[0]
+        module.eval()  # every server pass: probe fit, diagnostics, search (§3.7)
 
         def t(x: np.ndarray) -> torch.Tensor:
             return torch.tensor(x, device=like.device, dtype=like.dtype)
@@ -228,7 +229,7 @@ class Feddle(Strategy):
                 denom = float(g_h.norm() * g_l.norm())
                 diag["feddle_grad_cosine"] = float(g_h @ g_l) / denom if denom else float("nan")
             obj = replace(obj, task=probe_task, data=data)
-        module.eval()
+        module.eval()  # again: the probe fit may have trained it
         if p.log_server_loss:
             diag["server_loss_before"] = obj.loss(c_start, bs)
         config = SearchConfig(p.server_lr, p.server_epochs, bs, p.coef_optimizer, p.tie, p.tie_step)

@@ -349,7 +349,7 @@ class RunConfig(StrictModel):
         if self.clients.per_round > self.clients.num:
             raise ValueError(
                 f"clients.per_round ({self.clients.per_round}) exceeds clients.num "
-                f"({self.clients.num})"
+                f"({self.clients.num}): lower clients.per_round or raise clients.num"
             )
         # here, not in ModelConfig: a plugin (algorithm.module) may register the model
         names = model_names()
@@ -487,6 +487,18 @@ def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> dict[str, 
     return out
 
 
+def _nearby_config(path: Path) -> str:
+    """`` (did you mean …?)`` naming the closest YAML file beside ``path``, if any is close."""
+    import difflib
+
+    folder = path.parent if path.parent.is_dir() else None
+    if folder is None:
+        return ""
+    names = [p.name for p in folder.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file()]
+    close = difflib.get_close_matches(path.name, names, n=1, cutoff=0.6)
+    return f" (did you mean {folder / close[0]}?)" if close else ""
+
+
 def _yaml_message(path: Path, error: yaml.YAMLError) -> str:
     """``file:line:col: problem`` (1-based), from PyYAML's marks."""
     mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
@@ -526,7 +538,7 @@ def load_config(
     else:
         path = Path(source)
         if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
+            raise ConfigError(f"config file not found: {path}{_nearby_config(path)}")
         try:
             raw = yaml.safe_load(path.read_text())
         except yaml.YAMLError as e:

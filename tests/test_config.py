@@ -41,7 +41,7 @@ def test_override_creates_sections():
         ("delays.kind=halfnormal", "unknown delay kind 'halfnormal' (did you mean 'half_normal'?)"),
         ("rounds=abc", "rounds: Input should be a valid integer"),
         ("workers.count=0", "workers.count must be"),
-        ("clients.per_round=1000", "exceeds clients.num"),
+        ("clients.per_round=1000", "(100): lower clients.per_round or raise clients.num"),
         ("local.optimizer=lion", "local.optimizer"),
         ("local.lrr=0.1", "local: unknown key 'lrr' (did you mean 'lr'?)"),
         ("model.lora.rank=4", "model.lora: unknown key 'rank'"),
@@ -56,8 +56,11 @@ def test_bad_input_names_the_key(override, needle):
 def test_bad_override_syntax_and_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="key=value"):
         load_config({}, ["rounds"])
-    with pytest.raises(ConfigError, match="not found"):
+    with pytest.raises(ConfigError, match="not found: [^(]*$"):
         load_config(tmp_path / "nope.yaml")
+    (tmp_path / "quickstart.yaml").write_text("rounds: 1\n")
+    with pytest.raises(ConfigError, match=r"did you mean .*quickstart\.yaml\?"):
+        load_config(tmp_path / "quickstart.yml")  # a near name beside it is suggested
 
 
 def test_round_trip_and_flatten():

@@ -493,7 +493,11 @@ def test_paper_scale_configs_validate_for_every_method_cell_and_ablation_row(pat
     from raysim.config import apply_overrides, load_config
 
     table = yaml.safe_load((PAPER / "methods.yaml").read_text())
+    methods = table["methods"]
+    for feddle in ("feddle_id", "feddle_ood"):  # η_fb is the reported FedBuff's η (§3.6)
+        assert methods[feddle]["fallback_lr"] == methods["fedbuff"]["server_lr"]
     raw = yaml.safe_load(path.read_text())
+    assert raw["algorithm"]["fallback_lr"] == methods["fedbuff"]["server_lr"]
     leaf = raw["data"]["partition"]["kind"] == "natural"
     cells = {"σ=20": {}} if leaf else table["cells"]
     for cell in cells.values():

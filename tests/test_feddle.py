@@ -248,7 +248,8 @@ def test_a_feddle_run_searches_on_the_server_set_and_reports_it():
     last = rows[-10:]  # the last search's coefficients became the anchors' importance scores
     assert [abs(r["coefficient"]) for r in last] == [s.score for s in core.strategy.atlas.slots]
     d = int(core.strategy.shared.sum())
-    assert m["feddle_cache_bytes"] == 2 * 10 * d * 4  # raw and normalised anchors, float32
+    assert m["feddle_cache_bytes"] == 10 * d * 4  # the stored deltas (Table 6), float32
+    assert m["feddle_probe_bytes"] == 0  # Feddle-ID fits no probe
     assert m["feddle_anchor_matrix_bytes"] == 10 * d * 4  # the search's copy, on its device
     # 64 samples / batch 32 = 2 steps; each at least a forward and backward of the MLP on 32
     mlp_macs = 32 * sum(p.numel() for p in core.strategy.ctx.model()[0].module.parameters())

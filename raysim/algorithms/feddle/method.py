@@ -188,12 +188,10 @@ class Feddle(Strategy):
             "feddle_evictions": float(atlas.evictions),
             "feddle_atlas_age_mean": float(np.mean(ages)),
             "feddle_atlas_age_max": float(np.max(ages)),
-            # Table 6: what the server keeps (raw anchors, the normalised matrix, the probe)
-            "feddle_cache_bytes": float(
-                sum(slot.delta.nbytes for slot in atlas.slots)
-                + anchors.nbytes
-                + sum(v.nbytes for v in (self.theta or {}).values())
-            ),
+            # Table 6's "Cache": the stored deltas, as FedBuff's buffer counts its own; the
+            # search's working copies are feddle_anchor_matrix_bytes and feddle_probe_bytes
+            "feddle_cache_bytes": float(sum(slot.delta.nbytes for slot in atlas.slots)),
+            "feddle_probe_bytes": float(sum(v.nbytes for v in (self.theta or {}).values())),
             **losses,
         }
         return True

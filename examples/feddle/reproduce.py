@@ -8,7 +8,10 @@ MLflow parent run and a child run per trial:
    (Dir(0.1), σ = 20) on a tuning seed that no reported run uses;
 3. the reported grid: every method with its tuned values, × the cells × 3 seeds;
 4. the extra rows the five qualitative claims need (Feddle-OOD without its fallback start, E_g = 0,
-   larger coefficient steps).
+   larger coefficient steps and their references at the same E_g).
+
+A tuned value at the edge of its grid extends the grid past it (``extend_at_edges``, at most
+``MAX_EXTENSIONS`` times), so no reported method is tuned at the last value it tried.
 
 The results (sweep tables, MLflow run ids) go to ``OUT/results.json`` after every sweep, and a
 sweep already there with the same algorithm section is not run again, so an interrupted
@@ -84,6 +87,25 @@ METHODS: dict[str, tuple[dict[str, Any], dict[str, list[Any]]]] = {
 }
 CLIENT_SPACE = {"local.lr": [1e-3, 3e-3, 1e-2], "local.epochs": [1, 2, 5]}
 STEPS = [1e-2, 3e-2, 1e-1]  # claim 5: coefficient steps above the tuning grid, at E_g = 10
+MAX_EXTENSIONS = 2  # a tuned value at a grid's edge: the grid grows past it, at most this often
+
+
+def extend_at_edges(grid: dict[str, list[Any]], best: dict[str, Any]) -> dict[str, list[Any]]:
+    """The grid with one more value beyond each edge that won (a numeric value at the top or
+    the bottom of its sorted list): the next step of the list's own ratio, so a tuned value is
+    never the last one tried."""
+    out = {k: list(v) for k, v in grid.items()}
+    for key, values in grid.items():
+        nums = sorted(values)
+        if len(nums) < 2 or not all(isinstance(v, (int, float)) and v > 0 for v in nums):
+            continue
+        integer = all(isinstance(v, int) for v in nums)
+        if best.get(key) == nums[-1]:
+            nxt = nums[-1] * nums[-1] / nums[-2]
+            out[key] = [*values, round(nxt) if integer else float(f"{nxt:.3g}")]
+        elif best.get(key) == nums[0] and not integer:
+            out[key] = [float(f"{nums[0] * nums[0] / nums[1]:.3g}"), *values]
+    return out
 
 
 def base_config(quick: bool, out: Path) -> dict[str, Any]:
@@ -162,9 +184,17 @@ class Reproduction:
             raw = with_cell(self.base, HARD)
             raw["seed"] = TUNE_SEED
             raw["algorithm"] = algo
-            space = {f"algorithm.{k}": v for k, v in grid.items()}
-            best = self.sweep(f"tune/{method}", raw, space)["best_params"]
-            algo.update({k.removeprefix("algorithm."): v for k, v in best.items()})
+            grid = {k: list(v) for k, v in grid.items()}
+            label = f"tune/{method}"
+            for extension in range(MAX_EXTENSIONS + 1):
+                space = {f"algorithm.{k}": v for k, v in grid.items()}
+                best = self.sweep(label, raw, space)["best_params"]
+                best = {k.removeprefix("algorithm."): v for k, v in best.items()}
+                wider = extend_at_edges(grid, best)
+                if wider == grid or extension == MAX_EXTENSIONS:
+                    break
+                grid, label = wider, f"tune/{method}/wider{extension + 1}"
+            algo.update(best)
         return algo
 
     def fallback_lr(self) -> float:
@@ -192,7 +222,10 @@ class Reproduction:
         # without the fallback start, not tied to it either (λ = 0)
         zero = {**algos["feddle_ood"], "fallback_init": "zero", "lam": 0.0}
         self.grid("feddle_ood_zero", zero, [HARD])
-        # claim 5: larger coefficient steps, ID and OOD alike
+        # claim 5: larger coefficient steps, ID and OOD alike, each against its own tuned step
+        # run at the same E_g = 10 (so the larger steps differ from their reference in η_g only)
+        for m in ("feddle_id", "feddle_ood"):
+            self.grid(f"{m}_eg10", {**algos[m], "server_epochs": 10}, [HARD])
         for lr in STEPS:
             for m in ("feddle_id", "feddle_ood"):
                 step = {**algos[m], "server_lr": lr, "server_epochs": 10}

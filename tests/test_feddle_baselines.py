@@ -135,6 +135,18 @@ def test_fedasync_stale_update_follows_its_form(form):
     np.testing.assert_allclose(s.weights, want, rtol=1e-6)
 
 
+@pytest.mark.parametrize("unit, tau", [("versions", 10), ("rounds", 1)])
+def test_fedasync_counts_staleness_in_its_unit(unit, tau):
+    """feddle.md §4.3 counts τ in versions (one per arrival, about S a round); ``staleness_unit:
+    rounds`` counts rounds, as Xie et al. count epochs: an update 1 round and 10 versions old."""
+    p = FedAsyncParams(mixing=0.6, a=0.5, form="delta", staleness_unit=unit)
+    s = FedAsync(p, np.zeros(2, dtype=np.float32), 2)
+    zero = np.zeros(2, dtype=np.float32)
+    s.on_arrival(Update(0, np.ones(2, dtype=np.float32), 10, 0, 0, 0.5, 1, 10, zero))
+    np.testing.assert_allclose(s.weights, 0.6 * (tau + 1) ** -0.5, rtol=1e-6)
+    assert s.metrics()["fedasync_alpha"] == pytest.approx(0.6 * (tau + 1) ** -0.5)
+
+
 # --------------------------------------------------------------------------- server training
 def test_center_touches_no_client_and_trains_on_the_server_set():
     """I-13: the Center run touches no clients (nothing dispatched, sent or received)."""

@@ -127,21 +127,9 @@ def fit(s: torch.Tensor, t: torch.Tensor, u: float) -> tuple[float, float] | Non
 
 
 def _fit(s: torch.Tensor, t: torch.Tensor, u: float) -> tuple[float, float] | None:
-    s_mean, t_mean = s.mean(dtype=torch.float64), t.mean(dtype=torch.float64)
-    sc, tc = s - s_mean, t - t_mean
-    sxx, tt = (
-        float(sc.square().sum(dtype=torch.float64)),
-        float(tc.square().sum(dtype=torch.float64)),
-    )
-    if sxx == 0.0 or tt == 0.0:
-        return None  # a constant carries one value, not a block
-    a = float((sc * tc).sum(dtype=torch.float64)) / sxx
-    b = float(t_mean) - a * float(s_mean)
-    r = t - (a * s + b)
-    if float(r.square().sum(dtype=torch.float64)) > EXPLAINED**2 * tt:
-        return None
-    bound = 2 * u * (t.abs() + abs(b)) + u * (tt / len(t)) ** 0.5
-    return (a, b) if bool((r.abs() <= bound).all()) else None
+    u_row = torch.full((1,), u, dtype=torch.float64, device=t.device)
+    ok, a, b = _pairs_fit(s[None], t[None], u_row)
+    return (float(a[0]), float(b[0])) if bool(ok[0]) else None
 
 
 @dataclass(frozen=True)
@@ -361,7 +349,7 @@ class LeakAuditor:
             rows_t = t[at_t[lo : lo + (1 << 14), None] + span]
             rows_s = self.values[first[lo : lo + (1 << 14), None] + span]
             u = 2.0 ** -_row_bits(rows_t)
-            for i in torch.nonzero(_pairs_fit(rows_s, rows_t, u)).flatten().tolist():
+            for i in torch.nonzero(_pairs_fit(rows_s, rows_t, u)[0]).flatten().tolist():
                 i += lo
                 piece = t[at[i] : at[i] + SPAN + 1]
                 ui = 2.0 ** -significand_bits(a, piece)
@@ -423,22 +411,11 @@ class LeakAuditor:
         raise LeakError(f"stopped: {where} carries the server-private {what}{m.describe()}{place}")
 
 
-def _rows_fit(rows: torch.Tensor, t: torch.Tensor, u: float) -> torch.Tensor:
-    """``fit`` for each row of ``rows`` against ``t`` at once: which rows ``t`` could be."""
-    rc = rows - rows.mean(1, keepdim=True)
-    tc = t - t.mean()
-    rr, tt = rc.square().sum(1), float(tc.square().sum())
-    a = (rc * tc).sum(1) / rr.clamp_min(1e-300)
-    b = t.mean() - a * rows.mean(1)
-    r = t - (a[:, None] * rows + b[:, None])
-    bound = 2 * u * (t.abs() + b.abs()[:, None]) + u * (tt / len(t)) ** 0.5
-    explained = r.square().sum(1) <= EXPLAINED**2 * tt
-    return (rr > 0) & explained & (r.abs() <= bound).all(1)
-
-
-def _pairs_fit(s: torch.Tensor, t: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+def _pairs_fit(
+    s: torch.Tensor, t: torch.Tensor, u: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``fit`` for each row pair of ``s`` and ``t`` at its row's unit roundoff ``u``: which
-    rows of ``t`` could be ``a·s + b`` of their row of ``s``."""
+    rows of ``t`` could be ``a·s + b`` of their row of ``s``, and each row's ``a`` and ``b``."""
     s, t = s.double(), t.double()
     sc = s - s.mean(1, keepdim=True)
     tc = t - t.mean(1, keepdim=True)
@@ -449,7 +426,13 @@ def _pairs_fit(s: torch.Tensor, t: torch.Tensor, u: torch.Tensor) -> torch.Tenso
     u = u[:, None]
     bound = 2 * u * (t.abs() + b.abs()[:, None]) + u * (tt[:, None] / t.shape[1]).sqrt()
     explained = r.square().sum(1) <= EXPLAINED**2 * tt
-    return (ss > 0) & (tt > 0) & explained & (r.abs() <= bound).all(1)
+    return (ss > 0) & (tt > 0) & explained & (r.abs() <= bound).all(1), a, b
+
+
+def _rows_fit(rows: torch.Tensor, t: torch.Tensor, u: float) -> torch.Tensor:
+    """Which rows of ``rows`` ``t`` could be ``a·s + b`` of (``_pairs_fit`` against one ``t``)."""
+    full = torch.full((rows.shape[0],), u, dtype=torch.float64, device=rows.device)
+    return _pairs_fit(rows, t.expand_as(rows), full)[0]
 
 
 def _row_bits(rows: torch.Tensor) -> torch.Tensor:

@@ -22,15 +22,15 @@ _MASK = np.uint64((1 << SPAN) - 1)
 REACH = 4096
 #: block positions looked at per payload key
 PER_KEY = 4
-#: a Bloom filter of 2**HASH_BITS bits (64 MB, two hashes) screens the lookups: most payload keys
-#: are in no block
-HASH_BITS = 29
+#: a Bloom filter (two hashes) of about 16 bits per key, at most 2**MAX_HASH_BITS bits (64 MB),
+#: screens the lookups: most payload keys are in no block
+MAX_HASH_BITS = 29
 _SEEDS = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F))
 
 
-def _hashes(keys: np.ndarray) -> list[np.ndarray]:
+def _hashes(keys: np.ndarray, bits: int) -> list[np.ndarray]:
     with np.errstate(over="ignore"):
-        return [(keys * seed) >> np.uint64(64 - HASH_BITS) for seed in _SEEDS]
+        return [(keys * seed) >> np.uint64(64 - bits) for seed in _SEEDS]
 
 
 def sign_keys(values: np.ndarray, start: int = 0, stride: int = STRIDE) -> np.ndarray:
@@ -67,8 +67,9 @@ class WindowIndex:
         self.positions = (np.concatenate(where) if where else np.zeros(0, np.int32))[order]
         self.blocks = (np.concatenate(owner) if owner else np.zeros(0, np.int32))[order]
         self.values = [np.asarray(v).reshape(-1) for v in blocks]
-        self.bloom = np.zeros(1 << (HASH_BITS - 3), dtype=np.uint8)
-        for h in _hashes(self.keys):
+        self.bits = int(min(MAX_HASH_BITS, max(6, np.ceil(np.log2(16 * len(self.keys) + 1)))))
+        self.bloom = np.zeros(1 << (self.bits - 3), dtype=np.uint8)
+        for h in _hashes(self.keys, self.bits):
             h = np.sort(h)
             byte, bit = h >> np.uint64(3), np.uint8(1) << (h & np.uint64(7)).astype(np.uint8)
             if len(h):
@@ -78,7 +79,7 @@ class WindowIndex:
     def _maybe(self, keys: np.ndarray) -> np.ndarray:
         """False where a key is surely in no block (a Bloom filter: a few false Trues)."""
         out = np.ones(len(keys), dtype=bool)
-        for h in _hashes(keys):
+        for h in _hashes(keys, self.bits):
             out &= (self.bloom[h >> np.uint64(3)] >> (h & np.uint64(7)).astype(np.uint8)) & 1 > 0
         return out
 

@@ -1,6 +1,7 @@
 """FedAsync (Xie et al. 2019), as feddle.md §4.3: per-arrival mixing with a staleness function.
 
-``α_t = α · s(τ)`` with τ = ``tau_versions`` and s one of (Xie et al. §5.2):
+``α_t = α · s(τ)`` with τ = ``tau_versions`` (or, ``staleness_unit: rounds``, the rounds since
+the download: one version per arrival makes τ about S a round) and s one of (Xie et al. §5.2):
 constant ``1``; polynomial ``(τ+1)^(−a)``; hinge ``1`` if τ ≤ b else ``1/(a(τ−b)+1)``.
 Model-mixing form (default, the original): ``ω ← (1−α_t) ω + α_t (ω^{k_j} + Δ_j)``;
 delta form (switch ``form: delta``, feddle.md A16): ``ω ← ω + α_t Δ_j``.
@@ -23,6 +24,11 @@ class FedAsyncParams(MethodParams):
     a: float = Field(0.5, ge=0, description="decay exponent (polynomial) or slope (hinge)")
     b: float = Field(4.0, ge=0, description="hinge threshold")
     form: Literal["model_mixing", "delta"] = "model_mixing"
+    staleness_unit: Literal["versions", "rounds"] = Field(
+        "versions",
+        description="τ in s(τ): versions elapsed since the download (feddle.md §4.3, one per "
+        "arrival, so about S a round) or rounds elapsed (Xie et al.'s epochs, one per round)",
+    )
 
 
 def staleness_weight(tau: int, p: FedAsyncParams) -> float:
@@ -44,7 +50,9 @@ class FedAsync(Strategy):
         self.last_alpha = float("nan")
 
     def on_arrival(self, update: Update) -> bool:
-        alpha = np.float32(self.params.mixing * staleness_weight(update.tau_versions, self.params))
+        p = self.params
+        tau = update.tau_versions if p.staleness_unit == "versions" else update.tau_rounds
+        alpha = np.float32(p.mixing * staleness_weight(tau, p))
         if self.params.form == "delta":
             self.weights = self.weights + alpha * update.delta
         else:

@@ -80,6 +80,13 @@ def scores(results: dict, label: str) -> np.ndarray:
     return np.array([r[SCORE] for r in rows], dtype=np.float64)
 
 
+def paired(a: np.ndarray, b: np.ndarray) -> str:
+    """``>`` when ``a`` beats ``b`` in every seed (the same seeds, compared pairwise), ``<`` when
+    it loses in every seed, else ``≈`` (a tie: the seeds disagree)."""
+    d = np.asarray(a) - np.asarray(b)
+    return ">" if (d > 0).all() else ("<" if (d < 0).all() else "≈")
+
+
 def verdict(parts: list[bool]) -> str:
     """Held when every part of a claim held, partly when some did."""
     return "Held" if all(parts) else ("Partly held" if any(parts) else "Did not hold")
@@ -162,15 +169,15 @@ class Report:
         out = []
         order = ["feddle_id", "fedbuff_per_round", "fedavg", "center"]
         vals = [m(x, a) for x in order]
-        ordered = [x > y for x, y in zip(vals, vals[1:], strict=False)]
+        signs = [paired(self.s(x, a), self.s(y, a)) for x, y in zip(order, order[1:], strict=False)]
+        ordered = [sign == ">" for sign in signs]
         every = [*ID_METHODS, *NO_ID_METHODS]
         spread_a = max(m(x, a) for x in every) - min(m(x, a) for x in every)
         spread_d = max(m(x, d) for x in every) - min(m(x, d) for x in every)
         detail = (
             "hard cell: "
             + " ".join(
-                f"{short(x)} {100 * v:.1f}"
-                + ("" if i == len(order) - 1 else (" >" if v > vals[i + 1] else " <"))
+                f"{short(x)} {100 * v:.1f}" + ("" if i == len(order) - 1 else f" {signs[i]}")
                 for i, (x, v) in enumerate(zip(order, vals, strict=True))
             )
             + f"; spread of the 11 methods {100 * spread_a:.1f} points in the hard cell, "
@@ -189,7 +196,10 @@ class Report:
             (
                 "2. Feddle-OOD without fallback initialisation collapses to chance; with it, it is "
                 "at or above FedBuff",
-                [zero < 0.2, ood >= fb],
+                [
+                    zero < 0.2,
+                    paired(self.s("feddle_ood", a), self.s("fedbuff_per_round", a)) != "<",
+                ],
                 f"zero start {100 * zero:.1f} (seeds: "
                 + ", ".join(f"{100 * v:.1f}" for v in self.s("feddle_ood_zero", a))
                 + f"; chance 10.0); with fallback {100 * ood:.1f}; "
@@ -212,10 +222,14 @@ class Report:
             )
         )
         drops = {x: m(x, d) - m(x, a) for x in ("fedavg", "fedbuff_per_round", "feddle_id")}
+        seed_drops = {x: self.s(x, d) - self.s(x, a) for x in drops}  # paired by seed
         out.append(
             (
                 "4. Baselines lose more than Feddle-ID from the easy to the hard cell",
-                [drops["feddle_id"] < min(drops["fedavg"], drops["fedbuff_per_round"])],
+                [
+                    paired(seed_drops[x], seed_drops["feddle_id"]) == ">"
+                    for x in ("fedavg", "fedbuff_per_round")
+                ],
                 ", ".join(f"{short(x)} −{100 * v:.1f}" for x, v in drops.items()) + " points",
             )
         )
@@ -230,7 +244,7 @@ class Report:
         for lr in STEPS:
             di = m(ref["feddle_id"], a) - m(f"feddle_id_step{lr:g}", a)
             do = m(ref["feddle_ood"], a) - m(f"feddle_ood_step{lr:g}", a)
-            steps.append(f"η_g = {lr:g}: ID −{100 * di:.1f}, OOD −{100 * do:.1f}")
+            steps.append(f"η_g = {lr:g}: ID {-100 * di:+.1f}, OOD {-100 * do:+.1f}")
             if first_hurt is None and max(di, do) > 0.02:
                 first_hurt = do > di
         out.append(
@@ -352,6 +366,9 @@ class Report:
             "Ray Tune sweeps; other work shared the machine, so times are for orientation only.",
             "",
             "## Verdict",
+            "",
+            "Comparisons are paired over the seeds: `>` means ahead in every seed, `≈` that the "
+            "seeds disagree (a tie, which does not count as ahead).",
             "",
             *[f"- **{status}.** {t}: {d}." for t, status, d in claims],
             "",

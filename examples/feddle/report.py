@@ -30,7 +30,8 @@ LABELS = {
     "ca2fl": "CA2FL",
     "feddf_ood": "FedDF-OOD",
     "feddle_ood": "**Feddle-OOD**",
-    "fedbuff_per_round": "FedBuff per round (η = 1; Feddle's fallback)",
+    "fedbuff_per_round": "FedBuff per round (the tuned FedBuff's η; Feddle's fallback)",
+    "fedasync_rounds": "FedAsync, τ counted in rounds (staleness_unit: rounds)",
     "feddle_ood_zero": "Feddle-OOD, zero start (no fallback init)",
     "feddle_id_eg0": "Feddle-ID with E_g = 0",
 }
@@ -133,9 +134,10 @@ class Report:
             for m in group:
                 cols = " | ".join(fmt(self.s(m, c)) for c in self.cells)
                 lines.append(f"| {LABELS[m]} | {uses_id} | {cols} |")
-        for m in ("fedbuff_per_round",):
-            cols = " | ".join(fmt(self.s(m, c)) for c in self.cells)
-            lines.append(f"| {LABELS[m]} | ✗ | {cols} |")
+        for m in ("fedbuff_per_round", "fedasync_rounds"):
+            if all(f"grid/{m}/{c}" in self.results for c in self.cells):
+                cols = " | ".join(fmt(self.s(m, c)) for c in self.cells)
+                lines.append(f"| {LABELS[m]} | ✗ | {cols} |")
         return lines
 
     def extra_table(self) -> list[str]:

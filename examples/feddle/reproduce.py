@@ -216,6 +216,8 @@ class Reproduction:
         # claim 1: Feddle-ID's own FedBuff fallback (the tuned FedBuff's η, flushed every round)
         per_round = {"name": "fedbuff_per_round", "server_lr": self.fallback_lr()}
         self.grid("fedbuff_per_round", per_round, self.cells)
+        # FedAsync with τ in rounds (Xie et al.'s epochs) beside the spec's versions (§4.3)
+        self.grid("fedasync_rounds", {**algos["fedasync"], "staleness_unit": "rounds"}, self.cells)
         # I-6 at scale: with E_g = 0, Feddle-ID is its fallback, run by run
         self.grid("feddle_id_eg0", {**algos["feddle_id"], "server_epochs": 0}, [HARD])
         # claim 2: Feddle-OOD started at zero instead of at its fallback, and, as §3.9's rows

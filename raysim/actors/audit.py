@@ -36,7 +36,6 @@ from raysim.actors.audit_windows import SPAN, WindowIndex, extent, sign_keys
 from raysim.algorithms.base import Secret
 
 MIN_VALUES = 64  # fedbaf.md §6.3: blocks of 64 values or more
-MIN_BYTES = MIN_VALUES * 4
 #: the unit roundoff of bfloat16: a shift below it (relative to the spread) is reported as 0
 U_BF16 = 2.0**-8
 #: a fit explains a copy: its residual's RMS is at most this fraction of the payload's spread

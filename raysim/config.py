@@ -305,6 +305,12 @@ class AuditConfig(StrictModel):
         description="fail the run if a payload to clients carries a server-private value "
         "(Strategy.secrets, e.g. FedBaF's foundation weights; fedbaf.md §6.3)",
     )
+    windows: bool = Field(
+        True,
+        description="also look for in-order copies inside larger arrays and at other "
+        "coordinates (an index of about 26 bytes per private value, built at the first check; "
+        "docs/leak-auditor.md)",
+    )
 
 
 class FaultsConfig(StrictModel):

@@ -182,3 +182,14 @@ def test_copies_inside_larger_arrays_are_found_wherever_they_sit():
             first, last = map(int, re.findall(r"at positions (\d+)–(\d+)", str(found.value))[0])
             # a neighbour may fit within float16's rounding by chance: a value more, at most
             assert at - 1 <= first <= at and at + length - 1 <= last <= at + length
+
+
+def test_the_window_search_can_be_turned_off():
+    """``audit.windows: false`` (memory-bound runs): a scaled copy inside a larger array then
+    goes unseen, while copies as whole arrays are still stopped."""
+    quiet = leaky("window_scaled", audit={"leaks": True, "windows": False})
+    local_core(load_config(quiet)).step()
+    with pytest.raises(LeakError, match="as 2·x"):
+        local_core(
+            load_config({**quiet, "algorithm": {**quiet["algorithm"], "transform": "scaled"}})
+        ).step()

@@ -200,11 +200,16 @@ class LeakAuditor:
     """Checks payloads against ``secrets``; a leak raises ``LeakError`` naming block and payload."""
 
     def __init__(
-        self, secrets: list[Secret], size: int, device: torch.device | str = "cpu"
+        self,
+        secrets: list[Secret],
+        size: int,
+        device: torch.device | str = "cpu",
+        windows: bool = True,
     ) -> None:
         self.secrets = [s for s in secrets if s.values.size and np.any(s.values != 0)]
         self.size = size
         self.device = torch.device(device)
+        self.windows = windows  # the search inside larger arrays (``_windows``)
         self.checked = 0
         #: small blocks: checked exactly at their own coordinates, as before §6.3's threshold
         self.small = [
@@ -235,11 +240,6 @@ class LeakAuditor:
             np.repeat(np.arange(len(big)), sizes), device=self.device, dtype=torch.int64
         )
         self.longest = int(max(sizes, default=0))
-        count = torch.bincount(self.block, minlength=len(big)).to(self.values.dtype)
-        means = torch.zeros(len(big), dtype=self.values.dtype, device=self.device)
-        means = means.index_add_(0, self.block, self.values) / count.clamp_min(1)
-        #: each block's values less the block's mean (prefix sums of powers stay accurate)
-        self.centred = (self.values - means[self.block]).double()
         self._sums: list[torch.Tensor] | None = None
         self._index: WindowIndex | None = None  # built at the first array long enough
         self._own: np.ndarray | None = None
@@ -280,7 +280,7 @@ class LeakAuditor:
             hit = self._bytes_hit(a)
             if hit is not None:
                 raise LeakError(f"stopped: {where} carries the server-private {hit}'s bytes")
-        if len(t) >= MIN_VALUES and self.names:
+        if self.windows and len(t) >= MIN_VALUES and self.names:
             self._windows(a, t, where)
 
     # ----------------------------------------------------------------- at own coordinates
@@ -371,10 +371,16 @@ class LeakAuditor:
         return self._own
 
     def _power_sums(self) -> list[torch.Tensor]:
-        """Prefix sums of the centred values' powers 1–4 (float64; made once, when first used)."""
+        """Prefix sums of the powers 1–4 of each block's values less the block's mean (so the
+        sums stay accurate); float64, made once, when first used."""
         if self._sums is None:
+            n = len(self.names)
+            count = torch.bincount(self.block, minlength=n).to(torch.float64)
+            means = torch.zeros(n, dtype=torch.float64, device=self.device)
+            means = means.index_add_(0, self.block, self.values.double()) / count.clamp_min(1)
+            centred = self.values.double() - means[self.block]
             zero = torch.zeros(1, dtype=torch.float64, device=self.device)
-            self._sums = [torch.cat([zero, torch.cumsum(self.centred**p, 0)]) for p in range(1, 5)]
+            self._sums = [torch.cat([zero, torch.cumsum(centred**p, 0)]) for p in range(1, 5)]
         return self._sums
 
     # --------------------------------------------------------------- exact float32 bytes

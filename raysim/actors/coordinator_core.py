@@ -112,7 +112,9 @@ class CoordinatorCore:
         self._log = RoundLog()
         self.strategy: Strategy = self._build_strategy(initial)
         self.auditor = (
-            LeakAuditor(self.strategy.secrets(), len(initial), self.server.device)
+            LeakAuditor(
+                self.strategy.secrets(), len(initial), self.server.device, cfg.audit.windows
+            )
             if cfg.audit.leaks
             else None
         )

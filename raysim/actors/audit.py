@@ -85,23 +85,12 @@ def _arrays(payload: Any) -> Iterable[np.ndarray | torch.Tensor]:
             yield from _arrays(v)
 
 
-def significand_bits(a: np.ndarray | torch.Tensor, t: torch.Tensor) -> int:
-    """Bits of precision ``a``'s values use: 8 for bfloat16, 11 for float16, else read off the
-    values ``t`` (a float32 array of float16-rounded values counts as 11)."""
-    if isinstance(a, torch.Tensor) and a.dtype in (torch.bfloat16, torch.float16):
-        return 8 if a.dtype == torch.bfloat16 else 11
-    if isinstance(a, np.ndarray) and a.dtype == np.float16:
-        return 11
-    head = t[:SAMPLE]
-    mant = torch.frexp(head[head != 0].double()).mantissa  # most arrays use all their bits
-    for bits in PRECISIONS:
-        if bool(((mant * 2.0**bits) % 1 == 0).all()):
-            if bits >= 24:
-                return bits
-            whole = torch.frexp(t[t != 0].double()).mantissa
-            if bool(((whole * 2.0**bits) % 1 == 0).all()):
-                return bits
-    return 53
+def significand_bits(t: torch.Tensor) -> int:
+    """Bits of precision ``t``'s values use: 8 (bfloat16), 11 (float16), 24 or 53; a float32
+    array of float16-rounded values counts as 11. A sample is read first: most arrays use all
+    of their dtype's bits, and the whole array is read only where the sample says fewer."""
+    head = int(_row_bits(t[None, :SAMPLE])[0])
+    return head if head >= 24 else int(_row_bits(t[None])[0])
 
 
 def moments(x: torch.Tensor) -> tuple[float, float]:
@@ -147,6 +136,15 @@ class Summary:
         std = (x - mean).square().mean(dtype=torch.float64).sqrt()
         return cls(float(mean), float(std), float(low), float(high))
 
+    def beats_chance(self, m: int, u: float) -> bool:
+        """Whether a reordered match of these ``m`` values at unit roundoff ``u`` can be told
+        from chance: sorted values of two samples of one distribution differ by about std/√m,
+        so twice the rounding must be at most GATE/√m of the spread."""
+        if self.std == 0.0:
+            return False
+        reach = (max(abs(self.low), abs(self.high)) + abs(self.mean)) / self.std
+        return 2 * u * reach <= GATE / m**0.5
+
     def could_be(self, s: Summary, u: float) -> bool:
         """Whether these values could be ``a·s + b`` reordered, at unit roundoff ``u``: the
         extremes map onto each other under the ``a`` and ``b`` that the spreads and means give."""
@@ -179,14 +177,7 @@ def matches(
         if ab is not None:
             return Match(*ab, order, float(t.std()))
     mine = Summary.of(t)
-    if mine.std == 0.0:
-        return None
-    # sorted values of two samples of one distribution differ by about std/√m: a reordered
-    # copy is told from chance only where its rounding is far below that
-    reach = (max(abs(mine.low), abs(mine.high)) + abs(mine.mean)) / mine.std
-    if 2 * u * reach > GATE / len(t) ** 0.5:
-        return None
-    if not mine.could_be(s_summary or Summary.of(s), u):
+    if not mine.beats_chance(len(t), u) or not mine.could_be(s_summary or Summary.of(s), u):
         return None
     t_sorted = t.sort().values
     for ref in (s.sort().values, s.sort(descending=True).values):
@@ -250,9 +241,9 @@ class LeakAuditor:
         #: reads them without a copy), else None
         self.spans = [_span(np.asarray(s.indices).reshape(-1)) for s in big]
         #: each block's float32 words, for exact copies anywhere (§6.3 (ii))
-        self.blocks = [
-            (i, np.ascontiguousarray(s.values, dtype=np.float32).view(np.uint32).reshape(-1))
-            for i, s in enumerate(big)
+        self.words = [
+            np.ascontiguousarray(s.values, dtype=np.float32).view(np.uint32).reshape(-1)
+            for s in big
         ]
 
     # ------------------------------------------------------------------------------- public
@@ -269,32 +260,33 @@ class LeakAuditor:
                 raise LeakError(f"stopped: {where} carries the server-private {hit}'s bytes")
             return
         t = _as_tensor(flat, self.device)
-        if tuple(a.shape) == (self.size,):
+        own = tuple(a.shape) == (self.size,)
+        if own:
             for name, idx, ref in self.small:
                 if torch.allclose(t[idx].double(), ref, rtol=1e-6, atol=0):
                     raise LeakError(f"stopped: {where} carries the server-private {name}")
-            self._own_coordinates(a, t, where)
+            self._own_coordinates(t, where)
         elif MIN_VALUES <= len(t) <= self.longest:
-            self._whole(a, t, where)
+            self._whole(t, where)
         if isinstance(a, np.ndarray) and a.dtype == np.float32:
             hit = self._bytes_hit(a)
             if hit is not None:
                 raise LeakError(f"stopped: {where} carries the server-private {hit}'s bytes")
         if self.windows and len(t) >= MIN_VALUES and self.names:
-            self._windows(a, t, where)
+            self._windows(t, where, own)
 
     # ----------------------------------------------------------------- at own coordinates
-    def _own_coordinates(self, a: np.ndarray | torch.Tensor, t: torch.Tensor, where: str) -> None:
+    def _own_coordinates(self, t: torch.Tensor, where: str) -> None:
         """Block by block, the payload's values at the block's coordinates (``matches``)."""
         for i, (lo, hi) in enumerate(zip(self.starts.tolist(), self.ends.tolist(), strict=True)):
             span = self.spans[i]
             x = t[span[0] : span[1]] if span is not None else t[self.indices[lo:hi]]
-            hit = matches(self.values[lo:hi], x, significand_bits(a, x), self.summaries[i])
+            hit = matches(self.values[lo:hi], x, significand_bits(x), self.summaries[i])
             if hit is not None:
                 self._raise(i, hit, where)
 
     # ------------------------------------------------------------------ as a whole array
-    def _whole(self, a: np.ndarray | torch.Tensor, t: torch.Tensor, where: str) -> None:
+    def _whole(self, t: torch.Tensor, where: str) -> None:
         """``t`` against every window of its length inside one block: the windows' moments
         from prefix sums (one pass over the blocks), then the nearest few by moments in full."""
         m = len(t)
@@ -310,7 +302,7 @@ class LeakAuditor:
         valid = (self.block[starts] == self.block[starts + m - 1]) & (m2 > 0)
         safe = m2.clamp_min(1e-300)
         w_skew, w_kurt = m3 / safe**1.5, m4 / safe**2
-        bits = significand_bits(a, t)
+        bits = significand_bits(t)
         # rounding moves the moments by about its size in units of the spread: a coarse copy
         # (float16 far from zero) may rank behind a few hundred windows, a fine one behind none
         mean, spread = float(t.mean()), float(t.std())
@@ -328,15 +320,15 @@ class LeakAuditor:
                     self._raise(int(self.block[j]), hit, where, sub=(j, m))
 
     # ------------------------------------------------------------ inside a larger array
-    def _windows(self, a: np.ndarray | torch.Tensor, t: torch.Tensor, where: str) -> None:
+    def _windows(self, t: torch.Tensor, where: str, own: bool) -> None:
         """In-order copies (``a·s + b``, rounded) of ≥ MIN_VALUES values anywhere inside ``t``:
         candidates by the signs of neighbours' differences (``audit_windows``), each fitted on
-        its key's span and followed as far as it holds."""
+        its key's span and followed as far as it holds. ``own``: ``t`` is shaped like the
+        global vector, whose blocks at their own coordinates were checked already."""
         if self._index is None:
             spans = zip(self.starts.tolist(), self.ends.tolist(), strict=True)
             self._index = WindowIndex([self.values[lo:hi].cpu().numpy() for lo, hi in spans])
         x = t.cpu().numpy()
-        own = tuple(a.shape) == (self.size,)  # the blocks at their own coordinates: done
         at, blk, start = self._index.candidates(x, self._own_keys() if own else None)
         if not len(at):
             return
@@ -348,17 +340,15 @@ class LeakAuditor:
             rows_t = t[at_t[lo : lo + (1 << 14), None] + span]
             rows_s = self.values[first[lo : lo + (1 << 14), None] + span]
             u = 2.0 ** -_row_bits(rows_t)
-            for i in torch.nonzero(_pairs_fit(rows_s, rows_t, u)[0]).flatten().tolist():
-                i += lo
-                piece = t[at[i] : at[i] + SPAN + 1]
-                ui = 2.0 ** -significand_bits(a, piece)
-                ab = fit(self.values[int(first[i]) : int(first[i]) + SPAN + 1], piece, ui)
-                if ab is None:
-                    continue
+            ok, slope, shift_b = _pairs_fit(rows_s, rows_t, u)
+            for r in torch.nonzero(ok).flatten().tolist():
+                i = lo + r
+                ab = (float(slope[r]), float(shift_b[r]))
                 b = int(blk[i])
-                shift, length = extent(x, self._index.values[b], int(at[i]), int(start[i]), *ab, ui)
+                values = self._index.values[b]
+                shift, length = extent(x, values, int(at[i]), int(start[i]), *ab, float(u[r]))
                 if length >= MIN_VALUES:
-                    hit = Match(*ab, "in order", float(piece.std()))
+                    hit = Match(*ab, "in order", float(rows_t[r].std()))
                     sub = (int(first[i]) + shift, length)
                     self._raise(b, hit, where, sub=sub, at=int(at[i]) + shift)
 
@@ -386,16 +376,15 @@ class LeakAuditor:
     # --------------------------------------------------------------- exact float32 bytes
     def _bytes_hit(self, a: np.ndarray) -> str | None:
         """Name of a block whose float32 bytes occur in ``a`` (§6.3 (ii)), or None."""
-        if not self.blocks:
+        if not self.words:
             return None
         if a.dtype == np.float32 and a.size >= 2:
-            flat = np.ascontiguousarray(a).reshape(-1)
-            k = _float32_holds(flat, self.blocks)
-            return None if k is None else self.names[self.blocks[k][0]]
+            k = _float32_holds(np.ascontiguousarray(a).reshape(-1), self.words)
+            return None if k is None else self.names[k]
         raw = np.ascontiguousarray(a).tobytes()  # any other dtype: a plain byte search
-        for i, words in self.blocks:
+        for name, words in zip(self.names, self.words, strict=True):
             if words.tobytes() in raw:
-                return self.names[i]
+                return name
         return None
 
     def _raise(
@@ -455,11 +444,8 @@ def _could_match(values: torch.Tensor, starts: torch.Tensor, t: torch.Tensor, bi
     checked many at a time (the few that pass are then checked one by one)."""
     m = len(t)
     keep = torch.zeros(len(starts), dtype=torch.bool, device=t.device)
-    if float(t.std()) == 0.0:
-        return keep
     u = 2.0**-bits
-    reach = (float(t.abs().max()) + abs(float(t.mean()))) / float(t.std())
-    reorder = 2 * u * reach <= GATE / m**0.5
+    reorder = Summary.of(t).beats_chance(m, u)
     t_sorted = t.sort().values
     step = max(1, (1 << 22) // m)
     for lo in range(0, len(starts), step):
@@ -495,21 +481,21 @@ def _as_tensor(flat: np.ndarray | torch.Tensor, device: torch.device) -> torch.T
     return flat.detach().to(device=device, dtype=torch.float64 if wide else torch.float32)
 
 
-def _float32_holds(flat: np.ndarray, blocks: list[tuple[int, np.ndarray]]) -> int | None:
-    """Index (into ``blocks``) of a block whose float32 values sit contiguously in ``flat``.
+def _float32_holds(flat: np.ndarray, blocks: list[np.ndarray]) -> int | None:
+    """Index of a block (its float32 words) whose values sit contiguously in ``flat``.
 
     Each value's low 16 bits index a table of the blocks' first values (one gather over the
     array), so only values whose low bits match a block's start are compared further: about
-    n·k/65536 candidates, each checked on its next value and then in full. O(n + k)."""
+    n·k/65536 candidates, each checked on its whole first word and then in full. O(n + k)."""
     words = flat.view(np.uint32)
-    firsts = np.array([w[0] for _, w in blocks], dtype=np.uint32)
+    firsts = np.array([w[0] for w in blocks], dtype=np.uint32)
     table = np.zeros(1 << 16, dtype=bool)
     table[firsts & 0xFFFF] = True
     low = words.view(np.uint16)[0 if sys.byteorder == "little" else 1 :: 2]  # no copy
     candidates = np.flatnonzero(table[low])
     for i in candidates[np.isin(words[candidates], firsts)].tolist():
         for k in np.flatnonzero(firsts == words[i]):
-            pattern = blocks[k][1]
+            pattern = blocks[k]
             if i + len(pattern) <= len(words) and np.array_equal(
                 words[i : i + len(pattern)], pattern
             ):

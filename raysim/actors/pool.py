@@ -52,7 +52,7 @@ class RayWorkerPool:
         self._size = size
         self._start = lambda: actor.remote(config, spec, w.threads)
         self.workers: list[Any] = []
-        self._grow(busy_workers(cfg, size))
+        self._grow(busy_workers(cfg, size, self.group_size))
         if self.group_size > 1 and w.execution == "auto":  # the built model may not batch
             if ray.get(self.workers[0].sequential_reason.remote(self.data)):
                 self.group_size = 1
@@ -175,11 +175,10 @@ class RayWorkerPool:
         self.workers = []
 
 
-def busy_workers(cfg: RunConfig, size: int) -> int:
-    """Workers a round keeps busy, of a pool of ``size``: with ``workers.count: auto``, batched
-    clients and no delays (each round's jobs finish before the next round's start), a round is
-    ``ceil(per_round / group_size)`` groups; otherwise the whole pool."""
-    group = cfg.group_size()
+def busy_workers(cfg: RunConfig, size: int, group: int) -> int:
+    """Workers a round keeps busy, of a pool of ``size``: with ``workers.count: auto``, groups of
+    ``group`` jobs and no delays (each round's jobs finish before the next round's start), a
+    round is ``ceil(per_round / group)`` groups; otherwise the whole pool."""
     if cfg.workers.count != "auto" or group == 1 or cfg.delays.kind != "none":
         return size
     return max(1, min(size, math.ceil(cfg.clients.per_round / group)))

@@ -3,15 +3,15 @@ space, the table, plots, the best config) with one child run per trial."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import yaml
 from ray.tune import Callback
@@ -199,7 +199,8 @@ def tune(
             (Path(path) / SWEEP_FILE).write_text(
                 json.dumps({"parent_run_id": trainable_params["parent_run_id"]})
             )
-        with _only_our_loggers():
+        # Tune adds its default result loggers unless this is set when fit starts
+        with mock.patch.dict(os.environ, {"TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1"}):
             grid = tuner.fit()
     except BaseException:
         if tracker is not None:
@@ -217,21 +218,6 @@ def tune(
     if tracker is not None:
         tracker.finish(summary, grid)
     return summary
-
-
-@contextlib.contextmanager
-def _only_our_loggers() -> Iterator[None]:
-    """Tune adds its default result loggers unless this variable is set when ``fit`` starts."""
-    key = "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"
-    before = os.environ.get(key)
-    os.environ[key] = "1"
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = before
 
 
 def trial_bundles(cfg: RunConfig, total: Mapping[str, float]) -> list[dict[str, float]]:

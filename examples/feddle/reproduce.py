@@ -10,11 +10,12 @@ MLflow parent run and a child run per trial:
 4. the extra rows the five qualitative claims need (Feddle-OOD without its fallback start, E_g = 0,
    larger coefficient steps and their references at the same E_g).
 
-A tuned value at the edge of its grid extends the grid past it (``extend_at_edges``, at most
-``MAX_EXTENSIONS`` times), so no reported method is tuned at the last value it tried.
+A tuned value at the edge of its grid (the client's too) extends the grid past it, within the
+values the method accepts (``extend_at_edges``, at most ``MAX_EXTENSIONS`` times); where the
+last extension still wins at its edge, the table of tuned values shows it.
 
 The results (sweep tables, MLflow run ids) go to ``OUT/results.json`` after every sweep, and a
-sweep already there with the same algorithm section is not run again, so an interrupted
+sweep already there with the same config and space is not run again, so an interrupted
 reproduction continues where it stopped. Feddle's ``fallback_lr`` (η_fb) is the tuned FedBuff's
 server lr (§3.6).
 ``report.py`` turns them into ``RESULTS.md`` and plots.
@@ -108,6 +109,23 @@ def extend_at_edges(grid: dict[str, list[Any]], best: dict[str, Any]) -> dict[st
     return out
 
 
+def valid(algo: dict[str, Any], key: str, value: Any) -> bool:
+    """Whether ``algorithm.key: value`` is one the method's parameters accept (a widened grid
+    stays in range, e.g. FedAsync's mixing ≤ 1); keys outside the algorithm pass."""
+    from raysim.algorithms import get_method
+
+    if not key.startswith("algorithm."):
+        return True
+    key = key.removeprefix("algorithm.")
+    try:
+        get_method(algo["name"]).params.model_validate(
+            {k: v for k, v in {**algo, key: value}.items() if k not in ("name", "module")}
+        )
+    except ValueError:
+        return False
+    return True
+
+
 def base_config(quick: bool, out: Path) -> dict[str, Any]:
     raw = yaml.safe_load(CONFIG.read_text())
     raw["workers"] = {"count": 1, "num_cpus": 0.5}  # one worker per trial, trials side by side
@@ -140,8 +158,8 @@ class Reproduction:
 
     def sweep(self, label: str, raw: dict[str, Any], space: dict[str, list[Any]]) -> dict:
         done = self.results.get(label)
-        if done is not None and done.get("algorithm") == raw.get("algorithm"):
-            return done  # run before with this algorithm section (another one: run again)
+        if done is not None and done.get("config") == raw and done.get("space") == space:
+            return done  # run before with this config and space (any change: run again)
         from raysim import tune
 
         raw = copy.deepcopy(raw)
@@ -159,18 +177,36 @@ class Reproduction:
             "best_params": summary.best_params,
             "table": summary.table,
             "seconds": time.time() - t0,
-            "algorithm": raw.get("algorithm"),
+            "config": raw,
+            "space": space,
         }
         self.file.write_text(json.dumps(self.results, indent=1, default=str))
         n = len(summary.table)
         print(f"{label}: {n} trials in {time.time() - t0:.0f} s, best {summary.best_params}")
         return self.results[label]
 
+    def widened(
+        self, label: str, raw: dict[str, Any], space: dict[str, list[Any]], algo: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The best values of ``space`` (dotted keys), the grid widened past any edge that won
+        (``extend_at_edges``, at most MAX_EXTENSIONS times; values ``algo``'s method refuses are
+        left out)."""
+        for extension in range(MAX_EXTENSIONS + 1):
+            best = self.sweep(label, raw, space)["best_params"]
+            wider = {
+                k: [v for v in vs if valid(algo, k, v)]
+                for k, vs in extend_at_edges(space, best).items()
+            }
+            if wider == space or extension == MAX_EXTENSIONS:
+                return best
+            space, label = wider, f"{label.split('/wider')[0]}/wider{extension + 1}"
+        return best
+
     def tuned_client(self) -> dict[str, Any]:
         raw = with_cell(self.base, HARD)
         raw["seed"] = TUNE_SEED
         raw["algorithm"] = {"name": "fedavg"}
-        best = self.sweep("tune/client", raw, CLIENT_SPACE)["best_params"]
+        best = self.widened("tune/client", raw, CLIENT_SPACE, raw["algorithm"])
         self.base["local"]["lr"] = best["local.lr"]
         self.base["local"]["epochs"] = best["local.epochs"]
         return best
@@ -184,17 +220,9 @@ class Reproduction:
             raw = with_cell(self.base, HARD)
             raw["seed"] = TUNE_SEED
             raw["algorithm"] = algo
-            grid = {k: list(v) for k, v in grid.items()}
-            label = f"tune/{method}"
-            for extension in range(MAX_EXTENSIONS + 1):
-                space = {f"algorithm.{k}": v for k, v in grid.items()}
-                best = self.sweep(label, raw, space)["best_params"]
-                best = {k.removeprefix("algorithm."): v for k, v in best.items()}
-                wider = extend_at_edges(grid, best)
-                if wider == grid or extension == MAX_EXTENSIONS:
-                    break
-                grid, label = wider, f"tune/{method}/wider{extension + 1}"
-            algo.update(best)
+            space = {f"algorithm.{k}": list(v) for k, v in grid.items()}
+            best = self.widened(f"tune/{method}", raw, space, algo)
+            algo.update({k.removeprefix("algorithm."): v for k, v in best.items()})
         return algo
 
     def fallback_lr(self) -> float:

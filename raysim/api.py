@@ -8,6 +8,7 @@ checkpointed run (an MLflow run id, or a checkpoint directory) from its last che
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import uuid
@@ -128,7 +129,8 @@ def ensure_ray(address: str | None = None, **init_kwargs: Any) -> bool:
     main = threading.current_thread() is threading.main_thread()
     sigterm = signal.getsignal(signal.SIGTERM) if main else None
     try:
-        ray.init(address=target, **kwargs)
+        with any_agent_port(target == "local"):
+            ray.init(address=target, **kwargs)
     except SystemExit as stop:
         # ray.init installs a handler that exits with code 15; a caller with its own handler
         # (the CLI ends the run as KILLED and exits 143) gets the SIGTERM as it would have
@@ -141,6 +143,35 @@ def ensure_ray(address: str | None = None, **init_kwargs: Any) -> bool:
         if callable(sigterm):
             signal.signal(signal.SIGTERM, sigterm)  # ray.init replaces it; keep the caller's
     return True
+
+
+@contextlib.contextmanager
+def any_agent_port(local: bool) -> Iterator[None]:
+    """A private Ray started inside lets its dashboard agent's HTTP server take any free port.
+
+    ``ray.init`` binds it to 52365 with no way to choose another (ray-project/ray#14763); while
+    a second Ray runs on the machine (a sweep, a test session, another run) the agent retries
+    that port for ~3.5 s on the start's critical path, then runs without it. Port 0 is what
+    ``ray.cluster_utils.Cluster`` gives each of its nodes. Where Ray's internals differ from the
+    pinned version's, Ray starts as it would have."""
+    from unittest import mock
+
+    try:
+        from ray._private import parameter
+    except ImportError:  # pragma: no cover - another Ray layout
+        parameter = None
+    base = getattr(parameter, "RayParams", None)
+    if not local or base is None:
+        yield
+        return
+
+    class AnyPort(base):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs.setdefault("dashboard_agent_listen_port", 0)
+            super().__init__(*args, **kwargs)
+
+    with mock.patch.object(parameter, "RayParams", AnyPort):
+        yield
 
 
 #: wall time of rounds the coordinator runs per driver call in ``RunSession.rounds``

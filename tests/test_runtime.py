@@ -253,3 +253,35 @@ def test_bbc_news_text_task(ray_cluster):
         )
     )
     assert res.metrics["accuracy"] > 0.4  # 5 balanced-ish topics: chance is about 0.23
+
+
+AGENT_PORT_PROBE = """
+import socket, time
+from raysim.api import ensure_ray
+held = socket.socket()
+held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+try:
+    held.bind(("0.0.0.0", 52365)); held.listen()  # as another Ray on this machine would
+except OSError:
+    pass  # another Ray holds it already
+t0 = time.perf_counter()
+ensure_ray(num_cpus=1)
+import ray
+port = ray._private.worker._global_node._ray_params.dashboard_agent_listen_port
+print(f"port={port} init_s={time.perf_counter() - t0:.1f}")
+ray.shutdown()
+"""
+
+
+def test_a_private_ray_starts_beside_another_without_waiting_for_its_agent_port(tmp_path):
+    """With 52365 taken, Ray's agent would retry it for ~3.5 s and run without it (port -1)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", AGENT_PORT_PROBE], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = done.stdout.strip().splitlines()[-1]
+    port = int(line.split()[0].removeprefix("port="))
+    assert port > 0 and port != 52365, line

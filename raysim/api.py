@@ -129,7 +129,7 @@ def ensure_ray(address: str | None = None, **init_kwargs: Any) -> bool:
     main = threading.current_thread() is threading.main_thread()
     sigterm = signal.getsignal(signal.SIGTERM) if main else None
     try:
-        with any_agent_port(target == "local"):
+        with private_ray_params(target == "local"):
             ray.init(address=target, **kwargs)
     except SystemExit as stop:
         # ray.init installs a handler that exits with code 15; a caller with its own handler
@@ -146,14 +146,17 @@ def ensure_ray(address: str | None = None, **init_kwargs: Any) -> bool:
 
 
 @contextlib.contextmanager
-def any_agent_port(local: bool) -> Iterator[None]:
-    """A private Ray started inside lets its dashboard agent's HTTP server take any free port.
+def private_ray_params(local: bool) -> Iterator[None]:
+    """Two start-up settings for a private Ray that ``ray.init`` does not expose:
 
-    ``ray.init`` binds it to 52365 with no way to choose another (ray-project/ray#14763); while
-    a second Ray runs on the machine (a sweep, a test session, another run) the agent retries
-    that port for ~3.5 s on the start's critical path, then runs without it. Port 0 is what
-    ``ray.cluster_utils.Cluster`` gives each of its nodes. Where Ray's internals differ from the
-    pinned version's, Ray starts as it would have."""
+    - the dashboard agent's HTTP server takes any free port. ``ray.init`` binds it to 52365
+      (ray-project/ray#14763); while a second Ray runs on the machine (a sweep, a test session,
+      another run) the agent retries that port for ~3.5 s on the start's critical path, then runs
+      without it. Port 0 is what ``ray.cluster_utils.Cluster`` gives each of its nodes;
+    - no autoscaler monitor (``ray start --no-monitor``): a private Ray has a fixed size, and the
+      monitor is a Python process that competes with the workers' start and takes 1 s to stop.
+
+    Where Ray's internals differ from the pinned version's, Ray starts as it would have."""
     from unittest import mock
 
     try:
@@ -165,12 +168,13 @@ def any_agent_port(local: bool) -> Iterator[None]:
         yield
         return
 
-    class AnyPort(base):  # type: ignore[misc, valid-type]
+    class PrivateRayParams(base):  # type: ignore[misc, valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             kwargs.setdefault("dashboard_agent_listen_port", 0)
+            kwargs.setdefault("no_monitor", True)
             super().__init__(*args, **kwargs)
 
-    with mock.patch.object(parameter, "RayParams", AnyPort):
+    with mock.patch.object(parameter, "RayParams", PrivateRayParams):
         yield
 
 

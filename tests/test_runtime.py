@@ -267,14 +267,17 @@ except OSError:
 t0 = time.perf_counter()
 ensure_ray(num_cpus=1)
 import ray
-port = ray._private.worker._global_node._ray_params.dashboard_agent_listen_port
-print(f"port={port} init_s={time.perf_counter() - t0:.1f}")
+node = ray._private.worker._global_node
+port = node._ray_params.dashboard_agent_listen_port
+monitor = "monitor" in node.all_processes
+print(f"port={port} monitor={monitor} init_s={time.perf_counter() - t0:.1f}")
 ray.shutdown()
 """
 
 
 def test_a_private_ray_starts_beside_another_without_waiting_for_its_agent_port(tmp_path):
-    """With 52365 taken, Ray's agent would retry it for ~3.5 s and run without it (port -1)."""
+    """With 52365 taken, Ray's agent would retry it for ~3.5 s and run without it (port -1);
+    and a private Ray starts no autoscaler monitor (1 s to stop)."""
     import subprocess
     import sys
 
@@ -285,3 +288,4 @@ def test_a_private_ray_starts_beside_another_without_waiting_for_its_agent_port(
     line = done.stdout.strip().splitlines()[-1]
     port = int(line.split()[0].removeprefix("port="))
     assert port > 0 and port != 52365, line
+    assert "monitor=False" in line

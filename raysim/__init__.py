@@ -1,7 +1,32 @@
-"""raysim: a Ray-native simulator for federated learning of foundation models."""
+"""raysim: a Ray-native simulator for federated learning of foundation models.
 
-from raysim.api import Result, RunSession, run
-from raysim.config import ConfigError, RunConfig, load_config
+The names below load on first use, so that ``raysim --help`` (and any ``raysim.*`` module that
+needs neither) does not wait for torch and the config's validation to import.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_LAZY = {
+    "Result": "raysim.api",
+    "RunSession": "raysim.api",
+    "run": "raysim.api",
+    "ConfigError": "raysim.config",
+    "RunConfig": "raysim.config",
+    "load_config": "raysim.config",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'raysim' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
 
 
 def tune(*args, **kwargs):  # noqa: ANN002, ANN003 - see raysim.sweeps.tuner.tune

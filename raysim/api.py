@@ -8,7 +8,6 @@ checkpointed run (an MLflow run id, or a checkpoint directory) from its last che
 from __future__ import annotations
 
 import atexit
-import contextlib
 import logging
 import os
 import uuid
@@ -21,6 +20,13 @@ import numpy as np
 
 from raysim.checkpoint import ResumeSource, prepare_resume
 from raysim.config import ConfigError, RunConfig, load_config
+from raysim.ray_start import (  # noqa: F401  (re-exported: raysim.api is where users look)
+    ClusterError,
+    check_reachable,
+    ensure_ray,
+    private_ray_params,
+    ray_address,
+)
 from raysim.tracking import SESSION_TAG, default_tracking_uri
 
 log = logging.getLogger("raysim")
@@ -48,46 +54,6 @@ class Result:
 UNSAVED_DIR, WEIGHTS = "raysim-unsaved", "weights.safetensors"
 
 
-class ClusterError(RuntimeError):
-    """The named Ray cluster cannot be reached."""
-
-
-def ray_address(address: str | None) -> str:
-    """Where a run's Ray lives: the cluster the user named (``--address``, else
-    ``$RAY_ADDRESS``), otherwise a private local instance: never the cluster that the machine's
-    last ``ray start`` left in Ray's current-cluster file, which may be stale or someone else's."""
-    return address or os.environ.get("RAY_ADDRESS") or "local"
-
-
-def check_reachable(address: str, timeout_s: float = 5.0) -> None:
-    """Fail in seconds, with one line, if a named cluster does not answer (instead of Ray's
-    minutes-long retries). ``auto`` is resolved the way Ray resolves it."""
-    import socket
-
-    if address == "local" or "://" in address:
-        return  # a private instance; or Ray Client, which reports its own errors
-    where = address
-    if address == "auto":
-        from ray._private.services import get_ray_address_from_environment
-
-        where = get_ray_address_from_environment("auto", None)
-        if not where:
-            raise ClusterError(
-                "--address auto: no Ray cluster was started on this machine (ray start --head); "
-                "leave --address out to run on a private local Ray"
-            )
-    host, _, port = where.rpartition(":")
-    try:
-        socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s).close()
-    except (OSError, ValueError):
-        raise ClusterError(
-            f"no Ray cluster answers at {where}"
-            + (" (the last one `ray start` recorded on this machine)" if address == "auto" else "")
-            + "; start it, name another with --address, or leave --address out to run on a "
-            "private local Ray"
-        ) from None
-
-
 def local_resources() -> dict[str, float]:
     """What a private local Ray will have: this machine's CPUs and visible CUDA GPUs."""
     gpus = 0
@@ -109,73 +75,6 @@ def preflight(cfg: RunConfig, address: str | None = None) -> None:
     check_reachable(target)
     if target == "local":
         plan_resources(cfg, local_resources())
-
-
-def ensure_ray(address: str | None = None, **init_kwargs: Any) -> bool:
-    """Start a private local Ray, or connect to the named cluster, unless Ray is already up in
-    this process; True if this call started it (see ``ray_address``)."""
-    import signal
-    import threading
-
-    import ray
-
-    if ray.is_initialized():
-        return False
-    target = ray_address(address)
-    if target == "local":  # a private Ray needs no token; a named cluster's token is kept
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": "WARNING"}
-    kwargs.update(init_kwargs)
-    main = threading.current_thread() is threading.main_thread()
-    sigterm = signal.getsignal(signal.SIGTERM) if main else None
-    try:
-        with private_ray_params(target == "local"):
-            ray.init(address=target, **kwargs)
-    except SystemExit as stop:
-        # ray.init installs a handler that exits with code 15; a caller with its own handler
-        # (the CLI ends the run as KILLED and exits 143) gets the SIGTERM as it would have
-        if stop.code != signal.SIGTERM or not callable(sigterm):
-            raise
-        ray.shutdown()
-        sigterm(signal.SIGTERM, None)
-        raise
-    finally:
-        if callable(sigterm):
-            signal.signal(signal.SIGTERM, sigterm)  # ray.init replaces it; keep the caller's
-    return True
-
-
-@contextlib.contextmanager
-def private_ray_params(local: bool) -> Iterator[None]:
-    """Two start-up settings for a private Ray that ``ray.init`` does not expose:
-
-    - the dashboard agent's HTTP server takes any free port. ``ray.init`` binds it to 52365
-      (ray-project/ray#14763); while a second Ray runs on the machine (a sweep, a test session,
-      another run) the agent retries that port for ~3.5 s on the start's critical path, then runs
-      without it. Port 0 is what ``ray.cluster_utils.Cluster`` gives each of its nodes;
-    - no autoscaler monitor (``ray start --no-monitor``): a private Ray has a fixed size, and the
-      monitor is a Python process that competes with the workers' start and takes 1 s to stop.
-
-    Where Ray's internals differ from the pinned version's, Ray starts as it would have."""
-    from unittest import mock
-
-    try:
-        from ray._private import parameter
-    except ImportError:  # pragma: no cover - another Ray layout
-        parameter = None
-    base = getattr(parameter, "RayParams", None)
-    if not local or base is None:
-        yield
-        return
-
-    class PrivateRayParams(base):  # type: ignore[misc, valid-type]
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            kwargs.setdefault("dashboard_agent_listen_port", 0)
-            kwargs.setdefault("no_monitor", True)
-            super().__init__(*args, **kwargs)
-
-    with mock.patch.object(parameter, "RayParams", PrivateRayParams):
-        yield
 
 
 #: wall time of rounds the coordinator runs per driver call in ``RunSession.rounds``

@@ -18,8 +18,6 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from raysim.config import ConfigError, load_config
-
 console = Console()
 #: errors and stop notices: stderr, never wrapped, never parsed as markup
 errors = Console(stderr=True, soft_wrap=True, highlight=False)
@@ -64,7 +62,8 @@ def error(message: str) -> int:
 def user_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that are the user's input, not a bug: reported in one line, exit 2."""
     from raysim.algorithms.registry import PluginError
-    from raysim.api import ClusterError
+    from raysim.config import ConfigError
+    from raysim.ray_start import ClusterError
     from raysim.resources import ResourceError
 
     return (ConfigError, PluginError, ResourceError, ClusterError)
@@ -143,6 +142,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _run_command(args: argparse.Namespace, started: list[Any]) -> int:
     from raysim.checkpoint import prepare_resume
+    from raysim.config import load_config
 
     config, overrides = _run_args(args)
     resume = None
@@ -247,6 +247,8 @@ def cmd_leave_one_out(args: argparse.Namespace) -> int:
     if args.command == "lodo":
         key, default, name = "data.text.held_out_domain", ["d1", "d2"], "leave-one-domain-out"
         # one client per remaining sub-dataset (4 families) × shards
+        from raysim.config import load_config
+
         shards = load_config(args.config, overrides).data.text.shards_per_task
         overrides = [
             "data.text.protocol=domain",
@@ -364,6 +366,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     with a live trial table; ends with the table, the best config as YAML and the MLflow run."""
     from rich.live import Live
 
+    from raysim.config import load_config
     from raysim.sweeps.tuner import BEST_FILE, SweepInterrupted, best_config_yaml, tune
 
     cfg = load_config(args.config, args.overrides)
@@ -683,13 +686,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)  # before the imports below: --help answers at once
     from raysim.actors.audit import LeakError
     from raysim.actors.coordinator_actor import RunSetupError
     from raysim.algorithms.base import Diverged
     from raysim.api import CoordinatorLost
     from raysim.quiet import quiet_libraries
 
-    args = build_parser().parse_args(argv)
     quiet_libraries()
     try:
         return int(args.func(args))

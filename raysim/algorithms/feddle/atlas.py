@@ -90,13 +90,16 @@ class Atlas:
         """The anchor matrix Ā (|A| × d, float32) and ρ (Eq. 5): every ``ā_m = ρ a_m/‖a_m‖``
         with ρ the median of the raw norms (mean of the two middle ones for an even count,
         A7). ``none`` gives the raw anchors (ablation "Base"), with ρ still reported."""
-        raw = np.stack([s.delta for s in self.slots])  # float32: |A| × d, the largest object here
         norms = self.norms()
         rho = float(np.median(norms))
         if normalize == "none" or len(self.slots) == 1:
-            return raw, rho
-        raw *= (rho / norms).astype(np.float32)[:, None]
-        return raw, rho
+            return np.stack([s.delta for s in self.slots]), rho
+        scale = (rho / norms).astype(np.float32)
+        # float32: |A| × d, the largest object here; stacked and scaled in one pass
+        out = np.empty((len(self.slots), self.slots[0].delta.size), dtype=np.float32)
+        for m, slot in enumerate(self.slots):
+            np.multiply(slot.delta, scale[m], out=out[m])
+        return out, rho
 
     def record_search(self, coefficients: np.ndarray) -> None:
         """After a search: ``s_m = |ĉ_m|`` and every slot has been searched (Alg. 1 line 12)."""

@@ -210,7 +210,9 @@ class Feddle(Strategy):
         module.eval()  # every server pass: probe fit, diagnostics, search (§3.7)
 
         def t(x: np.ndarray) -> torch.Tensor:
-            return torch.tensor(x, device=like.device, dtype=like.dtype)
+            """``x`` on the model's device and dtype. A fresh float32 array for a CPU model is
+            shared, not copied (the anchor matrix is |A| × d); the search only reads it."""
+            return torch.from_numpy(x).to(device=like.device, dtype=like.dtype)
 
         base, a, c_start = t(self.weights[self.shared]), t(anchors), t(c0)
         bs, diag = p.server_batch_size, {}

@@ -7,6 +7,7 @@ import io
 import logging
 import os
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -209,10 +210,12 @@ def ensure_experiment(client: Any, name: str) -> str:
 
 
 class Tracker:
-    """One MLflow run; metrics are batched per round (one request per round), written by
-    MLflow's asynchronous logging queue so that the store's write (~10-20 ms on sqlite) is off
-    the round's critical path. ``flush`` waits for them; a checkpoint, the end of the run and a
-    failure flush first, so a resumed run finds every round up to its checkpoint.
+    """One MLflow run; a round's metrics go in one synchronous request, so a checkpoint, the end
+    of the run or a failure finds every round before it in the store.
+
+    MLflow's asynchronous logging was tried (issue 24) and dropped: on 2 vCPUs whole runs took
+    the same time, and its thread, holding the GIL for the sqlite write, slowed the coordinator's
+    own work in the next round (the leak check 2.9 → 12 ms, benchmarks/RESULTS.md).
 
     ``resume_run_id`` reopens an existing run instead (``raysim run --resume``): its status goes
     back to RUNNING, params are left as they are, and rounds it already logged before it stopped
@@ -236,7 +239,6 @@ class Tracker:
         self.ended = False
         #: Rounds up to this step were logged by an earlier attempt of a resumed run.
         self.logged_through = -1
-        self._pending: list[Any] = []  # RunOperations of rounds not yet known written
         if resume_run_id is not None:
             self.run_id = resume_run_id
             history = self.client.get_metric_history(resume_run_id, "round")
@@ -264,22 +266,13 @@ class Tracker:
         if step <= self.logged_through:
             return
 
-        ts = int(__import__("time").time() * 1000)
+        ts = int(time.time() * 1000)
         batch = [
             Metric(k, float(v), ts, step)
             for k, v in metrics.items()
             if v is not None and np.isfinite(v)
         ]
-        self._pending.append(self.client.log_batch(self.run_id, metrics=batch, synchronous=False))
-        if len(self._pending) >= 100:  # long runs without checkpoints: keep the list short
-            self.flush()
-
-    def flush(self) -> None:
-        """Wait until every round logged so far is in the store."""
-        pending, self._pending = self._pending, []
-        for operations in pending:
-            if operations is not None:
-                operations.wait()
+        self.client.log_batch(self.run_id, metrics=batch)
 
     def log_config(self, config: Mapping[str, Any]) -> None:
         """The resolved config as ``config.yaml`` now (a run that dies early still has it)."""
@@ -299,7 +292,6 @@ class Tracker:
 
     def log_checkpoint(self, files: Mapping[str, bytes], next_round: int) -> None:
         """Replace the run's ``checkpoint/`` artifacts; ``meta.json`` goes last."""
-        self.flush()
         with tempfile.TemporaryDirectory() as tmp:
             for name in sorted(files, key=lambda n: n == "meta.json"):
                 path = Path(tmp) / name
@@ -359,16 +351,12 @@ class Tracker:
                 for name, rows in tables.items():
                     (d / "strategy" / f"{name}.csv").write_text(rows_csv(rows))
             self.client.log_artifacts(self.run_id, str(d))
-        self.flush()
         self.client.set_terminated(self.run_id, "FINISHED")
         self.ended = True
 
     def fail(self, status: str = "FAILED") -> None:
         """End the run unfinished: FAILED (an error) or KILLED (interrupted, closed early)."""
-        try:
-            self.flush()
-        finally:
-            self.client.set_terminated(self.run_id, status)
+        self.client.set_terminated(self.run_id, status)
         self.ended = True
 
 

@@ -183,10 +183,8 @@ class Coordinator:
                 return out
 
     def save_checkpoint(self) -> None:
-        """Write the run's state now (MLflow ``checkpoint/`` and/or ``checkpoint.dir``), after
-        the rounds it covers are in the store (a resumed run does not log them again)."""
-        if self.tracker is not None:
-            self.tracker.flush()
+        """Write the run's state now (MLflow ``checkpoint/`` and/or ``checkpoint.dir``); the
+        rounds it covers are in the store already (a resumed run does not log them again)."""
         core = self.core.state_dict()
         private = core.pop("strategy_private")  # its own file, never MLflow (checkpoint.py)
         state = {"core": core, "warnings": list(self.tracker.warnings) if self.tracker else []}

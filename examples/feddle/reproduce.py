@@ -88,7 +88,7 @@ METHODS: dict[str, tuple[dict[str, Any], dict[str, list[Any]]]] = {
 }
 CLIENT_SPACE = {"local.lr": [1e-3, 3e-3, 1e-2], "local.epochs": [1, 2, 5]}
 STEPS = [1e-2, 3e-2, 1e-1]  # claim 5: coefficient steps above the tuning grid, at E_g = 10
-MAX_EXTENSIONS = 2  # a tuned value at a grid's edge: the grid grows past it, at most this often
+MAX_EXTENSIONS = 3  # a tuned value at a grid's edge: the grid grows past it, at most this often
 
 
 def extend_at_edges(grid: dict[str, list[Any]], best: dict[str, Any]) -> dict[str, list[Any]]:
@@ -157,11 +157,6 @@ class Reproduction:
         self.base = base_config(quick, out)
 
     def sweep(self, label: str, raw: dict[str, Any], space: dict[str, list[Any]]) -> dict:
-        done = self.results.get(label)
-        if done is not None and done.get("config") == raw and done.get("space") == space:
-            return done  # run before with this config and space (any change: run again)
-        from raysim import tune
-
         raw = copy.deepcopy(raw)
         raw["name"] = f"feddle-mini-{label}"
         raw["tune"] = {
@@ -170,6 +165,11 @@ class Reproduction:
             "search": "grid",
             "space": {k: {"grid": v} for k, v in space.items()},
         }
+        done = self.results.get(label)
+        if done is not None and done.get("config") == raw and done.get("space") == space:
+            return done  # run before with this config and space (any change: run again)
+        from raysim import tune
+
         t0 = time.time()
         summary = tune(raw, storage=self.storage / label)
         self.results[label] = {

@@ -24,7 +24,6 @@ from raysim.ray_start import (  # noqa: F401  (re-exported: raysim.api is where 
     ClusterError,
     check_reachable,
     ensure_ray,
-    private_ray_params,
     ray_address,
 )
 from raysim.tracking import SESSION_TAG, default_tracking_uri

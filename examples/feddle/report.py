@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from reproduce import CELLS, HARD, SCORE, STEPS
+from reproduce import CELLS, HARD, SCORE, STEPS, edge_of
 
 LABELS = {
     "center": "Center",
@@ -91,12 +91,6 @@ def paired(a: np.ndarray, b: np.ndarray) -> str:
     return ">" if (d > 0).all() else ("<" if (d < 0).all() else "≈")
 
 
-def at_edge(grid: list[Any] | None, value: Any) -> bool:
-    """A numeric grid's best value at its top or bottom (a larger grid might do better)."""
-    nums = [g for g in grid or [] if isinstance(g, (int, float))]
-    return len(nums) > 1 and value in (min(nums), max(nums))
-
-
 def edge_gain(sweep: dict, key: str) -> str:
     """How much the edge value of ``key`` scored above its grid neighbour, the other values
     as tuned (``, +0.7 points over 312``); empty where the sweep's table lacks that row."""
@@ -157,7 +151,7 @@ class Report:
                 f"{k.rsplit('.', 1)[-1]} = {x:g}"
                 + (
                     f" (**edge**{edge_gain(v, k)})"
-                    if last and at_edge(v.get("space", {}).get(k), x)
+                    if last and edge_of(v.get("space", {}).get(k, []), x)
                     else ""
                 )
                 for k, x in v["best_params"].items()
@@ -355,8 +349,11 @@ class Report:
 
     def fedasync_weights(self) -> str:
         """The staleness the hard cell's FedAsync runs met, and the mixing weight α·s(τ) that
-        the tuned ``a`` and ``mixing`` give at that mean staleness (polynomial s, §4.3)."""
+        the tuned ``a`` and ``mixing`` give at that mean staleness (FedAsync's own s, §4.3)."""
+        from raysim.algorithms.general.fedasync import FedAsyncParams, staleness_weight
+
         algo = self.results["algorithms"]["fedasync"]
+        params = FedAsyncParams.model_validate({k: v for k, v in algo.items() if k != "name"})
         parts = []
         for label, unit in (("fedasync", "versions"), ("fedasync_rounds", "rounds")):
             runs = self.results[f"grid/{label}/{HARD}"]["table"]
@@ -367,7 +364,7 @@ class Report:
                 if math.isfinite(v)
             ]
             tau = float(np.mean(taus))
-            weight = algo["mixing"] * (1 + tau) ** (-algo["a"])
+            weight = algo["mixing"] * staleness_weight(tau, params)
             parts.append(f"τ in {unit}: mean {tau:.1f}, so α·s(τ) ≈ {weight:.2f}")
         return (
             f"With a = {algo['a']:g} and mixing = {algo['mixing']:g}, the hard cell's arrivals "

@@ -91,20 +91,27 @@ STEPS = [1e-2, 3e-2, 1e-1]  # claim 5: coefficient steps above the tuning grid, 
 MAX_EXTENSIONS = 3  # a tuned value at a grid's edge: the grid grows past it, at most this often
 
 
+def edge_of(values: list[Any], value: Any) -> str | None:
+    """``"top"`` or ``"bottom"`` where ``value`` is the largest or smallest of a numeric grid of
+    positive values (two or more), else None."""
+    nums = sorted(values)
+    if len(nums) < 2 or not all(isinstance(v, (int, float)) and v > 0 for v in nums):
+        return None
+    return "top" if value == nums[-1] else ("bottom" if value == nums[0] else None)
+
+
 def extend_at_edges(grid: dict[str, list[Any]], best: dict[str, Any]) -> dict[str, list[Any]]:
-    """The grid with one more value beyond each edge that won (a numeric value at the top or
-    the bottom of its sorted list): the next step of the list's own ratio, so a tuned value is
-    never the last one tried."""
+    """The grid with one more value beyond each edge that won (``edge_of``): the next step of
+    the list's own ratio, so a tuned value is never the last one tried. Integer grids are not
+    widened below their smallest value."""
     out = {k: list(v) for k, v in grid.items()}
     for key, values in grid.items():
-        nums = sorted(values)
-        if len(nums) < 2 or not all(isinstance(v, (int, float)) and v > 0 for v in nums):
-            continue
+        edge, nums = edge_of(values, best.get(key)), sorted(values)
         integer = all(isinstance(v, int) for v in nums)
-        if best.get(key) == nums[-1]:
+        if edge == "top":
             nxt = nums[-1] * nums[-1] / nums[-2]
             out[key] = [*values, round(nxt) if integer else float(f"{nxt:.3g}")]
-        elif best.get(key) == nums[0] and not integer:
+        elif edge == "bottom" and not integer:
             out[key] = [float(f"{nums[0] * nums[0] / nums[1]:.3g}"), *values]
     return out
 

@@ -105,8 +105,9 @@ def tune(
     import ray
     from ray import tune as rtune
 
-    from raysim.api import ensure_ray, local_resources, preflight, ray_address
+    from raysim.api import local_resources, preflight
     from raysim.placement import check_outlives_job, check_store_outlives_job, trial_pin
+    from raysim.ray_start import ensure_ray, ray_address
 
     # trials that an interrupt left unstarted have no results yet: Tune warns about each of them
     # when it reads the experiment back (at the interrupt, and again on --resume)

@@ -22,13 +22,19 @@ from raysim.machine import cpu_model  # noqa: E402
 
 
 def machine() -> str:
-    """One line: CPU model, core count, torch/ray/python versions."""
-    import ray
+    """One line: CPU model, core count, torch/ray/python versions (Ray "absent" where a script
+    that needs no Ray runs without it, as on the GPU machine)."""
     import torch
 
+    try:
+        import ray
+
+        ray_version = ray.__version__
+    except ImportError:
+        ray_version = "absent"
     return (
         f"{cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-        f"ray {ray.__version__}, python {platform.python_version()}"
+        f"ray {ray_version}, python {platform.python_version()}"
     )
 
 

@@ -54,6 +54,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4, help="local steps of one client")
     ap.add_argument("--clients", type=int, default=10, help="clients of one round (m)")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--profile", action="store_true", help="cProfile one more mix and check")
     args = ap.parse_args()
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
@@ -124,6 +125,18 @@ def main() -> None:
         t0 = time.perf_counter()
         auditor.check(mixed, "a broadcast")
         audit_times.append(time.perf_counter() - t0)
+    if args.profile:  # where a warm mix and check spend their time (cumulative, top 30)
+        import cProfile
+        import pstats
+
+        for name, call in (
+            ("mix", lambda: mixer.mix(args.repeats, flat, aggregated)),
+            ("audit", lambda: auditor.check(mixed, "a broadcast")),
+        ):
+            prof = cProfile.Profile()
+            prof.runcall(call)
+            print(f"--- profile of one {name}")
+            pstats.Stats(prof).sort_stats("cumulative").print_stats(30)
     round_s = client_s * args.clients
     report(
         "fedbaf_cost",

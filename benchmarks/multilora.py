@@ -127,9 +127,17 @@ def main() -> None:
         seq_s, bat_s, gap = [], [], 0.0
         if cuda:
             torch.cuda.reset_peak_memory_stats()
-        for _ in range(args.repeats):
-            s, seq_out = timed(sequential, handle, starts, data, lr)
-            b, bat_out = timed(batched, handle, starts, data, lr)
+        try:
+            runs = [
+                tuple(timed(way, handle, starts, data, lr) for way in (sequential, batched))
+                for _ in range(args.repeats)
+            ]
+        except torch.cuda.OutOfMemoryError:  # say where the card's memory ends, then go on
+            report(f"k{k}", out_of_memory=True)
+            del starts, data
+            torch.cuda.empty_cache()
+            continue
+        for (s, seq_out), (b, bat_out) in runs:
             seq_s.append(s)
             bat_s.append(b)
             gap = max(

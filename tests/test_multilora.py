@@ -17,7 +17,7 @@ LLAMA = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
 
 def tiny(dropout: float = 0.0):
     torch.manual_seed(0)
-    cfg = ModelConfig(name="llama", llama=LLAMA, lora={"r": 4, "dropout": dropout})
+    cfg = ModelConfig(name="llama", llama=LLAMA, device="cpu", lora={"r": 4, "dropout": dropout})
     return build_model(cfg, SPEC)
 
 
@@ -73,3 +73,14 @@ def test_lora_dropout_is_refused_because_it_would_be_shared():
     handle = tiny(dropout=0.1)
     with pytest.raises(ValueError, match="lora_dropout 0"):
         MultiLoRA(handle.module, handle.global_adapter, 2)
+
+
+def test_client_losses_stay_on_the_logits_device():
+    """Caught on the first GPU: the per-client sums were built on the CPU whatever the logits'
+    device. The ``meta`` device fails the same way on a CPU machine."""
+    k, rows, length, vocab = 3, 4, 5, 7
+    logits = torch.empty(rows, length, vocab, device="meta")
+    labels = torch.empty(rows, length, dtype=torch.long, device="meta")
+    owner = torch.empty(rows, dtype=torch.long, device="meta")
+    losses = client_losses(logits, labels, owner, k)
+    assert losses.device.type == "meta" and losses.shape == (k,)

@@ -110,6 +110,8 @@ def client_losses(
     ).view(labels.shape[0], -1)
     counted = (labels[:, 1:] != -100).to(token.dtype)
     per_row, tokens_per_row = token.sum(dim=1), counted.sum(dim=1)
-    total = torch.zeros(k, dtype=token.dtype).index_add(0, owner, per_row)
-    count = torch.zeros(k, dtype=token.dtype).index_add(0, owner, tokens_per_row)
+    total = torch.zeros(k, dtype=token.dtype, device=token.device).index_add(0, owner, per_row)
+    count = torch.zeros(k, dtype=token.dtype, device=token.device).index_add(
+        0, owner, tokens_per_row
+    )
     return total / count.clamp(min=1.0)

@@ -160,7 +160,8 @@ class _Optimiser:
                 key = (p.dtype, p.ndim)
                 if key not in rates:
                     shape = (-1,) + (1,) * (p.ndim - 1)
-                    rates[key] = rate.to(p.dtype).view(shape), moving.to(p.dtype).view(shape)
+                    on_p = {"device": p.device, "dtype": p.dtype}
+                    rates[key] = rate.to(**on_p).view(shape), moving.to(**on_p).view(shape)
                 lr, on = rates[key]
                 if cfg.optimizer == "sgd":
                     if cfg.weight_decay:
@@ -229,8 +230,9 @@ class _Padded:
     def loss(self, forward: Callable, params: dict, index: list[torch.Tensor]) -> torch.Tensor:
         """Each client's mean cross-entropy on its batch (``index``: its rows, table-wide)."""
         rows = pad_sequence(index, batch_first=True, padding_value=self.pad)
-        lengths = torch.tensor([len(i) for i in index])
-        weight = (torch.arange(rows.shape[1]) < lengths[:, None]) / lengths[:, None]
+        device = self.y.device
+        lengths = torch.tensor([len(i) for i in index], device=device)[:, None]
+        weight = (torch.arange(rows.shape[1], device=device) < lengths) / lengths
         logits = forward(params, self.x[rows])
         ce = nn.functional.cross_entropy(
             logits.flatten(0, 1), self.y[rows].flatten(), reduction="none"

@@ -54,6 +54,42 @@ def test_the_float32_device_mix_stays_within_tolerance_of_the_float64_reference(
         assert not np.array_equal(out, agg)
 
 
+@pytest.mark.parametrize("tau_scope", ["matched", "all"])
+def test_slices_mix_bit_for_bit_as_the_index_gather_does(tmp_path, tau_scope, monkeypatch):
+    """Matched tensors are read and written as contiguous runs of the global vector (slices);
+    with the runs refused (``MAX_RUNS`` 0) the mixer gathers by index, and both give the same
+    bits, r_t and c_t included. A ViT whose foundation lacks a tensor: three runs."""
+    import raysim.algorithms.fedbaf.mixer as mixer
+
+    torch.manual_seed(0)
+    vit = {"hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
+           "intermediate_size": 32}  # fmt: skip
+    cfg = load_config(tiny(model={"name": "vit", "vit": vit, "image": {"size": 8}}))
+    handle = build_handle(cfg.model, DataSpec("dense", (3, 8, 8), 10))
+    layout, flat = handle.layout(), handle.get_global()
+    rng = np.random.default_rng(1)
+    found = {k: v + rng.normal(0, 0.02, v.shape) for k, v in layout.unflatten(flat).items()}
+    names = [n for n in found if ".layers.0." in n]
+    found.pop(names[len(names) // 2])  # a hole among the matched tensors
+    save_file({k: np.ascontiguousarray(v, np.float32) for k, v in found.items()},
+              str(tmp_path / "f.safetensors"))  # fmt: skip
+    built = []
+    for max_runs in (mixer.MAX_RUNS, 0):
+        monkeypatch.setattr(mixer, "MAX_RUNS", max_runs)
+        m = FedBaF(FedBaFParams(foundation=str(tmp_path / "f.safetensors"), tau_scope=tau_scope))
+        m.setup(ServerContext(0, layout, 4))
+        built.append(m)
+    assert built[0].runs is not None and len(built[0].runs) >= 2 and built[1].runs is None
+    prev = flat.astype(np.float32)
+    prev.flags.writeable = False  # a published version
+    for t in range(3):
+        agg = (prev + rng.normal(0, 1e-3, prev.shape)).astype(np.float32)
+        sliced, gathered = (m.mix(t, prev, agg) for m in built)
+        assert np.array_equal(sliced, gathered) and built[0].last == built[1].last
+        assert not np.array_equal(sliced, agg)
+        prev = sliced
+
+
 # --------------------------------------------------------------------------- inv. 5, 6, 8
 def test_tau_on_hand_made_vectors_and_the_schedule(tmp_path):
     m = mixer_on(tmp_path, np.zeros(2), psi=1.0)

@@ -135,9 +135,30 @@ def unit(x: np.ndarray) -> np.ndarray:
     return x / n if n > 0 else np.zeros_like(x)
 
 
-def unit_t(x: torch.Tensor) -> torch.Tensor:
+def unit_t(x: torch.Tensor, inplace: bool = False) -> torch.Tensor:
+    """``x / ‖x‖`` (zeros for a zero vector); ``inplace`` divides ``x`` itself."""
     n = torch.linalg.vector_norm(x)
-    return x / n if n > 0 else torch.zeros_like(x)
+    if n > 0:
+        return x.div_(n) if inplace else x / n
+    return x.zero_() if inplace else torch.zeros_like(x)
+
+
+#: more contiguous runs than this and the matched coordinates are gathered by index instead
+MAX_RUNS = 4096
+
+
+def runs(indices: np.ndarray) -> list[tuple[int, int]] | None:
+    """``indices`` as contiguous runs ``(first, end)`` of the global vector, in their order (a
+    matched tensor is one run), or None where there are more than ``MAX_RUNS``: slices then read
+    and write them without an index gather."""
+    if not len(indices):
+        return []
+    breaks = np.flatnonzero(np.diff(indices) != 1) + 1
+    if len(breaks) >= MAX_RUNS:
+        return None
+    firsts = np.r_[0, breaks]
+    ends = np.r_[breaks, len(indices)]
+    return [(int(indices[f]), int(indices[e - 1]) + 1) for f, e in zip(firsts, ends, strict=True)]
 
 
 def r_float64(previous: np.ndarray, aggregated: np.ndarray, scope: np.ndarray) -> float:
@@ -159,7 +180,17 @@ def mix_float64(
 
 class FedBaF(Mixer):
     params: FedBaFParams
-    transient = ("pre", "indices", "scope", "report", "blocks", "device", "on_device")
+    transient = (
+        "pre",
+        "indices",
+        "scope",
+        "report",
+        "blocks",
+        "device",
+        "on_device",
+        "runs",
+        "scope_runs",
+    )
 
     def __init__(self, params: FedBaFParams) -> None:
         super().__init__(params)
@@ -186,17 +217,16 @@ class FedBaF(Mixer):
         if len(self.scope) != ctx.layout.size:  # None below: the whole vector, no gather
             on["scope"] = torch.as_tensor(self.scope, device=self.device)
         self.on_device = PrivateDeviceTensors(on)
+        self.runs = runs(self.indices)
+        self.scope_runs = self.runs if p.tau_scope == "matched" else runs(self.scope)
         if self.stream is None:
             secure = p.rng == "secure"
             self.stream = np.random.default_rng() if secure else ctx.rng("fedbaf/u")
 
     def coefficient(self, round_index: int, previous: np.ndarray, aggregated: np.ndarray) -> float:
         """c_t for this call (Alg. 1 lines 9–10), recording r_t, τ_t, u_t and α_t."""
-        a, b = self._on_device(aggregated), self._on_device(previous)
-        scope = self.on_device.get("scope")
-        if scope is not None:
-            a, b = a[scope], b[scope]
-        r = float(torch.linalg.vector_norm(unit_t(a) - unit_t(b)))
+        a, b = self._scoped(aggregated), self._scoped(previous)
+        r = float(torch.linalg.vector_norm(unit_t(a, inplace=True).sub_(unit_t(b, inplace=True))))
         tau = r / math.sqrt(round_index + 1)
         if self.tau0 is None:
             self.tau0 = max(tau, TAU0_FLOOR)
@@ -238,19 +268,33 @@ class FedBaF(Mixer):
         c = self.coefficient(round_index, previous, out)  # w' moved to the device once
         if c == 0.0:
             return aggregated  # ψ = 0: the base algorithm, bit for bit (§7.2 inv. 1)
-        idx = self.on_device["indices"]
-        out[idx] = (out[idx] + c * self.on_device["w_pre"]) / (1.0 + c)
+        pre = self.on_device["w_pre"]
+        if self.runs is None:
+            idx = self.on_device["indices"]
+            out[idx] = (out[idx] + c * pre) / (1.0 + c)
+        else:  # the same arithmetic, run by run, through slices
+            at = 0
+            for lo, hi in self.runs:
+                out[lo:hi].add_(pre[at : at + hi - lo] * c).div_(1.0 + c)
+                at += hi - lo
         return out.cpu().numpy()
 
-    def _on_device(self, weights: np.ndarray | torch.Tensor) -> torch.Tensor:
-        """A float32 view of ``weights`` on the device (a copy where it is read-only); a tensor
-        already there as it is."""
+    def _scoped(self, weights: np.ndarray | torch.Tensor) -> torch.Tensor:
+        """A fresh float32 copy of ``weights`` on ``tau_scope``'s coordinates, on the device
+        (slices where they form few runs, else an index gather); only those values move."""
         if isinstance(weights, torch.Tensor):
-            return weights
-        w = np.asarray(weights, dtype=np.float32)
-        if w.flags.writeable:
-            return torch.as_tensor(w, device=self.device)
-        return torch.tensor(w, device=self.device)
+            w, cat, scope = weights, torch.cat, self.on_device.get("scope")
+        else:
+            w, cat, scope = np.asarray(weights, dtype=np.float32), np.concatenate, self.scope
+            if len(scope) == len(w):
+                scope = None
+        if scope is None:
+            part = w.clone() if isinstance(w, torch.Tensor) else np.array(w)
+        elif self.scope_runs is None:
+            part = w[scope]
+        else:
+            part = cat([w[lo:hi] for lo, hi in self.scope_runs])
+        return torch.as_tensor(part, device=self.device)
 
     def metrics(self) -> dict[str, float]:
         return dict(self.last)

@@ -193,3 +193,26 @@ def test_the_window_search_can_be_turned_off():
         local_core(
             load_config({**quiet, "algorithm": {**quiet["algorithm"], "transform": "scaled"}})
         ).step()
+
+
+def test_sign_keys_and_the_index_follow_their_definition():
+    """``sign_keys``: bit t of the key at p is ``x[p + t + 1] > x[p + t]`` (checked from the
+    definition at every key); the Bloom filter passes every indexed key (no false negative) and
+    the lookup finds each block position from the block's own values."""
+    from raysim.actors.audit_windows import SPAN, WindowIndex, sign_keys
+
+    rng = np.random.default_rng(5)
+    x = torch.tensor(rng.normal(size=700).astype(np.float32))
+    for start, stride in ((0, 16), (3, 8), (7, 8)):
+        keys = sign_keys(x, start, stride).tolist()
+        assert len(keys) == (len(x) - start - 1 - SPAN) // stride + 1
+        for i, key in enumerate(keys):
+            p = start + i * stride
+            want = sum(1 << t for t in range(SPAN) if x[p + t + 1] > x[p + t])
+            assert key == want, (start, stride, i)
+    blocks = [torch.tensor(rng.normal(size=n).astype(np.float32)) for n in (500, 90, 3000)]
+    index = WindowIndex(blocks)
+    assert bool(index._maybe(index.keys).all())
+    at, blk, pos = index.candidates(blocks[2][1000:1600])
+    found = set(zip(blk.tolist(), (pos - at).tolist(), strict=True))
+    assert found == {(2, 1000)}  # every key of the copy points back at offset 1000 of block 2

@@ -23,7 +23,6 @@ reference cannot happen: private tensors refuse to be pickled (``PrivateTensors`
 
 from __future__ import annotations
 
-import sys
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -131,10 +130,7 @@ class Summary:
 
     @classmethod
     def of(cls, x: torch.Tensor) -> Summary:
-        low, high = torch.aminmax(x)
-        mean = x.mean(dtype=torch.float64)
-        std = (x - mean).square().mean(dtype=torch.float64).sqrt()
-        return cls(float(mean), float(std), float(low), float(high))
+        return cls(*_stats(x).tolist())
 
     def beats_chance(self, m: int, u: float) -> bool:
         """Whether a reordered match of these ``m`` values at unit roundoff ``u`` can be told
@@ -227,13 +223,17 @@ class LeakAuditor:
         sizes = [s.values.size for s in big]
         self.ends = np.cumsum(sizes).astype(np.int64)
         self.starts = self.ends - np.asarray(sizes, dtype=np.int64)
+        self.starts_t = torch.as_tensor(self.starts, device=self.device)
+        self.ends_t = torch.as_tensor(self.ends, device=self.device)
+        #: ``_screen``'s sample: its global coordinates, the block's values there and reversed
+        self._samples: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self.block = torch.as_tensor(
             np.repeat(np.arange(len(big)), sizes), device=self.device, dtype=torch.int64
         )
         self.longest = int(max(sizes, default=0))
         self._sums: list[torch.Tensor] | None = None
         self._index: WindowIndex | None = None  # built at the first array long enough
-        self._own: np.ndarray | None = None
+        self._own: torch.Tensor | None = None
         self.summaries = [
             Summary.of(self.values[lo:hi]) for lo, hi in zip(self.starts, self.ends, strict=True)
         ]
@@ -245,6 +245,15 @@ class LeakAuditor:
             np.ascontiguousarray(s.values, dtype=np.float32).view(np.uint32).reshape(-1)
             for s in big
         ]
+        #: the same words on the device, with each block's first word and a table of their low
+        #: 16 bits (``_float32_holds``)
+        self.words_t = [torch.as_tensor(w.view(np.int32), device=self.device) for w in self.words]
+        self.firsts = torch.as_tensor(
+            np.array([w[0] for w in self.words], dtype=np.uint32).view(np.int32),
+            device=self.device,
+        )
+        self.table = torch.zeros(1 << 16, dtype=torch.bool, device=self.device)
+        self.table[self.firsts & 0xFFFF] = True
 
     # ------------------------------------------------------------------------------- public
     def check(self, payload: Any, where: str) -> None:
@@ -268,8 +277,9 @@ class LeakAuditor:
             self._own_coordinates(t, where)
         elif MIN_VALUES <= len(t) <= self.longest:
             self._whole(t, where)
-        if isinstance(a, np.ndarray) and a.dtype == np.float32:
-            hit = self._bytes_hit(a)
+        if isinstance(a, np.ndarray) and a.dtype == np.float32 and self.words:
+            k = _float32_holds(t.view(torch.int32), self.words_t, self.firsts, self.table)
+            hit = None if k is None else self.names[k]
             if hit is not None:
                 raise LeakError(f"stopped: {where} carries the server-private {hit}'s bytes")
         if self.windows and len(t) >= MIN_VALUES and self.names:
@@ -277,13 +287,51 @@ class LeakAuditor:
 
     # ----------------------------------------------------------------- at own coordinates
     def _own_coordinates(self, t: torch.Tensor, where: str) -> None:
-        """Block by block, the payload's values at the block's coordinates (``matches``)."""
-        for i, (lo, hi) in enumerate(zip(self.starts.tolist(), self.ends.tolist(), strict=True)):
-            span = self.spans[i]
-            x = t[span[0] : span[1]] if span is not None else t[self.indices[lo:hi]]
+        """The payload's values at each block's coordinates (``matches``), every block screened
+        at once first (``_screen``): only a block the screen keeps is checked on its own."""
+        for i in self._screen(t):
+            x = self._at_own(t, i)
+            lo, hi = int(self.starts[i]), int(self.ends[i])
             hit = matches(self.values[lo:hi], x, significand_bits(x), self.summaries[i])
             if hit is not None:
                 self._raise(i, hit, where)
+
+    def _screen(self, t: torch.Tensor) -> list[int]:
+        """Blocks whose values at their own coordinates in ``t`` could match, all blocks at once
+        and read back in one transfer: a ``SAMPLE``-value strided sample of each must fit in
+        order or reversed (what ``fit`` asks of a copy first), or the block's mean, spread and
+        extremes must allow a reordered copy (``Summary.beats_chance`` and ``could_be``). A
+        sample whose values use fewer bits than float32's sends its block on."""
+        if self._samples is None:
+            sizes = torch.as_tensor(self.ends - self.starts, device=self.device)
+            steps = torch.linspace(0, 1, SAMPLE, dtype=torch.float64, device=self.device)
+            offsets = (steps[None] * (sizes[:, None] - 1)).long()
+            ahead, back = self.starts_t[:, None] + offsets, self.ends_t[:, None] - 1 - offsets
+            self._samples = self.indices[ahead], self.values[ahead], self.values[back]
+        where, ahead, back = self._samples
+        rows = t[where]
+        bits = _row_bits(rows)
+        u = 2.0**-bits
+        ok = _pairs_fit(ahead, rows, u)[0] | _pairs_fit(back, rows, u)[0]
+        stats = [_stats(self._at_own(t, i)) for i in range(len(self.names))]
+        table = torch.cat([torch.stack([ok.double(), bits], 1), torch.stack(stats)], 1).tolist()
+        keep = []
+        for i, (fits, b, *summary) in enumerate(table):
+            mine, n, ub = Summary(*summary), int(self.ends[i] - self.starts[i]), 2.0**-b
+            if (
+                fits
+                or b < 24
+                or (mine.beats_chance(n, ub) and mine.could_be(self.summaries[i], ub))
+            ):
+                keep.append(i)
+        return keep
+
+    def _at_own(self, t: torch.Tensor, i: int) -> torch.Tensor:
+        """``t``'s values at block ``i``'s coordinates (a slice where they are one run)."""
+        span = self.spans[i]
+        if span is not None:
+            return t[span[0] : span[1]]
+        return t[self.indices[int(self.starts[i]) : int(self.ends[i])]]
 
     # ------------------------------------------------------------------ as a whole array
     def _whole(self, t: torch.Tensor, where: str) -> None:
@@ -327,17 +375,15 @@ class LeakAuditor:
         global vector, whose blocks at their own coordinates were checked already."""
         if self._index is None:
             spans = zip(self.starts.tolist(), self.ends.tolist(), strict=True)
-            self._index = WindowIndex([self.values[lo:hi].cpu().numpy() for lo, hi in spans])
-        x = t.cpu().numpy()
-        at, blk, start = self._index.candidates(x, self._own_keys() if own else None)
+            self._index = WindowIndex([self.values[lo:hi] for lo, hi in spans])
+        at, blk, start = self._index.candidates(t, self._own_keys() if own else None)
         if not len(at):
             return
-        first_np = self.starts[blk] + start
+        first = self.starts_t[blk] + start
         span = torch.arange(SPAN + 1, device=self.device)
-        first = torch.as_tensor(first_np, device=self.device)
-        at_t = torch.as_tensor(at, device=self.device)
+        x = None  # the payload in host memory, read only to grow a fit that holds
         for lo in range(0, len(at), 1 << 14):  # candidates fitted in chunks, many at a time
-            rows_t = t[at_t[lo : lo + (1 << 14), None] + span]
+            rows_t = t[at[lo : lo + (1 << 14), None] + span]
             rows_s = self.values[first[lo : lo + (1 << 14), None] + span]
             u = 2.0 ** -_row_bits(rows_t)
             ok, slope, shift_b = _pairs_fit(rows_s, rows_t, u)
@@ -346,17 +392,18 @@ class LeakAuditor:
                 ab = (float(slope[r]), float(shift_b[r]))
                 b = int(blk[i])
                 values = self._index.values[b]
+                x = t.cpu().numpy() if x is None else x
                 shift, length = extent(x, values, int(at[i]), int(start[i]), *ab, float(u[r]))
                 if length >= MIN_VALUES:
                     hit = Match(*ab, "in order", float(rows_t[r].std()))
                     sub = (int(first[i]) + shift, length)
                     self._raise(b, hit, where, sub=sub, at=int(at[i]) + shift)
 
-    def _own_keys(self) -> np.ndarray:
+    def _own_keys(self) -> torch.Tensor:
         """``sign_keys`` of the blocks laid out at their own coordinates (zeros elsewhere)."""
         if self._own is None:
-            layout = np.zeros(self.size, dtype=np.float32)
-            layout[self.indices.cpu().numpy()] = self.values.cpu().numpy()
+            layout = torch.zeros(self.size, dtype=torch.float32, device=self.device)
+            layout[self.indices] = self.values.float()
             self._own = sign_keys(layout)
         return self._own
 
@@ -375,13 +422,11 @@ class LeakAuditor:
 
     # --------------------------------------------------------------- exact float32 bytes
     def _bytes_hit(self, a: np.ndarray) -> str | None:
-        """Name of a block whose float32 bytes occur in ``a`` (§6.3 (ii)), or None."""
+        """Name of a block whose float32 bytes occur in ``a``, an array of no float dtype
+        (§6.3 (ii)), or None. A float32 array is searched on the device (``_float32_holds``)."""
         if not self.words:
             return None
-        if a.dtype == np.float32 and a.size >= 2:
-            k = _float32_holds(np.ascontiguousarray(a).reshape(-1), self.words)
-            return None if k is None else self.names[k]
-        raw = np.ascontiguousarray(a).tobytes()  # any other dtype: a plain byte search
+        raw = np.ascontiguousarray(a).tobytes()  # a plain byte search
         for name, words in zip(self.names, self.words, strict=True):
             if words.tobytes() in raw:
                 return name
@@ -403,6 +448,14 @@ class LeakAuditor:
             what += f" (values {lo}–{lo + sub[1] - 1})"
         place = f" at positions {at}–{at + sub[1] - 1}" if at is not None and sub else ""
         raise LeakError(f"stopped: {where} carries the server-private {what}{m.describe()}{place}")
+
+
+def _stats(x: torch.Tensor) -> torch.Tensor:
+    """``Summary``'s fields of ``x`` as one float64 tensor on its device: mean, std, min, max."""
+    low, high = torch.aminmax(x)
+    mean = x.mean(dtype=torch.float64)
+    std = (x - mean).square().mean(dtype=torch.float64).sqrt()
+    return torch.stack([mean, std, low.double(), high.double()])
 
 
 def _pairs_fit(
@@ -481,23 +534,20 @@ def _as_tensor(flat: np.ndarray | torch.Tensor, device: torch.device) -> torch.T
     return flat.detach().to(device=device, dtype=torch.float64 if wide else torch.float32)
 
 
-def _float32_holds(flat: np.ndarray, blocks: list[np.ndarray]) -> int | None:
-    """Index of a block (its float32 words) whose values sit contiguously in ``flat``.
+def _float32_holds(
+    words: torch.Tensor, blocks: list[torch.Tensor], firsts: torch.Tensor, table: torch.Tensor
+) -> int | None:
+    """Index of a block (its float32 words as int32) whose values sit contiguously in ``words``.
 
-    Each value's low 16 bits index a table of the blocks' first values (one gather over the
-    array), so only values whose low bits match a block's start are compared further: about
-    n·k/65536 candidates, each checked on its whole first word and then in full. O(n + k)."""
-    words = flat.view(np.uint32)
-    firsts = np.array([w[0] for w in blocks], dtype=np.uint32)
-    table = np.zeros(1 << 16, dtype=bool)
-    table[firsts & 0xFFFF] = True
-    low = words.view(np.uint16)[0 if sys.byteorder == "little" else 1 :: 2]  # no copy
-    candidates = np.flatnonzero(table[low])
-    for i in candidates[np.isin(words[candidates], firsts)].tolist():
-        for k in np.flatnonzero(firsts == words[i]):
+    Each value's low 16 bits index ``table`` (the blocks' first words' low bits), so only values
+    whose low bits match a block's start are compared further: about n·k/65536 candidates, each
+    checked on its whole first word (``firsts``) and then in full. O(n + k), on the device."""
+    candidates = torch.nonzero(table[words & 0xFFFF]).flatten()
+    candidates = candidates[torch.isin(words[candidates], firsts)]
+    for i in candidates.tolist():
+        for k in torch.nonzero(firsts == words[i]).flatten().tolist():
             pattern = blocks[k]
-            if i + len(pattern) <= len(words) and np.array_equal(
-                words[i : i + len(pattern)], pattern
-            ):
+            end = i + len(pattern)
+            if end <= len(words) and torch.equal(words[i:end], pattern):
                 return int(k)
     return None

@@ -9,15 +9,19 @@ by under 1 % or so. Each hit is then fitted as ``a·s + b`` on the key's span, a
 the payload's values. A fit that holds is grown both ways while it keeps holding, and it counts
 as a copy when it reaches ``MIN_VALUES``. The cost is one pass over the payload and a sorted
 lookup of ``n / STRIDE`` keys.
+
+Keys, the index and the lookup are torch int64 tensors on the auditor's device (a key uses 48
+bits, so it is never negative); only a hit's growth (``extent``) reads host memory.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 #: differences per key, and the payload positions read (one in STRIDE)
 SPAN, STRIDE = 48, 16
-_MASK = np.uint64((1 << SPAN) - 1)
+MASK = (1 << SPAN) - 1
 #: a copy is followed this far beyond its key's span, each way, at a time
 REACH = 4096
 #: block positions looked at per payload key
@@ -25,90 +29,95 @@ PER_KEY = 4
 #: a Bloom filter (two hashes) of about 16 bits per key, at most 2**MAX_HASH_BITS bits (64 MB),
 #: screens the lookups: most payload keys are in no block
 MAX_HASH_BITS = 29
-_SEEDS = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F))
+#: the hashes' odd multipliers, as int64 (the products wrap as unsigned ones would)
+_SEEDS = tuple(
+    s - (1 << 64) if s >= 1 << 63 else s for s in (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F)
+)
 
 
-def _hashes(keys: np.ndarray, bits: int) -> list[np.ndarray]:
-    with np.errstate(over="ignore"):
-        return [(keys * seed) >> np.uint64(64 - bits) for seed in _SEEDS]
+def _hashes(keys: torch.Tensor, bits: int) -> list[torch.Tensor]:
+    """The top ``bits`` bits of ``keys · seed`` mod 2⁶⁴, per seed (the shift is arithmetic on
+    int64, so the sign bits it drags in are masked off)."""
+    return [((keys * seed) >> (64 - bits)) & ((1 << bits) - 1) for seed in _SEEDS]
 
 
-def sign_keys(values: np.ndarray, start: int = 0, stride: int = STRIDE) -> np.ndarray:
+def sign_keys(values: torch.Tensor, start: int = 0, stride: int = STRIDE) -> torch.Tensor:
     """Keys at positions ``start, start + stride, …`` (``stride`` a multiple of 8): bit t of a
     key is ``values[p + t + 1] > values[p + t]``, for t < SPAN (positions with fewer than SPAN
     differences after them get no key)."""
-    ups = np.diff(values[start:]) > 0
-    packed = np.packbits(ups, bitorder="little")  # byte q holds the signs at 8q … 8q + 7
+    ups = torch.diff(values[start:]) > 0
     count = (len(ups) - SPAN) // stride + 1
     if count <= 0:
-        return np.zeros(0, dtype=np.uint64)
-    step, width = stride // 8, SPAN // 8
-    keys = np.zeros(count, dtype=np.uint64)
-    for byte in range(width):
-        keys |= packed[byte : byte + step * count : step].astype(np.uint64) << np.uint64(8 * byte)
+        return torch.zeros(0, dtype=torch.int64, device=values.device)
+    bits = ups[: len(ups) // 8 * 8].view(torch.uint8).view(-1, 8)
+    packed = bits[:, 0].clone()  # byte q: the signs 8q … 8q + 7, bit j the sign 8q + j
+    for j in range(1, 8):
+        packed |= bits[:, j] << j
+    step = stride // 8
+    keys = packed[: step * count : step].long()
+    for byte in range(1, SPAN // 8):
+        keys |= packed[byte : byte + step * count : step].long() << (8 * byte)
     return keys
 
 
 class WindowIndex:
-    """Every in-block position of the private blocks, keyed by ``sign_keys``."""
+    """Every in-block position of the private blocks, keyed by ``sign_keys``, on the device of
+    ``blocks``; ``values`` keeps a host copy of each block for ``extent``."""
 
-    def __init__(self, blocks: list[np.ndarray]) -> None:
+    def __init__(self, blocks: list[torch.Tensor]) -> None:
+        device = blocks[0].device if blocks else torch.device("cpu")
         keys, where, owner = [], [], []
         for b, values in enumerate(blocks):
-            values = np.asarray(values).reshape(-1)
             for offset in range(8):  # every position: 8 byte-aligned sets
                 k = sign_keys(values, offset, stride=8)
                 keys.append(k)
-                where.append((offset + 8 * np.arange(len(k))).astype(np.int32))
-                owner.append(np.full(len(k), b, dtype=np.int32))
-        keys_all = np.concatenate(keys) if keys else np.zeros(0, np.uint64)
-        order = np.argsort(keys_all, kind="stable")
-        self.keys = keys_all[order]
-        self.positions = (np.concatenate(where) if where else np.zeros(0, np.int32))[order]
-        self.blocks = (np.concatenate(owner) if owner else np.zeros(0, np.int32))[order]
-        self.values = [np.asarray(v).reshape(-1) for v in blocks]
+                where.append(offset + 8 * torch.arange(len(k), device=device, dtype=torch.int32))
+                owner.append(torch.full((len(k),), b, dtype=torch.int32, device=device))
+        empty = torch.zeros(0, dtype=torch.int64, device=device)
+        self.keys, order = torch.sort(torch.cat(keys) if keys else empty, stable=True)
+        self.positions = (torch.cat(where) if where else empty.int())[order]
+        self.blocks = (torch.cat(owner) if owner else empty.int())[order]
+        self.values = [v.cpu().numpy() for v in blocks]
         self.bits = int(min(MAX_HASH_BITS, max(6, np.ceil(np.log2(16 * len(self.keys) + 1)))))
-        self.bloom = np.zeros(1 << (self.bits - 3), dtype=np.uint8)
-        for h in _hashes(self.keys, self.bits):
-            h = np.sort(h)
-            byte, bit = h >> np.uint64(3), np.uint8(1) << (h & np.uint64(7)).astype(np.uint8)
-            if len(h):
-                firsts = np.flatnonzero(np.r_[True, byte[1:] != byte[:-1]])
-                self.bloom[byte[firsts]] |= np.bitwise_or.reduceat(bit, firsts)
+        bloom = torch.zeros(1 << (self.bits - 3), dtype=torch.int32, device=device)
+        h = torch.unique(torch.cat(_hashes(self.keys, self.bits)))
+        bloom.index_add_(0, h >> 3, (1 << (h & 7)).int())  # each bit once: adding is or-ing
+        self.bloom = bloom.to(torch.uint8)
 
-    def _maybe(self, keys: np.ndarray) -> np.ndarray:
+    def _maybe(self, keys: torch.Tensor) -> torch.Tensor:
         """False where a key is surely in no block (a Bloom filter: a few false Trues)."""
-        out = np.ones(len(keys), dtype=bool)
+        out = torch.ones(len(keys), dtype=torch.bool, device=keys.device)
         for h in _hashes(keys, self.bits):
-            out &= (self.bloom[h >> np.uint64(3)] >> (h & np.uint64(7)).astype(np.uint8)) & 1 > 0
+            out &= ((self.bloom[h >> 3].long() >> (h & 7)) & 1) > 0
         return out
 
     def candidates(
-        self, payload: np.ndarray, skip: np.ndarray | None = None
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        self, payload: torch.Tensor, skip: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(payload positions, blocks, positions in block)`` whose keys agree, either sign of
         ``a`` (at most ``PER_KEY`` entries per key: a key many positions share says little).
         Payload keys equal to ``skip`` (the same positions' keys of something checked
         already) are not looked up."""
-        empty = np.zeros(0, dtype=np.int64)
+        empty = torch.zeros(0, dtype=torch.int64, device=payload.device)
         if not len(self.keys) or len(payload) < SPAN + 1:
             return empty, empty, empty
         keys = sign_keys(payload)
-        plain = (keys != 0) & (keys != _MASK)  # monotone runs and constants: no fingerprint
+        plain = (keys != 0) & (keys != MASK)  # monotone runs and constants: no fingerprint
         if skip is not None:
             plain &= keys != skip[: len(keys)]
-        found: list[tuple[np.ndarray, np.ndarray]] = []
+        found: list[tuple[torch.Tensor, torch.Tensor]] = []
         last = len(self.keys) - 1
-        for probe in (keys, ~keys & _MASK):
-            at = np.flatnonzero(plain & self._maybe(probe))
-            lo = np.searchsorted(self.keys, probe[at])
+        for probe in (keys, ~keys & MASK):
+            at = torch.nonzero(plain & self._maybe(probe)).flatten()
+            wanted = probe[at]
+            lo = torch.searchsorted(self.keys, wanted)
             for extra in range(PER_KEY):
-                row = np.minimum(lo + extra, last)
-                take = self.keys[row] == probe[at]
+                row = (lo + extra).clamp_max(last)
+                take = self.keys[row] == wanted
                 found.append((at[take], row[take]))
-        at = np.concatenate([f[0] for f in found])
-        row = np.concatenate([f[1] for f in found])
-        return STRIDE * at, self.blocks[row].astype(np.int64), self.positions[row].astype(np.int64)
+        at = torch.cat([f[0] for f in found])
+        row = torch.cat([f[1] for f in found])
+        return STRIDE * at, self.blocks[row].long(), self.positions[row].long()
 
 
 def extent(

@@ -252,8 +252,8 @@ class LeakAuditor:
             np.array([w[0] for w in self.words], dtype=np.uint32).view(np.int32),
             device=self.device,
         )
-        self.table = torch.zeros(1 << 16, dtype=torch.bool, device=self.device)
-        self.table[self.firsts & 0xFFFF] = True
+        self.table = torch.zeros(1 << 16, dtype=torch.uint8, device=self.device)
+        self.table[self.firsts & 0xFFFF] = 1
 
     # ------------------------------------------------------------------------------- public
     def check(self, payload: Any, where: str) -> None:
@@ -542,7 +542,7 @@ def _float32_holds(
     Each value's low 16 bits index ``table`` (the blocks' first words' low bits), so only values
     whose low bits match a block's start are compared further: about n·k/65536 candidates, each
     checked on its whole first word (``firsts``) and then in full. O(n + k), on the device."""
-    candidates = torch.nonzero(table[words & 0xFFFF]).flatten()
+    candidates = torch.nonzero(torch.index_select(table, 0, words & 0xFFFF)).flatten()
     candidates = candidates[torch.isin(words[candidates], firsts)]
     for i in candidates.tolist():
         for k in torch.nonzero(firsts == words[i]).flatten().tolist():

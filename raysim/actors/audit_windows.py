@@ -86,10 +86,10 @@ class WindowIndex:
 
     def _maybe(self, keys: torch.Tensor) -> torch.Tensor:
         """False where a key is surely in no block (a Bloom filter: a few false Trues)."""
-        out = torch.ones(len(keys), dtype=torch.bool, device=keys.device)
+        out = torch.ones(len(keys), dtype=torch.uint8, device=keys.device)
         for h in _hashes(keys, self.bits):
-            out &= ((self.bloom[h >> 3].long() >> (h & 7)) & 1) > 0
-        return out
+            out &= torch.index_select(self.bloom, 0, h >> 3) >> (h & 7).to(torch.uint8)
+        return (out & 1).bool()
 
     def candidates(
         self, payload: torch.Tensor, skip: torch.Tensor | None = None

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -288,9 +289,15 @@ class FedBaF(Mixer):
             w, cat, scope = np.asarray(weights, dtype=np.float32), np.concatenate, self.scope
             if len(scope) == len(w):
                 scope = None
-        if scope is None:
-            part = w.clone() if isinstance(w, torch.Tensor) else np.array(w)
-        elif self.scope_runs is None:
+        if scope is None:  # the whole vector: copied once, by the move where there is one
+            if isinstance(w, torch.Tensor):
+                return w.clone()
+            if self.device.type == "cpu":
+                return torch.from_numpy(np.array(w))
+            with warnings.catch_warnings():  # a published version is read-only; this reads it
+                warnings.simplefilter("ignore", UserWarning)
+                return torch.as_tensor(w, device=self.device)
+        if self.scope_runs is None:
             part = w[scope]
         else:
             part = cat([w[lo:hi] for lo, hi in self.scope_runs])

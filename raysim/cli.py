@@ -103,6 +103,10 @@ def _summary_table(result: Any) -> Table:
         ("updates applied / rejected", f"{m['total_updates']:.0f} / {m['rejected_updates']:.0f}"),
         ("bytes up / down", f"{m['total_bytes_up']:.3g} / {m['total_bytes_down']:.3g}"),
         ("wall time", f"{m['wall_time_s']:.1f} s"),
+    ]
+    if "leaks_reported" in m:  # audit.on_leak: report
+        rows.append(("leaky payloads sent", f"{m['leaks_reported']:.0f}"))
+    rows += [
         ("MLflow run id", str(result.run_id)),
         ("MLflow store", str(result.tracking_uri)),
     ]

@@ -311,6 +311,12 @@ class AuditConfig(StrictModel):
         "coordinates (an index of about 26 bytes per private value, built at the first check; "
         "docs/leak-auditor.md)",
     )
+    on_leak: Literal["stop", "report"] = Field(
+        "stop",
+        description="stop: a leak ends the run before the payload goes out; report: each "
+        "leaking payload is named in a warning (console, warnings.txt, the leaks_reported "
+        "metric) and sent anyway, to audit a whole run of a method under study",
+    )
 
 
 class FaultsConfig(StrictModel):

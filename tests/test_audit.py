@@ -80,6 +80,31 @@ def test_raysim_run_stops_a_scaled_float16_copy_with_one_line(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+def test_raysim_run_reports_every_transform_class_in_one_run(tmp_path):
+    """Through the CLI (its own private Ray, the coordinator and worker actors), with
+    ``audit.on_leak: report``: the plugin sends each transform of ``CAUGHT`` in turn, an
+    unrelated draw between any two. Each leak is named in its round's warning, as the stop
+    would name it, and no round of unrelated draws warns; the run ends normally."""
+    import yaml
+
+    from tests.plugins.leaky_method import CYCLE
+
+    cfg = leaky("cycle", rounds=len(CYCLE))
+    cfg["audit"]["on_leak"] = "report"
+    cfg["eval"] = {"every": len(CYCLE)}
+    (tmp_path / "leaky.yaml").write_text(yaml.safe_dump(cfg))
+    proc = fresh_cli(["run", "leaky.yaml"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reported = re.findall(r"leak \(audit.on_leak=report, sent anyway\): round (\d+)'s downlink"
+                          r" carries the server-private (.*)", proc.stderr)  # fmt: skip
+    by_round = {int(k): what for k, what in reported}
+    assert sorted(by_round) == [r for r, name in enumerate(CYCLE) if name != "none"]
+    for r, what in by_round.items():
+        assert re.search(CAUGHT[CYCLE[r]].replace("private.block", ""), what), (CYCLE[r], what)
+    sent = re.search(r"leaky payloads sent\s*│\s*(\d+)", proc.stdout)
+    assert sent and int(sent.group(1)) == len(by_round), proc.stdout[-2000:]
+
+
 # --------------------------------------------------------------------------- the rules
 def block(n: int = 1000, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).normal(0, 0.05, n).astype(np.float32)

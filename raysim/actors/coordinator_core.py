@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from raysim.actors.audit import LeakAuditor
+from raysim.actors.audit import LeakAuditor, LeakError
 from raysim.actors.executor import Executor
 from raysim.actors.jobs import ClientJob, job_groups
 from raysim.algorithms.base import Diverged, Downlink, Strategy, Update
@@ -77,6 +77,7 @@ class RoundLog:
     wait_s: float = 0.0
     server_s: float = 0.0
     audit_s: float = 0.0
+    leaks: int = 0  # payloads that leaked and went out (audit.on_leak: report)
     server_metrics: dict[str, float] = field(default_factory=dict)
 
 
@@ -166,6 +167,13 @@ class CoordinatorCore:
         t0 = time.perf_counter()
         try:
             self.auditor.check(payload, where)
+        except LeakError as leak:
+            if self.cfg.audit.on_leak == "stop":
+                raise
+            self._log.leaks += 1
+            self.totals["leaks_reported"] += 1
+            found = str(leak).removeprefix("stopped: ")
+            self.warn(f"leak (audit.on_leak=report, sent anyway): {found}")
         finally:
             self._log.audit_s += time.perf_counter() - t0
 
@@ -376,6 +384,8 @@ class CoordinatorCore:
         m["worker_restarts"] = float(len(events))
         if self.auditor is not None:
             m["audit_wall_s"] = log.audit_s
+            if self.cfg.audit.on_leak == "report":
+                m["leaks_reported"] = float(log.leaks)
         if log.tau_rounds:
             m["staleness_rounds_mean"] = float(np.mean(log.tau_rounds))
             m["staleness_rounds_max"] = float(np.max(log.tau_rounds))
@@ -546,6 +556,8 @@ class CoordinatorCore:
         out["total_bytes_down"] = self.totals["bytes_down"]
         out["total_updates"] = self.totals["arrived"]
         out["rejected_updates"] = self.totals["rejected_updates"]
+        if self.cfg.audit.leaks and self.cfg.audit.on_leak == "report":
+            out["leaks_reported"] = self.totals["leaks_reported"]
         return out
 
     def client_table(self) -> list[dict[str, float]]:

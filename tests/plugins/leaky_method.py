@@ -4,7 +4,7 @@
 server stream, declared in ``secrets()`` at the coordinates 0–511 of the global vector. Every
 round it sends a transformed copy of the block with ``configure()`` (``transform``), or, with
 ``transform: none``, an unrelated draw of the same distribution in every float dtype (which must
-pass).
+pass). ``transform: cycle`` sends each of them in turn, a round each.
 """
 
 from __future__ import annotations
@@ -18,6 +18,16 @@ from raysim.algorithms.general.fedavg import FedAvg
 from raysim.algorithms.private import PrivateTensors
 
 SIZE = 512
+#: ``transform: cycle`` sends these in turn, one a round, an unrelated draw between any two
+CYCLE = [
+    name
+    for leak in (
+        "exact", "fp16", "bf16", "fp16_own", "bf16_own", "fp64", "scaled", "shifted", "reversed",
+        "permuted", "split", "window", "fp16_of_scaled", "window_scaled", "window_bf16",
+        "elsewhere_fp16", "permuted_half",
+    )
+    for name in (leak, "none")
+]  # fmt: skip
 
 
 def bf16(x: np.ndarray) -> torch.Tensor:
@@ -71,7 +81,10 @@ class Leaky(FedAvg):
             "permuted_half": lambda: {"x": self.noise.permutation(s[:half])},
             "none": lambda: self.unrelated(),
         }
-        return Downlink(sends[self.params.transform]())
+        name = self.params.transform
+        if name == "cycle":  # round r: CYCLE[r], for one run that shows every class
+            name = CYCLE[round_index % len(CYCLE)]
+        return Downlink(sends[name]())
 
     def inside(self, values: np.ndarray) -> np.ndarray:
         """``values`` at position 1000 of a 3000-value draw of the block's distribution."""

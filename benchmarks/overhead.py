@@ -38,8 +38,13 @@ from raysim.training.loop import evaluate, train_local
 from raysim.training.tasks import ClassificationTask
 
 
-def run_raysim(cfg: RunConfig) -> tuple[list[float], str, float]:
-    """One ``RunSession`` on the running Ray instance: per-round walls, digest, start-up time."""
+def run_raysim(cfg: RunConfig, advance: bool | None = None) -> tuple[list[float], str, float]:
+    """One ``RunSession`` on the running Ray instance: per-round walls, digest, start-up time.
+
+    ``advance`` None: one driver call per round (``session.step``), each round's wall timed by
+    the driver. True or False: the rounds as ``raysim run`` runs them (``session.rounds``, in
+    batches), with (True) or without each round's evaluation overlapping the next round's
+    dispatch; a round's wall is then the coordinator's ``wall_time`` from the last round's."""
     from raysim.api import RunSession
 
     t0 = time.perf_counter()
@@ -48,10 +53,14 @@ def run_raysim(cfg: RunConfig) -> tuple[list[float], str, float]:
         session.workers()  # blocks until every worker actor is constructed
         start = time.perf_counter() - t0
         walls = []
-        while not session.done:
-            t0 = time.perf_counter()
-            session.step()
-            walls.append(time.perf_counter() - t0)
+        if advance is None:
+            while not session.done:
+                t0 = time.perf_counter()
+                session.step()
+                walls.append(time.perf_counter() - t0)
+        else:
+            stamps = [m["wall_time"] for m in session.rounds(overlap=advance)]
+            walls = list(np.diff(stamps))
         return walls, session.finish().weights_digest, start
     finally:
         session.close()
@@ -116,6 +125,12 @@ def main() -> None:
         "for bit; batched: benchmarks/batched.py)",
     )
     parser.add_argument(
+        "--batches",
+        action="store_true",
+        help="also run raysim's rounds as `raysim run` does (in batches per driver call), with "
+        "and without each round's evaluation overlapping the next round's dispatch",
+    )
+    parser.add_argument(
         "--tracking",
         action="store_true",
         help="raysim logs to a fresh MLflow store (a user's default) instead of not at all",
@@ -157,6 +172,8 @@ def main() -> None:
     ray_init = time.perf_counter() - t0
     # Repeats interleave plain and raysim runs so that drift in this VM's speed hits both alike.
     walls: dict[str, list[list[float]]] = {"plain_1thread": [], "plain_2thread": [], "raysim": []}
+    if args.batches:
+        walls.update({"raysim_batches": [], "raysim_batches_overlap": []})
     digests: dict[str, set[str]] = {name: set() for name in walls}
     starts = []
     try:
@@ -169,6 +186,11 @@ def main() -> None:
             walls["raysim"].append(w)
             digests["raysim"].add(digest)
             starts.append(start)
+            if args.batches:
+                for name, overlap in (("raysim_batches", False), ("raysim_batches_overlap", True)):
+                    w, digest, _ = run_raysim(cfg, advance=overlap)
+                    walls[name].append(w)
+                    digests[name].add(digest)
     finally:
         ray.shutdown()
 
@@ -185,6 +207,9 @@ def main() -> None:
         report(name, same_weights=ok)
     report(same_weights=same["plain_1thread"] and len(digests["raysim"]) == 1)
     report(overhead_ratio_vs_2threads=med["raysim"] / med["plain_2thread"])
+    if args.batches:
+        for name in ("raysim_batches", "raysim_batches_overlap"):
+            report(**{f"{name}_ratio": med[name] / med["plain_1thread"]})
     report(overhead_ratio=med["raysim"] / med["plain_1thread"])
 
 

@@ -261,9 +261,10 @@ class RunSession:
     def done(self) -> bool:
         return self.round >= self.cfg.rounds
 
-    def rounds(self) -> Iterator[dict[str, float]]:
+    def rounds(self, overlap: bool = True) -> Iterator[dict[str, float]]:
         """Every remaining round's metrics, in order. The coordinator runs them in batches of up
-        to ``ADVANCE_S`` of wall time per call (one driver round trip per batch, not per round);
+        to ``ADVANCE_S`` of wall time per call (one driver round trip per batch, not per round),
+        each round's evaluation overlapping the next round's dispatch unless ``overlap`` is off;
         a batch stops before a ``faults.kill_coordinator`` round, so the fault lands where
         ``step`` puts it. A coordinator that dies mid-batch is replaced and replays to the last
         round reported here; the rounds it ran after that are run again (deterministically)."""
@@ -275,7 +276,7 @@ class RunSession:
             if not limit:  # the fault's round: ``step`` injects it
                 yield self.step()
                 continue
-            for metrics in self._call("advance", limit, ADVANCE_S):
+            for metrics in self._call("advance", limit, ADVANCE_S, overlap):
                 self.round += 1
                 yield metrics
 

@@ -151,9 +151,10 @@ class Coordinator:
             "round": self.core.round,
         }
 
-    def step(self) -> dict[str, float]:
+    def step(self, settle: bool = True) -> dict[str, float]:
+        """One round (``CoordinatorCore.step``), then a checkpoint if one is due."""
         try:
-            metrics = self.core.step()
+            metrics = self.core.step(settle)
         except Diverged as e:  # recorded on the run before it ends FAILED
             if self.tracker is not None:
                 self.tracker.client.set_tag(self.tracker.run_id, "raysim.error", str(e))
@@ -171,16 +172,23 @@ class Coordinator:
                 )
         return metrics
 
-    def advance(self, max_rounds: int, max_seconds: float) -> list[dict[str, float]]:
+    def advance(
+        self, max_rounds: int, max_seconds: float, overlap: bool = True
+    ) -> list[dict[str, float]]:
         """Rounds run back to back (at least one; at most ``max_rounds``; stopping once
-        ``max_seconds`` of wall time have passed or the run is done): their metrics, in order."""
+        ``max_seconds`` of wall time have passed or the run is done): their metrics, in order.
+        ``overlap``: each round's evaluation runs on the workers while the next round is
+        dispatched (``CoordinatorCore.step``); the metrics returned are the same."""
         out, t0 = [], time.perf_counter()
-        while True:
-            out.append(self.step())
-            if self.core.done or len(out) >= max_rounds:
-                return out
-            if time.perf_counter() - t0 >= max_seconds:
-                return out
+        try:
+            while True:
+                out.append(self.step(settle=not overlap))
+                if self.core.done or len(out) >= max_rounds:
+                    return out
+                if time.perf_counter() - t0 >= max_seconds:
+                    return out
+        finally:
+            self.core.settle()
 
     def save_checkpoint(self) -> None:
         """Write the run's state now (MLflow ``checkpoint/`` and/or ``checkpoint.dir``); the

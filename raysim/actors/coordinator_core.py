@@ -137,6 +137,8 @@ class CoordinatorCore:
         self.client_states: dict[int, Any] = {}
         self.history: list[dict[str, float]] = []
         self.evaluations: list[dict[str, float]] = []
+        #: a round's evaluation still running (``step(settle=False)``): round, metrics, fetch
+        self._pending: tuple[int, dict[str, float], Callable[[], dict]] | None = None
         self.totals = defaultdict(float)
         self._started = time.perf_counter()
 
@@ -227,15 +229,23 @@ class CoordinatorCore:
     def done(self) -> bool:
         return self.round >= self.cfg.rounds
 
-    def step(self) -> dict[str, float]:
-        """Advance the virtual clock by one round and return that round's metrics."""
+    def step(self, settle: bool = True) -> dict[str, float]:
+        """Advance the virtual clock by one round and return that round's metrics.
+
+        ``settle=False`` lets the round's evaluation run on the workers while the next round
+        is dispatched behind it: the returned metrics lack it until the next ``step`` or
+        ``settle`` adds it (to the same dict) and logs the round. Nothing else changes: the
+        workers run the same jobs in the same order."""
         if self.done:
             raise RuntimeError("the run is finished")
         k, t0 = self.round, time.perf_counter()
         log = self._log = RoundLog()
-        self._dispatch(k, log)
-        if self.cfg.faults.kill_worker and self.cfg.faults.kill_worker.round == k:
-            self.executor.kill_worker(self.cfg.faults.kill_worker.worker)
+        try:
+            self._dispatch(k, log)
+            if self.cfg.faults.kill_worker and self.cfg.faults.kill_worker.round == k:
+                self.executor.kill_worker(self.cfg.faults.kill_worker.worker)
+        finally:
+            self.settle()  # the last round's evaluation, queued ahead of this round's jobs
         for job in self.queue.pop_round(k):
             self._deliver(job, k, log)
         self._bump(self._timed(self.strategy.on_round_end, k))
@@ -249,9 +259,25 @@ class CoordinatorCore:
                 self._release_broadcast(job.dispatch_round)
         metrics = self._round_metrics(k, log, time.perf_counter() - t0)
         self.history.append(metrics)
+        if self._pending is None:  # no evaluation this round: logged now
+            if self.tracker is not None:
+                self.tracker.log_round(k, metrics)
+        elif settle or self.done:
+            self.settle()  # logged with its evaluation
+        return metrics
+
+    def settle(self) -> None:
+        """Wait for a round's evaluation left running by ``step(settle=False)``: its metrics
+        join the round's, which is then logged."""
+        if self._pending is None:
+            return
+        k, metrics, fetch = self._pending
+        self._pending = None
+        ev = fetch()
+        self.evaluations.append({"round": float(k), **ev})
+        metrics.update(ev)
         if self.tracker is not None:
             self.tracker.log_round(k, metrics)
-        return metrics
 
     def _dispatch(self, k: int, log: RoundLog) -> None:
         if not self.strategy.uses_clients:
@@ -398,9 +424,11 @@ class CoordinatorCore:
         m.update(self.strategy.metrics())
         m.update(log.server_metrics)
         if self.evaluator is not None and ((k + 1) % self.cfg.eval.every == 0 or self.done):
-            ev = self.evaluator(self.strategy.weights, self.client_states, self.done, k)
-            self.evaluations.append({"round": float(k), **ev})
-            m.update(ev)
+            states, weights, final = dict(self.client_states), self.strategy.weights, self.done
+            if hasattr(self.evaluator, "submit"):
+                self._pending = (k, m, self.evaluator.submit(weights, states, final, k))
+            else:
+                self._pending = (k, m, lambda: self.evaluator(weights, states, final, k))
         return m
 
     # ----------------------------------------------------------------- checkpoints
@@ -412,6 +440,7 @@ class CoordinatorCore:
         Arrays sit in plain nested dicts (``versions``, ``client_states``) so that a checkpoint
         can store them as safetensors.
         """
+        self.settle()
         state: dict[str, Any] = {
             "round": self.round,
             "version": self.version,
@@ -542,6 +571,7 @@ class CoordinatorCore:
         return {j: dict(self.executor.get(st)) for j, st in self.client_states.items()}
 
     def final_metrics(self) -> dict[str, float]:
+        self.settle()
         out: dict[str, float] = {}
         if self.evaluations:
             last = self.evaluations[-1]

@@ -13,7 +13,7 @@ Otherwise the global model answers everywhere, with bare metric names.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -97,8 +97,29 @@ class WorkerEvaluator:
         final: bool = False,
         round: int = 0,
     ) -> dict[str, float]:
+        return self.submit(weights, states, final, round)()
+
+    def submit(
+        self,
+        weights: np.ndarray,
+        states: Mapping[int, dict] | None = None,
+        final: bool = False,
+        round: int = 0,
+    ) -> Callable[[], dict[str, float]]:
+        """The evaluation started now (its jobs queued on the workers ahead of any submitted
+        later); the returned call waits for it and gives the metrics, as ``__call__`` does."""
         jobs = self.jobs(states or {}, final, round)
-        results = self.executor.evaluate(self.executor.put(weights), jobs)
+        handle = self.executor.put(weights)
+        later = getattr(self.executor, "evaluate_later", None)
+        if later is None:
+            results = self.executor.evaluate(handle, jobs)
+            return lambda: self._summarise(jobs, results)
+        fetch = later(handle, jobs)
+        return lambda: self._summarise(jobs, fetch())
+
+    def _summarise(self, jobs: list[EvalJob], results: list[dict]) -> dict[str, float]:
+        """The jobs' scores as run metrics (means over clients, their spread, the global model's
+        scores), and each client's row for ``clients.csv``."""
         suffix = "_global" if self.per_client else ""
         out: dict[str, float] = {}
         per_client: dict[str, list[float]] = {}

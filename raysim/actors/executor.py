@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
@@ -32,6 +33,13 @@ class Executor(Protocol):
 
     def evaluate(self, handle: Any, jobs: list[EvalJob]) -> list[dict[str, float]]:
         """Run evaluation jobs on the version behind ``handle``; results in job order."""
+
+    def evaluate_later(
+        self, handle: Any, jobs: list[EvalJob]
+    ) -> Callable[[], list[dict[str, float]]]:
+        """``evaluate`` started now, its results fetched by the returned call: jobs submitted
+        after it queue behind it on the same workers. (Optional: ``evaluate`` serves where an
+        executor lacks it.)"""
 
     def events(self) -> list[str]:
         """Worker events (restarts) since the last call, for the run's log."""
@@ -89,6 +97,12 @@ class InProcessExecutor:
 
     def evaluate(self, handle: np.ndarray, jobs: list[EvalJob]) -> list[dict[str, float]]:
         return self.runner.evaluate_batch(handle, jobs)
+
+    def evaluate_later(
+        self, handle: np.ndarray, jobs: list[EvalJob]
+    ) -> Callable[[], list[dict[str, float]]]:
+        results = self.evaluate(handle, jobs)  # in process: now, in the order it was asked
+        return lambda: results
 
     def events(self) -> list[str]:
         return []

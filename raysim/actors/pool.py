@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -148,6 +149,12 @@ class RayWorkerPool:
 
     def evaluate(self, handle: Any, jobs: list[EvalJob]) -> list[dict[str, float]]:
         """Evaluation jobs spread evenly over the workers (contiguous chunks, one call each)."""
+        return self.evaluate_later(handle, jobs)()
+
+    def evaluate_later(
+        self, handle: Any, jobs: list[EvalJob]
+    ) -> Callable[[], list[dict[str, float]]]:
+        """``evaluate``'s calls made now; the returned call waits for their results."""
         self._grow(len(jobs))
         n = min(len(self.workers), len(jobs))
         bounds = np.linspace(0, len(jobs), n + 1).round().astype(int)
@@ -157,7 +164,7 @@ class RayWorkerPool:
             )
             for w in range(n)
         ]
-        return [r for chunk in ray.get(refs) for r in chunk]
+        return lambda: [r for chunk in ray.get(refs) for r in chunk]
 
     def initial_global(self) -> tuple[np.ndarray, Any]:
         return ray.get(self.workers[0].initial_global.remote())

@@ -8,6 +8,9 @@ import os
 import sys
 import warnings
 
+#: the start of torch's warning when ``vmap`` has no batching rule for an operator
+VMAP_FALLBACK = "There is a performance drop because we have not yet implemented the batching rule"
+
 
 def quiet_libraries() -> None:
     """Call at the start of a raysim process (driver, coordinator, worker); idempotent."""
@@ -19,6 +22,9 @@ def quiet_libraries() -> None:
         hf_logging.disable_progress_bar()
     for module in ("transformers", "peft"):
         warnings.filterwarnings("ignore", category=FutureWarning, module=module)
+    # torch's note that vmap runs CPU attention in a loop (batched clients of a Transformer): a
+    # remark on torch's own internals that no user can act on
+    warnings.filterwarnings("ignore", message=VMAP_FALLBACK, category=UserWarning)
     torch = sys.modules.get("torch")  # not imported here: a driver may never need it
     if "DS_ACCELERATOR" not in os.environ and torch is not None and not torch.cuda.is_available():
         os.environ["DS_ACCELERATOR"] = "cpu"  # DeepSpeed warns when it probes and finds no GPU

@@ -72,3 +72,27 @@ def test_help_answers_without_importing_torch():
     assert done.returncode == 0, done.stderr[-2000:]
     assert "usage: raysim" in done.stdout
     assert done.stdout.strip().splitlines()[-1] == "False False"
+
+
+def test_torch_s_note_on_vmapped_attention_is_kept_quiet():
+    """Batched clients of a Transformer (``examples/fedbaf/mini-lm.yaml``) made torch warn on the
+    console that vmap runs CPU attention in a loop. ``quiet_libraries`` (every raysim process)
+    silences that note; the control, a process without it, shows torch still gives it. (Torch
+    gives it once per process, hence a fresh process each.)"""
+    import subprocess
+    import sys
+
+    from raysim.quiet import VMAP_FALLBACK
+
+    attend = (
+        "import torch; q = torch.randn(2, 1, 2, 4, 8, requires_grad=True); "
+        "torch.vmap(lambda x: torch.nn.functional.scaled_dot_product_attention(x, x, x))(q)"
+    )
+    quiet = "from raysim.quiet import quiet_libraries; quiet_libraries(); "
+    said = [
+        subprocess.run([sys.executable, "-c", first + attend], capture_output=True, text=True)
+        for first in ("", quiet)
+    ]
+    assert all(p.returncode == 0 for p in said), [p.stderr[-1000:] for p in said]
+    assert VMAP_FALLBACK in said[0].stderr  # the control
+    assert VMAP_FALLBACK not in said[1].stderr and "Warning" not in said[1].stderr

@@ -425,8 +425,9 @@ class CoordinatorCore:
         m.update(log.server_metrics)
         if self.evaluator is not None and ((k + 1) % self.cfg.eval.every == 0 or self.done):
             states, weights, final = dict(self.client_states), self.strategy.weights, self.done
-            if hasattr(self.evaluator, "submit"):
-                self._pending = (k, m, self.evaluator.submit(weights, states, final, k))
+            if hasattr(self.evaluator, "submit"):  # the version the next dispatch sends too
+                v = self._current_handle()
+                self._pending = (k, m, self.evaluator.submit(v.weights, states, final, k, v.handle))
             else:
                 self._pending = (k, m, lambda: self.evaluator(weights, states, final, k))
         return m

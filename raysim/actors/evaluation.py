@@ -105,11 +105,13 @@ class WorkerEvaluator:
         states: Mapping[int, dict] | None = None,
         final: bool = False,
         round: int = 0,
+        handle: Any = None,
     ) -> Callable[[], dict[str, float]]:
         """The evaluation started now (its jobs queued on the workers ahead of any submitted
-        later); the returned call waits for it and gives the metrics, as ``__call__`` does."""
+        later); the returned call waits for it and gives the metrics, as ``__call__`` does.
+        ``handle``: ``weights`` published already (``Executor.put``), not put again."""
         jobs = self.jobs(states or {}, final, round)
-        handle = self.executor.put(weights)
+        handle = self.executor.put(weights) if handle is None else handle
         later = getattr(self.executor, "evaluate_later", None)
         if later is None:
             results = self.executor.evaluate(handle, jobs)

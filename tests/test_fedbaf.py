@@ -18,7 +18,7 @@ from raysim.algorithms.private import PrivateStateError
 from raysim.config import load_config
 from raysim.models import DataSpec, build_handle
 from raysim.models.layout import SHARED, Layout
-from tests.conftest import tiny
+from tests.conftest import EXAMPLES, tiny
 
 
 def mixer_on(tmp_path, pre: np.ndarray, **params) -> FedBaF:
@@ -373,6 +373,30 @@ def test_no_payload_carries_the_foundation_and_round_zero_is_the_random_init(tmp
         core.step()
     assert core.auditor.checked >= core.cfg.rounds  # every broadcast was checked
     assert core.strategy.metrics()["fedbaf_c"] > 0  # and the foundation was mixed in
+
+
+@pytest.fixture(scope="module")
+def digits_foundation(tmp_path_factory):
+    """The mini example's foundation, as ``raysim pretrain digits`` makes it (seconds)."""
+    from raysim.models.pretrain_digits import DigitsPretrainConfig, pretrain_digits
+
+    out = tmp_path_factory.mktemp("foundations") / "digits"
+    pretrain_digits(DigitsPretrainConfig(), out)
+    return out
+
+
+@pytest.mark.parametrize("base", ["fedavg", "fedprox", "fedadam"])
+def test_the_mini_example_runs_whole_under_the_auditor_over_each_base(digits_foundation, base):
+    """Issue 25: no false positive on a FedBaF example, its whole run, the auditor on as the
+    example has it (benchmarks/audit_examples.py runs mini-lm too, on Ray)."""
+    over = [f"algorithm.base={base}", f"algorithm.foundation={digits_foundation}"]
+    cfg = load_config(EXAMPLES / "fedbaf" / "mini.yaml", [*over, "tracking.enabled=false"])
+    assert cfg.audit.leaks and cfg.audit.on_leak == "stop"
+    core = local_core(cfg)
+    while not core.done:
+        core.step()
+    assert core.auditor.checked >= cfg.rounds
+    assert core.strategy.metrics()["fedbaf_c"] > 0
 
 
 def test_the_weight_init_baseline_trips_the_auditor(tmp_path):

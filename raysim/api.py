@@ -95,7 +95,11 @@ class RunSession:
     afresh; ``cfg`` may then be None (the checkpoint's config is used) or must match it.
     ``force`` resumes a run whose status is still RUNNING (its driver died unannounced).
     ``resources`` is what the run may use (default: the whole cluster; a Tune trial passes its
-    placement group's share).
+    placement group's share). ``coordinator_here`` runs the coordinator in this process instead
+    of its own actor, where this process is itself a Ray actor with nothing else to do (a Tune
+    trial): one process fewer to start, one hop fewer per round. It needs a coordinator without
+    GPUs and no ``faults.kill_coordinator`` (the run then uses an actor as usual); a coordinator
+    that fails here fails its caller, which is not replaced.
     """
 
     def __init__(
@@ -106,6 +110,7 @@ class RunSession:
         resume: str | os.PathLike | ResumeSource | None = None,
         force: bool = False,
         resources: Mapping[str, float] | None = None,
+        coordinator_here: bool = False,
     ) -> None:
         import ray
 
@@ -121,6 +126,11 @@ class RunSession:
             raise ConfigError("RunSession needs a config or a run to resume")
         self.cfg = cfg
         self.resumed_from: ResumeSource | None = resume
+        self.actor = None
+        self.here = None  # the coordinator itself, where it runs in this process
+        self._in_process = (
+            coordinator_here and not cfg.coordinator.num_gpus and not cfg.faults.kill_coordinator
+        )
         self.tracking_uri = None
         if cfg.tracking.enabled:
             self.tracking_uri = (resume.tracking_uri if resume else None) or (
@@ -140,9 +150,10 @@ class RunSession:
         try:
             self.plan = plan_resources(cfg, dict(resources or ray.cluster_resources()))
             self.pool_size = self.plan.num_workers
-            self._coordinator = ray.remote(Coordinator).options(
-                **coordinator_options(cfg, self.tracking_uri)
-            )
+            if not self._in_process:
+                self._coordinator = ray.remote(Coordinator).options(
+                    **coordinator_options(cfg, self.tracking_uri)
+                )
             try:
                 self._start_coordinator(self._first_source)
             except ray.exceptions.ActorDiedError as died:
@@ -156,6 +167,15 @@ class RunSession:
     def _start_coordinator(self, source: dict[str, Any] | None) -> dict[str, Any]:
         import ray
 
+        if self._in_process:
+            from raysim.actors.coordinator_actor import Coordinator
+
+            self.here = Coordinator(
+                self.cfg.to_dict(), self.pool_size, self.tracking_uri, source, session=self._session
+            )
+            info = self.here.ready()
+            self.run_id, self.round = info["run_id"], int(info["round"])
+            return info
         self.actor = self._coordinator.remote(
             self.cfg.to_dict(),
             self.pool_size,
@@ -172,6 +192,8 @@ class RunSession:
         """``ray.get`` of a coordinator method; a coordinator that died is replaced first."""
         import ray
 
+        if self.here is not None:
+            return getattr(self.here, method)(*args)
         while True:
             try:
                 return ray.get(getattr(self.actor, method).remote(*args))
@@ -281,21 +303,19 @@ class RunSession:
                 yield metrics
 
     def workers(self) -> list[dict[str, Any]]:
-        import ray
-
-        return ray.get(self.actor.workers.remote())
+        return self._call("workers")
 
     def checkpoint(self) -> None:
         """Write a checkpoint now (besides the ``checkpoint.every`` ones)."""
-        import ray
-
-        ray.get(self.actor.save_checkpoint.remote())
+        self._call("save_checkpoint")
 
     def fail(self, status: str = "FAILED") -> None:
         """Mark the run FAILED (or KILLED) in MLflow; best effort, for error paths."""
         import ray
 
-        if getattr(self, "actor", None) is not None:
+        if self.here is not None:
+            self.here.fail(status)
+        elif getattr(self, "actor", None) is not None:
             try:
                 ray.get(self.actor.fail.remote(status), timeout=30)
             except ray.exceptions.ActorDiedError:
@@ -304,7 +324,6 @@ class RunSession:
                 pass
 
     def finish(self) -> Result:
-        import ray
 
         summary = self._call("finish")
         weights = self._call("weights")
@@ -315,7 +334,7 @@ class RunSession:
 
             where = Path(UNSAVED_DIR) / (summary["run_id"] or "run")
             where.mkdir(parents=True, exist_ok=True)
-            named = ray.get(self.actor.named_weights.remote())
+            named = self._call("named_weights")
             save_file({k: np.ascontiguousarray(v) for k, v in named.items()}, where / WEIGHTS)
             unsaved += f"; weights saved to {where / WEIGHTS} instead"
             log.warning(unsaved)
@@ -337,6 +356,12 @@ class RunSession:
         import ray
 
         atexit.unregister(self.close)
+        here, self.here = getattr(self, "here", None), None
+        if here is not None:
+            try:
+                here.close()
+            except Exception:  # noqa: BLE001 - best effort on the way out
+                pass
         actor = getattr(self, "actor", None)
         if actor is not None:
             try:

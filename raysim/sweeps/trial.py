@@ -89,7 +89,8 @@ class RunTrial(tune.Trainable):
         from raysim.api import RunSession
 
         cfg = trial_config(self.base, config, self.parent_run_id, self.trial_name)
-        self.session = RunSession(cfg, resources=placement_share())
+        # the coordinator runs in this process, which Tune started for the trial anyway
+        self.session = RunSession(cfg, resources=placement_share(), coordinator_here=True)
 
     def reset_config(self, new_config: dict[str, Any]) -> bool:
         """The next trial in this process (Tune's ``reuse_actors``): its own run, from scratch."""

@@ -72,6 +72,35 @@ def test_same_result_with_one_or_three_workers(ray_cluster, delays):
     ]
 
 
+def test_a_coordinator_in_the_callers_process_gives_the_same_run(ray_cluster, mlflow_uri):
+    """``RunSession(coordinator_here=True)`` (what a Tune trial uses): no coordinator actor, the
+    same weights, metrics and MLflow run as with one; a run with a coordinator fault keeps its
+    actor, since the fault kills it."""
+    from raysim.config import load_config
+
+    cfg = load_config(tiny(rounds=3, workers={"count": 1}))
+    results = []
+    for here in (False, True):
+        session = raysim.RunSession(cfg, coordinator_here=here)
+        try:
+            assert (session.actor is None) == here and (session.here is not None) == here
+            metrics = list(session.rounds())
+            results.append((metrics, session.finish()))
+        finally:
+            session.close()
+    (actor_rounds, by_actor), (here_rounds, by_here) = results
+    assert by_here.weights_digest == by_actor.weights_digest
+    assert [m["accuracy"] for m in here_rounds] == [m["accuracy"] for m in actor_rounds]
+    run = MlflowClient(mlflow_uri).get_run(by_here.run_id)
+    assert run.info.status == "FINISHED" and run.data.metrics["accuracy"] > 0
+    faulty = load_config(tiny(rounds=2, faults={"kill_coordinator": {"round": 1}}))
+    session = raysim.RunSession(faulty, coordinator_here=True)
+    try:
+        assert session.here is None and session.actor is not None
+    finally:
+        session.close()
+
+
 @pytest.mark.matrix  # slow (an actor per client); the 1-vs-3-workers test above runs by default
 def test_per_client_actors_equal_pooled_workers(ray_cluster):
     cfg = tiny(clients={"num": 4, "per_round": 3}, delays={"kind": "half_normal", "sigma": 2.0})

@@ -83,6 +83,12 @@ ADVANCE_S = 0.25
 MAX_COORDINATOR_RESTARTS = 3
 
 
+def can_host_coordinator(cfg: RunConfig) -> bool:
+    """Whether the caller's process may run ``cfg``'s coordinator (``coordinator_here``): not
+    one that asks for GPUs (its own actor gets them), nor one a fault is set to kill."""
+    return not cfg.coordinator.num_gpus and cfg.faults.kill_coordinator is None
+
+
 class CoordinatorLost(RuntimeError):
     """The coordinator died more often than ``MAX_COORDINATOR_RESTARTS``."""
 
@@ -128,9 +134,7 @@ class RunSession:
         self.resumed_from: ResumeSource | None = resume
         self.actor = None
         self.here = None  # the coordinator itself, where it runs in this process
-        self._in_process = (
-            coordinator_here and not cfg.coordinator.num_gpus and not cfg.faults.kill_coordinator
-        )
+        self._in_process = coordinator_here and can_host_coordinator(cfg)
         self.tracking_uri = None
         if cfg.tracking.enabled:
             self.tracking_uri = (resume.tracking_uri if resume else None) or (

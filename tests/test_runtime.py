@@ -74,8 +74,8 @@ def test_same_result_with_one_or_three_workers(ray_cluster, delays):
 
 def test_a_coordinator_in_the_callers_process_gives_the_same_run(ray_cluster, mlflow_uri):
     """``RunSession(coordinator_here=True)`` (what a Tune trial uses): no coordinator actor, the
-    same weights, metrics and MLflow run as with one; a run with a coordinator fault keeps its
-    actor, since the fault kills it."""
+    same weights, metrics and MLflow run as with one. A coordinator with GPUs keeps its actor,
+    and so does one a fault is set to kill."""
     from raysim.config import load_config
 
     cfg = load_config(tiny(rounds=3, workers={"count": 1}))
@@ -93,12 +93,11 @@ def test_a_coordinator_in_the_callers_process_gives_the_same_run(ray_cluster, ml
     assert [m["accuracy"] for m in here_rounds] == [m["accuracy"] for m in actor_rounds]
     run = MlflowClient(mlflow_uri).get_run(by_here.run_id)
     assert run.info.status == "FINISHED" and run.data.metrics["accuracy"] > 0
-    faulty = load_config(tiny(rounds=2, faults={"kill_coordinator": {"round": 1}}))
-    session = raysim.RunSession(faulty, coordinator_here=True)
-    try:
-        assert session.here is None and session.actor is not None
-    finally:
-        session.close()
+    from raysim.api import can_host_coordinator
+
+    assert can_host_coordinator(cfg)
+    for over in ({"faults": {"kill_coordinator": {"round": 1}}}, {"coordinator": {"num_gpus": 1}}):
+        assert not can_host_coordinator(load_config(tiny(**over))), over
 
 
 @pytest.mark.matrix  # slow (an actor per client); the 1-vs-3-workers test above runs by default

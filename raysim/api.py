@@ -328,7 +328,6 @@ class RunSession:
                 pass
 
     def finish(self) -> Result:
-
         summary = self._call("finish")
         weights = self._call("weights")
         states = self._call("client_states")

@@ -28,7 +28,8 @@ from raysim.config import RunConfig
 from raysim.delays import build_delay_model
 from raysim.runtime import weights_digest
 
-#: ``evaluator(global weights, client personal states, is_final_eval, round) -> metrics``
+#: ``evaluator(global weights, client personal states, is_final_eval, round) -> metrics``; one
+#: with ``submit`` (``WorkerEvaluator``) is started at the round's end and read when settled
 Evaluator = Callable[[np.ndarray, dict, bool, int], dict[str, float]]
 
 
@@ -424,11 +425,12 @@ class CoordinatorCore:
         m.update(self.strategy.metrics())
         m.update(log.server_metrics)
         if self.evaluator is not None and ((k + 1) % self.cfg.eval.every == 0 or self.done):
-            states, weights, final = dict(self.client_states), self.strategy.weights, self.done
+            states, final = dict(self.client_states), self.done
             if hasattr(self.evaluator, "submit"):  # the version the next dispatch sends too
                 v = self._current_handle()
                 self._pending = (k, m, self.evaluator.submit(v.weights, states, final, k, v.handle))
             else:
+                weights = self.strategy.weights
                 self._pending = (k, m, lambda: self.evaluator(weights, states, final, k))
         return m
 

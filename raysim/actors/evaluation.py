@@ -112,11 +112,7 @@ class WorkerEvaluator:
         ``handle``: ``weights`` published already (``Executor.put``), not put again."""
         jobs = self.jobs(states or {}, final, round)
         handle = self.executor.put(weights) if handle is None else handle
-        later = getattr(self.executor, "evaluate_later", None)
-        if later is None:
-            results = self.executor.evaluate(handle, jobs)
-            return lambda: self._summarise(jobs, results)
-        fetch = later(handle, jobs)
+        fetch = self.executor.evaluate(handle, jobs)
         return lambda: self._summarise(jobs, fetch())
 
     def _summarise(self, jobs: list[EvalJob], results: list[dict]) -> dict[str, float]:

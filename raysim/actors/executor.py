@@ -31,15 +31,9 @@ class Executor(Protocol):
     def result(self, job_id: int) -> ClientResult:
         """Block until the job's result is there."""
 
-    def evaluate(self, handle: Any, jobs: list[EvalJob]) -> list[dict[str, float]]:
-        """Run evaluation jobs on the version behind ``handle``; results in job order."""
-
-    def evaluate_later(
-        self, handle: Any, jobs: list[EvalJob]
-    ) -> Callable[[], list[dict[str, float]]]:
-        """``evaluate`` started now, its results fetched by the returned call: jobs submitted
-        after it queue behind it on the same workers. (Optional: ``evaluate`` serves where an
-        executor lacks it.)"""
+    def evaluate(self, handle: Any, jobs: list[EvalJob]) -> Callable[[], list[dict[str, float]]]:
+        """Start evaluation jobs on the version behind ``handle``; the returned call waits for
+        their results, in job order. Jobs submitted after them queue behind them."""
 
     def events(self) -> list[str]:
         """Worker events (restarts) since the last call, for the run's log."""
@@ -95,13 +89,10 @@ class InProcessExecutor:
             self._done[result.job_id] = result
         return self._done.pop(job_id)
 
-    def evaluate(self, handle: np.ndarray, jobs: list[EvalJob]) -> list[dict[str, float]]:
-        return self.runner.evaluate_batch(handle, jobs)
-
-    def evaluate_later(
+    def evaluate(
         self, handle: np.ndarray, jobs: list[EvalJob]
     ) -> Callable[[], list[dict[str, float]]]:
-        results = self.evaluate(handle, jobs)  # in process: now, in the order it was asked
+        results = self.runner.evaluate_batch(handle, jobs)  # in process: now, in order asked
         return lambda: results
 
     def events(self) -> list[str]:

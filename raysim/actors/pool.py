@@ -147,14 +147,9 @@ class RayWorkerPool:
         out, self._events = self._events, []
         return out
 
-    def evaluate(self, handle: Any, jobs: list[EvalJob]) -> list[dict[str, float]]:
-        """Evaluation jobs spread evenly over the workers (contiguous chunks, one call each)."""
-        return self.evaluate_later(handle, jobs)()
-
-    def evaluate_later(
-        self, handle: Any, jobs: list[EvalJob]
-    ) -> Callable[[], list[dict[str, float]]]:
-        """``evaluate``'s calls made now; the returned call waits for their results."""
+    def evaluate(self, handle: Any, jobs: list[EvalJob]) -> Callable[[], list[dict[str, float]]]:
+        """Evaluation jobs spread evenly over the workers (contiguous chunks, one call each),
+        started now; the returned call waits for their results."""
         self._grow(len(jobs))
         n = min(len(self.workers), len(jobs))
         bounds = np.linspace(0, len(jobs), n + 1).round().astype(int)

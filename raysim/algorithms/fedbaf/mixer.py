@@ -283,25 +283,22 @@ class FedBaF(Mixer):
     def _scoped(self, weights: np.ndarray | torch.Tensor) -> torch.Tensor:
         """A fresh float32 copy of ``weights`` on ``tau_scope``'s coordinates, on the device
         (slices where they form few runs, else an index gather); only those values move."""
-        if isinstance(weights, torch.Tensor):
-            w, cat, scope = weights, torch.cat, self.on_device.get("scope")
-        else:
-            w, cat, scope = np.asarray(weights, dtype=np.float32), np.concatenate, self.scope
-            if len(scope) == len(w):
-                scope = None
-        if scope is None:  # the whole vector: copied once, by the move where there is one
-            if isinstance(w, torch.Tensor):
-                return w.clone()
+        if "scope" not in self.on_device:  # the whole vector: copied once, by the move if any
+            if isinstance(weights, torch.Tensor):
+                return weights.clone()
+            w = np.asarray(weights, dtype=np.float32)
             if self.device.type == "cpu":
                 return torch.from_numpy(np.array(w))
             with warnings.catch_warnings():  # a published version is read-only; this reads it
                 warnings.simplefilter("ignore", UserWarning)
                 return torch.as_tensor(w, device=self.device)
-        if self.scope_runs is None:
-            part = w[scope]
+        if isinstance(weights, torch.Tensor):
+            w, cat, scope = weights, torch.cat, self.on_device["scope"]
         else:
-            part = cat([w[lo:hi] for lo, hi in self.scope_runs])
-        return torch.as_tensor(part, device=self.device)
+            w, cat, scope = np.asarray(weights, dtype=np.float32), np.concatenate, self.scope
+        if self.scope_runs is None:
+            return torch.as_tensor(w[scope], device=self.device)
+        return torch.as_tensor(cat([w[lo:hi] for lo, hi in self.scope_runs]), device=self.device)
 
     def metrics(self) -> dict[str, float]:
         return dict(self.last)

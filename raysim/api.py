@@ -121,6 +121,7 @@ class RunSession:
         import ray
 
         from raysim.actors.coordinator_actor import Coordinator
+        from raysim.actors.pool import WorkerLaunch
         from raysim.placement import check_store_outlives_job, coordinator_options
         from raysim.resources import plan_resources
 
@@ -154,6 +155,7 @@ class RunSession:
         try:
             self.plan = plan_resources(cfg, dict(resources or ray.cluster_resources()))
             self.pool_size = self.plan.num_workers
+            self._launch = WorkerLaunch.for_config(cfg, self.pool_size)
             if not self._in_process:
                 self._coordinator = ray.remote(Coordinator).options(
                     **coordinator_options(cfg, self.tracking_uri)
@@ -175,7 +177,12 @@ class RunSession:
             from raysim.actors.coordinator_actor import Coordinator
 
             self.here = Coordinator(
-                self.cfg.to_dict(), self.pool_size, self.tracking_uri, source, session=self._session
+                self.cfg.to_dict(),
+                self.pool_size,
+                self.tracking_uri,
+                source,
+                session=self._session,
+                launch=self._launch,
             )
             info = self.here.ready()
             self.run_id, self.round = info["run_id"], int(info["round"])
@@ -187,6 +194,7 @@ class RunSession:
             source,
             session=self._session,
             restarts=self.coordinator_restarts,
+            launch=self._launch,
         )
         info = ray.get(self.actor.ready.remote())
         self.run_id, self.round = info["run_id"], int(info["round"])

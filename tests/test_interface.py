@@ -522,11 +522,10 @@ def test_personal_state_stays_in_the_object_store_by_reference(ray_cluster):
     from raysim.actors.pool import RayWorkerPool
     from raysim.actors.worker import ClientRunner
     from raysim.data import build_federated_dataset
-    from raysim.runtime import data_spec
 
     cfg = load_config(tiny(algorithm={"name": "head", "module": str(VIEWS)}))
     ds = build_federated_dataset(cfg.data, cfg.clients.num, cfg.seed)
-    pool = RayWorkerPool(cfg, ray.put(ds), data_spec(ds), 2, ds.client_sizes())
+    pool = RayWorkerPool(cfg, ray.put(ds), 2, ds.client_sizes())
     try:
         runner = ClientRunner(cfg, ds)
         w0, _ = runner.initial_global()

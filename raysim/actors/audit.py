@@ -33,6 +33,7 @@ import torch
 
 from raysim.actors.audit_windows import SPAN, WindowIndex, extent, sign_keys
 from raysim.algorithms.base import Secret
+from raysim.errors import LeakError
 
 MIN_VALUES = 64  # fedbaf.md §6.3: blocks of 64 values or more
 #: the unit roundoff of bfloat16: a shift below it (relative to the spread) is reported as 0
@@ -49,10 +50,6 @@ GATE = 0.25
 SAMPLE = 256
 #: significand bits of the floats an array's values may have been rounded to, coarsest first
 PRECISIONS = (8, 11, 24, 53)
-
-
-class LeakError(RuntimeError):
-    """A payload to clients carries server-private values."""
 
 
 @dataclass(frozen=True)

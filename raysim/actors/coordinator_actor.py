@@ -8,23 +8,18 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
-from raysim import checkpoint
-from raysim.actors.coordinator_core import CoordinatorCore
-from raysim.actors.evaluation import evaluator_for
-from raysim.actors.pool import RayWorkerPool
-from raysim.algorithms.base import Diverged
-from raysim.algorithms.registry import get_method
-from raysim.config import config_from_wire, flatten
-from raysim.runtime import attacking_clients, data_spec, run_dataset, server_context
+from raysim.actors.pool import RayWorkerPool, WorkerLaunch
+from raysim.errors import Diverged, RunSetupError
 from raysim.tracking import NODE_TAG, SESSION_TAG, Tracker, open_store
 
+if TYPE_CHECKING:
+    from raysim.actors.coordinator_core import CoordinatorCore
 
-class RunSetupError(RuntimeError):
-    """The coordinator could not set the run up (raised by ``Coordinator.ready``)."""
+__all__ = ["Coordinator", "RunSetupError"]
 
 
 class Coordinator:
@@ -38,8 +33,11 @@ class Coordinator:
         resume: dict[str, Any] | None = None,
         session: str | None = None,
         restarts: int = 0,
+        launch: WorkerLaunch | None = None,
     ) -> None:
-        """``session`` tags the MLflow run (the driver's ``SESSION_TAG``); ``restarts``: how many
+        """``launch``: the workers to start first, before this process imports torch and the
+        methods (``WorkerLaunch``; None: started once the config is read).
+        ``session`` tags the MLflow run (the driver's ``SESSION_TAG``); ``restarts``: how many
         coordinators of this run died before this one. An exception while setting up (data
         that cannot be loaded, a missing file) is kept and raised by ``ready`` as a
         ``RunSetupError``: a task error, which the driver reports once, where an actor dying in
@@ -48,8 +46,17 @@ class Coordinator:
 
         quiet_libraries()
         self._setup_error: RunSetupError | None = None
+        self.pool: RayWorkerPool | None = None
+        self.tracker: Tracker | None = None
+        self._started = [launch.start() for _ in range(launch.count)] if launch else []
+        self._opening = None  # a fresh store's schema (~2 s) is made while the workers start
+        if tracking_uri and config["tracking"]["enabled"]:
+            self._opening = threading.Thread(
+                target=_open_quietly, args=(tracking_uri,), daemon=True
+            )
+            self._opening.start()
         try:
-            self._setup(config, pool_size, tracking_uri, resume, session, restarts)
+            self._setup(config, pool_size, tracking_uri, resume, session, restarts, launch)
         except Exception as e:  # noqa: BLE001 - reported by ready(), in one line
             self._setup_error = RunSetupError(f"the run could not start: {type(e).__name__}: {e}")
 
@@ -61,13 +68,17 @@ class Coordinator:
         resume: dict[str, Any] | None,
         session: str | None,
         restarts: int,
+        launch: WorkerLaunch | None,
     ) -> None:
+        from raysim import checkpoint
+        from raysim.actors.coordinator_core import CoordinatorCore
+        from raysim.actors.evaluation import evaluator_for
+        from raysim.algorithms.registry import get_method
+        from raysim.config import config_from_wire, flatten
+        from raysim.runtime import attacking_clients, run_dataset, server_context
+
         cfg = config_from_wire(config)
         self.cfg = cfg
-        opening = None  # a fresh store's schema (~3 s) is made while the workers start
-        if cfg.tracking.enabled and tracking_uri:
-            opening = threading.Thread(target=_open_quietly, args=(tracking_uri,), daemon=True)
-            opening.start()
         saved = None  # read before taking anything: a checkpoint that does not load fails here
         if resume:
             try:
@@ -80,8 +91,9 @@ class Coordinator:
         dataset = run_dataset(cfg)
         self.dataset_ref = ray.put(dataset)  # held for the whole run: restarted workers re-read it
         self.pool = RayWorkerPool(
-            cfg, self.dataset_ref, data_spec(dataset), pool_size, dataset.client_sizes()
+            cfg, self.dataset_ref, pool_size, dataset.client_sizes(), launch, self._started
         )
+        self._started = []  # the pool's now
         method = get_method(cfg.algorithm.name)
         # the model lives on the workers; the server builds its own only if a strategy asks
         initial, layout = self.pool.initial_global()
@@ -91,15 +103,14 @@ class Coordinator:
         self._layout = layout
         server = server_context(cfg, dataset, layout)
         # the core first: a checkpoint that does not load leaves the MLflow run untouched
-        self.core = CoordinatorCore(
+        self.core: CoordinatorCore = CoordinatorCore(
             cfg, initial, dataset.client_sizes(), self.pool, evaluator, server=server
         )
         if saved is not None:
             self.core.load_state_dict({**saved["core"], "strategy_private": saved["private"]})
-        self.tracker = None
         node = ray.get_runtime_context().get_node_id()
-        if opening is not None:
-            opening.join()
+        if self._opening is not None:
+            self._opening.join()
         if cfg.tracking.enabled and tracking_uri:
             self.tracker = Tracker(
                 tracking_uri,
@@ -196,6 +207,8 @@ class Coordinator:
         core = self.core.state_dict()
         private = core.pop("strategy_private")  # its own file, never MLflow (checkpoint.py)
         state = {"core": core, "warnings": list(self.tracker.warnings) if self.tracker else []}
+        from raysim import checkpoint
+
         writer = self.checkpointer or checkpoint.Checkpointer(self.cfg, self.tracker)
         writer.save(state, self.core.round, private)
 
@@ -266,7 +279,10 @@ class Coordinator:
         try:
             self.fail("KILLED")
         finally:
-            self.pool.close()
+            if self.pool is not None:
+                self.pool.close()
+            for worker in self._started:  # started before a setup that failed
+                ray.kill(worker)
 
 
 def _open_quietly(uri: str) -> None:

@@ -4,15 +4,49 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import ray
 
 from raysim.actors.jobs import ClientJob, ClientResult, EvalJob, job_groups
-from raysim.actors.worker import Worker
-from raysim.config import RunConfig
-from raysim.models import DataSpec
+from raysim.actors.worker_actor import Worker
+
+if TYPE_CHECKING:
+    from raysim.config import RunConfig
+
+
+@dataclass(frozen=True)
+class WorkerLaunch:
+    """What starting a run's workers takes, as plain values: the config as sent, Ray's actor
+    options, the torch threads each, and how many to start at once (``busy_workers``). Made by
+    the driver (``for_config``), so that the coordinator starts its workers before its own
+    imports: their start-up runs alongside the coordinator's and the dataset's build."""
+
+    config: dict[str, Any]
+    options: dict[str, Any]
+    threads: int
+    count: int
+
+    @classmethod
+    def for_config(cls, cfg: RunConfig, pool_size: int) -> WorkerLaunch:
+        w = cfg.workers
+        return cls(
+            config=cfg.to_dict(),
+            options={
+                "num_cpus": w.num_cpus,
+                "num_gpus": w.num_gpus,
+                "max_restarts": w.max_restarts,
+                "max_task_retries": -1,
+            },
+            threads=w.threads,
+            count=busy_workers(cfg, pool_size, cfg.group_size()),
+        )
+
+    def start(self) -> Any:
+        """One worker actor, starting now."""
+        return ray.remote(Worker).options(**self.options).remote(self.config, self.threads)
 
 
 class RayWorkerPool:
@@ -33,27 +67,22 @@ class RayWorkerPool:
         self,
         cfg: RunConfig,
         dataset_ref: Any,
-        spec: DataSpec,
         size: int,
         client_sizes: np.ndarray | None = None,
+        launch: WorkerLaunch | None = None,
+        started: list[Any] | None = None,
     ) -> None:
+        """``started``: workers already started from ``launch`` (``WorkerLaunch.start``)."""
         w = cfg.workers
         self.per_client = w.count == "per_client"
         #: jobs that train together (batched execution, or a method whose round trains
         #: together) go out as one batch per group (``job_groups``)
         self.group_size = cfg.group_size()
-        actor = ray.remote(Worker).options(
-            num_cpus=w.num_cpus,
-            num_gpus=w.num_gpus,
-            max_restarts=w.max_restarts,
-            max_task_retries=-1,
-        )
-        config = cfg.to_dict()
-        self.data = [dataset_ref]  # sent with every batch; see ``Worker``
+        self._launch = launch or WorkerLaunch.for_config(cfg, size)
+        self.data = [dataset_ref]  # sent with every call; see ``Worker``
         self._size = size
-        self._start = lambda: actor.remote(config, spec, w.threads)
-        self.workers: list[Any] = []
-        self._grow(busy_workers(cfg, size, self.group_size))
+        self.workers: list[Any] = list(started or [])
+        self._grow(self._launch.count)
         if self.group_size > 1 and w.execution == "auto":  # the built model may not batch
             if ray.get(self.workers[0].sequential_reason.remote(self.data)):
                 self.group_size = 1
@@ -68,7 +97,7 @@ class RayWorkerPool:
     def _grow(self, n: int) -> None:
         """Start workers until ``n`` run (at most the pool's reserved size)."""
         while len(self.workers) < min(n, self._size):
-            self.workers.append(self._start())
+            self.workers.append(self._launch.start())
 
     def put(self, weights: np.ndarray) -> Any:
         return ray.put(weights)
@@ -162,13 +191,13 @@ class RayWorkerPool:
         return lambda: [r for chunk in ray.get(refs) for r in chunk]
 
     def initial_global(self) -> tuple[np.ndarray, Any]:
-        return ray.get(self.workers[0].initial_global.remote())
+        return ray.get(self.workers[0].initial_global.remote(self.data))
 
     def kill_worker(self, index: int) -> None:
         ray.kill(self.workers[index % len(self.workers)], no_restart=False)
 
     def describe(self) -> list[dict[str, Any]]:
-        infos = ray.get([w.info.remote() for w in self.workers])
+        infos = ray.get([w.info.remote(self.data) for w in self.workers])
         return [{"worker": i, **info} for i, info in enumerate(infos)]
 
     def close(self) -> None:

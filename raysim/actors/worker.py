@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import os
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -412,67 +411,11 @@ def to_tensors(data: Any) -> Any:
     return torch.tensor(np.asarray(data))
 
 
-class Worker(ClientRunner):
-    """The Ray actor form of ``ClientRunner`` (wrapped with ``ray.remote`` by the pool).
-
-    The dataset is not a constructor argument (Ray cannot guarantee restarts for actors whose
-    constructor arguments live in the object store, ray-project/ray#53727): every batch carries
-    its object ref, nested in a list so that Ray does not resolve it, and the worker fetches it
-    (zero-copy) on its first batch, after a restart included.
-    """
-
-    def __init__(self, config: Any, spec: DataSpec, threads: int = 1) -> None:
-        super().__init__(config, None, threads, spec=spec)
+class RayClientRunner(ClientRunner):
+    """The runner inside a Ray worker actor (``raysim.actors.worker_actor.Worker``): a nested
+    handle (a client's personal state) is an object ref, read from the object store."""
 
     def resolve(self, handle: Any) -> Any:
         import ray
 
         return ray.get(handle) if isinstance(handle, ray.ObjectRef) else handle
-
-    def _attach(self, data: list[Any] | None) -> None:
-        if self.dataset is None:
-            import ray
-
-            self.dataset = ray.get(data[0])
-
-    def run_batch(
-        self, weights: np.ndarray, jobs: list[ClientJob], data: list[Any] | None = None
-    ) -> tuple[Any, ...]:
-        """The batch's results, then each job's personal state as a return value of its own.
-
-        Called with ``num_returns = len(jobs) + 1``: each state becomes an object owned by the
-        coordinator that the pool hands back as a reference, so the coordinator never copies it
-        and the next job's worker reads it straight from the object store. A result's ``state``
-        is None where the state went out that way, ``{}`` where the model keeps none."""
-        self._attach(data)
-        results = super().run_batch(weights, jobs)
-        states = [r.state for r in results]
-        for r in results:
-            r.state = None if r.state else {}
-            r.worker_pid = os.getpid()
-        return (results, *states)
-
-    def evaluate_batch(
-        self, weights: np.ndarray, jobs: list[EvalJob], data: list[Any] | None = None
-    ) -> list[dict[str, dict[str, float]]]:
-        self._attach(data)
-        return super().evaluate_batch(weights, jobs)
-
-    def sequential_reason(self, data: list[Any] | None = None) -> str:  # type: ignore[override]
-        self._attach(data)
-        return super().sequential_reason()
-
-    def info(self) -> dict[str, Any]:
-        import ray
-
-        ctx = ray.get_runtime_context()
-        return {
-            "pid": os.getpid(),
-            "node_id": ctx.get_node_id(),
-            "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
-            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
-            "jobs_run": self.jobs_run,
-            "busy_s": self.busy_s,
-            "torch_threads": torch.get_num_threads(),
-            "base_params": sum(p.numel() for p in self.model.module.parameters()),
-        }

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from pydantic import ConfigDict
 
+from ..errors import Diverged as Diverged  # re-exported: a strategy raises it
 from ..models.handle import ModelHandle
 from ..models.layout import DEFAULT_GROUPS, ParamGroup, check_groups
 from ..models.registry import ModelWrapper
@@ -79,11 +80,6 @@ class Secret:
     name: str
     indices: np.ndarray
     values: np.ndarray
-
-
-class Diverged(RuntimeError):
-    """Raised by a strategy (or by the coordinator for one that sets ``stop_on_nonfinite``) to
-    stop a run whose training diverged; the message names the round and the cause."""
 
 
 class Stateful:

@@ -1,0 +1,93 @@
+"""The worker as a Ray actor: a light shell around a ``ClientRunner`` built on its first call.
+
+This module imports neither torch nor the models, so the coordinator can start its workers before
+its own imports and the dataset's build: a worker's start-up (torch, the models, the lazy
+``torch._dynamo`` import of ``torch.optim``) runs alongside the coordinator's instead of after it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from raysim.actors.jobs import ClientJob, EvalJob
+    from raysim.actors.worker import ClientRunner
+
+
+class Worker:
+    """Wrapped with ``ray.remote`` by the pool. The constructor only imports; the runner (the
+    resident model) is built from the dataset on the first call.
+
+    The dataset is not a constructor argument (Ray cannot guarantee restarts for actors whose
+    constructor arguments live in the object store, ray-project/ray#53727): every call carries
+    its object ref, nested in a list so that Ray does not resolve it, and the worker fetches it
+    (zero-copy) on its first call, after a restart included.
+    """
+
+    def __init__(self, config: dict[str, Any], threads: int = 1) -> None:
+        from raysim.quiet import quiet_libraries
+
+        quiet_libraries()
+        import torch._dynamo  # noqa: F401 - torch.optim imports it on first use (~1.5 s)
+
+        import raysim.actors.worker  # noqa: F401 - the runner, the models, the training loop
+
+        self._config = config
+        self._threads = threads
+        self._runner: ClientRunner | None = None
+
+    def _attached(self, data: list[Any]) -> ClientRunner:
+        if self._runner is None:
+            import ray
+
+            from raysim.actors.worker import RayClientRunner
+
+            self._runner = RayClientRunner(self._config, ray.get(data[0]), self._threads)
+        return self._runner
+
+    def run_batch(
+        self, weights: np.ndarray, jobs: list[ClientJob], data: list[Any]
+    ) -> tuple[Any, ...]:
+        """The batch's results, then each job's personal state as a return value of its own.
+
+        Called with ``num_returns = len(jobs) + 1``: each state becomes an object owned by the
+        coordinator that the pool hands back as a reference, so the coordinator never copies it
+        and the next job's worker reads it straight from the object store. A result's ``state``
+        is None where the state went out that way, ``{}`` where the model keeps none."""
+        results = self._attached(data).run_batch(weights, jobs)
+        states = [r.state for r in results]
+        for r in results:
+            r.state = None if r.state else {}
+            r.worker_pid = os.getpid()
+        return (results, *states)
+
+    def evaluate_batch(
+        self, weights: np.ndarray, jobs: list[EvalJob], data: list[Any]
+    ) -> list[dict[str, dict[str, float]]]:
+        return self._attached(data).evaluate_batch(weights, jobs)
+
+    def sequential_reason(self, data: list[Any]) -> str:
+        return self._attached(data).sequential_reason()
+
+    def initial_global(self, data: list[Any]) -> tuple[Any, Any]:
+        return self._attached(data).initial_global()
+
+    def info(self, data: list[Any]) -> dict[str, Any]:
+        import ray
+        import torch
+
+        runner = self._attached(data)
+        ctx = ray.get_runtime_context()
+        return {
+            "pid": os.getpid(),
+            "node_id": ctx.get_node_id(),
+            "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+            "jobs_run": runner.jobs_run,
+            "busy_s": runner.busy_s,
+            "torch_threads": torch.get_num_threads(),
+            "base_params": sum(p.numel() for p in runner.model.module.parameters()),
+        }

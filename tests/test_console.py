@@ -74,6 +74,48 @@ def test_help_answers_without_importing_torch():
     assert done.stdout.strip().splitlines()[-1] == "False False"
 
 
+def test_the_actor_modules_import_without_torch():
+    """The coordinator starts its workers before its own imports (``WorkerLaunch``), which needs
+    the modules that define both actors to load without torch, the methods or the config."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys\nimport raysim.actors.coordinator_actor, raysim.actors.worker_actor\n"
+        "print(sorted(m for m in ('torch', 'raysim.config', 'raysim.algorithms', 'mlflow') "
+        "if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
+
+
+def test_the_command_exits_as_python_would_only_sooner(tmp_path):
+    """``raysim`` (``cli.entry``) ends with ``os._exit`` once its work is done: before that, a
+    thread still writing is joined, every atexit handler runs, and the output is flushed; the
+    exit code is the command's."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import atexit, sys, threading, time\nfrom raysim import cli\n"
+        "def late():\n    time.sleep(0.5)\n    open('thread.txt', 'w').write('joined')\n"
+        "threading.Thread(target=late).start()\n"
+        "atexit.register(lambda: open('atexit.txt', 'w').write('ran'))\n"
+        "sys.stdout.write('unflushed')\n"
+        "sys.argv = ['raysim', 'run', 'missing.yaml']\ncli.entry()\n"
+        "print('not reached')"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "config file not found: missing.yaml" in done.stderr
+    assert done.stdout == "unflushed"
+    assert (tmp_path / "thread.txt").read_text() == "joined"
+    assert (tmp_path / "atexit.txt").read_text() == "ran"
+
+
 def test_torch_s_note_on_vmapped_attention_is_kept_quiet():
     """Batched clients of a Transformer (``examples/fedbaf/mini-lm.yaml``) made torch warn on the
     console that vmap runs CPU attention in a loop. ``quiet_libraries`` (every raysim process)

@@ -276,6 +276,8 @@ class Checkpointer:
                 "state is never logged to MLflow, so set checkpoint.dir to checkpoint this run"
             )
         run_id = self.tracker.run_id if self.tracker is not None else None
+        if self.tracker is not None:
+            self.tracker.flush()  # the rounds a checkpoint covers are in the store first
         files = pack(state, self.config, next_round, run_id, private)
         if self.dir:
             write_dir(self.dir, files)

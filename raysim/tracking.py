@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import logging
 import os
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -211,7 +212,8 @@ def ensure_experiment(client: Any, name: str) -> str:
 
 class Tracker:
     """One MLflow run; a round's metrics go in one synchronous request, so a checkpoint, the end
-    of the run or a failure finds every round before it in the store.
+    of the run or a failure finds every round before it in the store. Inside
+    ``rounds_batched`` the rounds wait and go together, still before anything else is written.
 
     MLflow's asynchronous logging was tried (issue 24) and dropped: on 2 vCPUs whole runs took
     the same time, and its thread, holding the GIL for the sqlite write, slowed the coordinator's
@@ -239,6 +241,8 @@ class Tracker:
         self.ended = False
         #: Rounds up to this step were logged by an earlier attempt of a resumed run.
         self.logged_through = -1
+        self._batching = False
+        self._unsent: list[Any] = []  # round metrics waiting for ``flush``
         if resume_run_id is not None:
             self.run_id = resume_run_id
             history = self.client.get_metric_history(resume_run_id, "round")
@@ -267,15 +271,37 @@ class Tracker:
             return
 
         ts = int(time.time() * 1000)
-        batch = [
+        self._unsent += [
             Metric(k, float(v), ts, step)
             for k, v in metrics.items()
             if v is not None and np.isfinite(v)
         ]
-        self.client.log_batch(self.run_id, metrics=batch)
+        if not self._batching:
+            self.flush()
+
+    @contextlib.contextmanager
+    def rounds_batched(self) -> Iterator[None]:
+        """Rounds logged inside reach the store together when it closes, or earlier, before
+        anything else is written (a checkpoint, an artifact, the run's end): one sqlite commit
+        for a driver call's rounds instead of one a round (about 15 ms each on 2 vCPUs). A
+        process that dies inside loses those rounds from the store; its replacement re-runs
+        them from the last checkpoint and logs them (``logged_through``)."""
+        self._batching = True
+        try:
+            yield
+        finally:
+            self._batching = False
+            self.flush()
+
+    def flush(self) -> None:
+        """Send the rounds' metrics that wait, in order (MLflow takes 1000 values a request)."""
+        unsent, self._unsent = self._unsent, []
+        for i in range(0, len(unsent), 1000):
+            self.client.log_batch(self.run_id, metrics=unsent[i : i + 1000])
 
     def log_config(self, config: Mapping[str, Any]) -> None:
         """The resolved config as ``config.yaml`` now (a run that dies early still has it)."""
+        self.flush()
         self.client.log_text(
             self.run_id, yaml.safe_dump(dict(config), sort_keys=False), "config.yaml"
         )
@@ -292,6 +318,7 @@ class Tracker:
 
     def log_checkpoint(self, files: Mapping[str, bytes], next_round: int) -> None:
         """Replace the run's ``checkpoint/`` artifacts; ``meta.json`` goes last."""
+        self.flush()
         with tempfile.TemporaryDirectory() as tmp:
             for name in sorted(files, key=lambda n: n == "meta.json"):
                 path = Path(tmp) / name
@@ -326,6 +353,7 @@ class Tracker:
     ) -> None:
         """Resolved config, weights (safetensors), per-client table, accuracy plot, summary,
         and the strategy's own tables (``strategy/NAME.csv``)."""
+        self.flush()
         from safetensors.numpy import save_file
 
         with tempfile.TemporaryDirectory() as tmp:
@@ -356,6 +384,7 @@ class Tracker:
 
     def fail(self, status: str = "FAILED") -> None:
         """End the run unfinished: FAILED (an error) or KILLED (interrupted, closed early)."""
+        self.flush()
         self.client.set_terminated(self.run_id, status)
         self.ended = True
 

@@ -23,3 +23,38 @@ def test_client_table_takes_every_column_of_any_row():
     row may lack columns a later row has); the table keeps them all, with empty cells."""
     rows = [{"client": 0, "samples": 3}, {"client": 1, "samples": 4, "accuracy": 0.5}]
     assert rows_csv(rows).splitlines() == ["client,samples,accuracy", "0,3,", "1,4,0.5"]
+
+
+def test_batched_rounds_reach_the_store_together_and_before_a_checkpoint(tmp_path):
+    """Inside ``rounds_batched`` (a driver call's rounds, ``Coordinator.advance``) the rounds
+    wait and go in one request; a checkpoint written meanwhile, to MLflow or to a directory
+    only, finds every round before it in the store. Outside, each round goes at once."""
+    from raysim.checkpoint import Checkpointer
+    from raysim.config import load_config
+    from raysim.tracking import Tracker
+    from tests.conftest import tiny
+
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    t = Tracker(uri, "batched", "run", {}, {})
+
+    def steps() -> list[int]:
+        return [m.step for m in t.client.get_metric_history(t.run_id, "accuracy")]
+
+    t.log_round(0, {"accuracy": 0.1})
+    assert steps() == [0]
+    cfg = load_config(tiny(checkpoint={"every": 1, "dir": str(tmp_path / "ck")}))
+    with t.rounds_batched():
+        t.log_round(1, {"accuracy": 0.2})
+        t.log_round(2, {"accuracy": 0.3})
+        assert steps() == [0]  # waiting
+        Checkpointer(cfg, None).save({"core": {}}, 3)  # no tracker: nothing to flush
+        assert steps() == [0]
+        Checkpointer(cfg, t).save({"core": {}}, 3)
+        assert steps() == [0, 1, 2]
+        t.log_round(3, {"accuracy": 0.4})
+    assert steps() == [0, 1, 2, 3]
+    with t.rounds_batched():
+        t.log_round(4, {"accuracy": 0.5})
+        t.fail("KILLED")
+    assert steps() == [0, 1, 2, 3, 4]
+    assert t.client.get_run(t.run_id).info.status == "KILLED"

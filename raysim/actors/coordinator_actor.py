@@ -6,6 +6,7 @@ the last one into a freshly built run before the first step (``raysim/checkpoint
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -191,15 +192,17 @@ class Coordinator:
         ``overlap``: each round's evaluation runs on the workers while the next round is
         dispatched (``CoordinatorCore.step``); the metrics returned are the same."""
         out, t0 = [], time.perf_counter()
-        try:
-            while True:
-                out.append(self.step(settle=not overlap))
-                if self.core.done or len(out) >= max_rounds:
-                    return out
-                if time.perf_counter() - t0 >= max_seconds:
-                    return out
-        finally:
-            self.core.settle()
+        batched = self.tracker.rounds_batched() if self.tracker else contextlib.nullcontext()
+        with batched:  # the rounds of this call reach MLflow in one request
+            try:
+                while True:
+                    out.append(self.step(settle=not overlap))
+                    if self.core.done or len(out) >= max_rounds:
+                        return out
+                    if time.perf_counter() - t0 >= max_seconds:
+                        return out
+            finally:
+                self.core.settle()
 
     def save_checkpoint(self) -> None:
         """Write the run's state now (MLflow ``checkpoint/`` and/or ``checkpoint.dir``); the

@@ -38,6 +38,8 @@ from common import machine
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = str(ROOT / "examples" / "quickstart.yaml")
 RAYSIM = [sys.executable, "-m", "raysim.cli"]
+#: wall seconds of the uninterrupted reference run; faults strike at random moments within it
+RUN_S = 15.0
 
 
 @dataclass
@@ -258,13 +260,18 @@ def driver_signals(rows: list[Row], reference: str, tries: int, rng: random.Rand
     """Stop the driver at a random moment (start-up included), then resume until it finishes."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
         row = Row("fault", f"driver {sig.name} at a random point, then resume")
-        for _ in range(tries):
+        attempts = 0
+        while row.tried < tries and attempts < 3 * tries:
+            attempts += 1
             row.tried += 1
             with tempfile.TemporaryDirectory() as tmp:
                 store = Path(tmp)
                 proc = _popen(["run", QUICK, "checkpoint.every=3"], store)
-                at = rng.uniform(2.0, 25.0)
+                at = rng.uniform(1.0, 0.9 * RUN_S)  # within the run, start-up included
                 time.sleep(at)
+                if proc.poll() is not None:  # it ended first: no fault struck, try again
+                    row.tried -= 1
+                    continue
                 proc.send_signal(sig)
                 _, stop_err = proc.communicate(timeout=180)
                 run_id = _run_id(store)
@@ -326,14 +333,18 @@ def coordinator_kills(rows: list[Row], reference: str, tries: int, rng: random.R
         with tempfile.TemporaryDirectory() as tmp:
             store = Path(tmp)
             every = 3 * (i % 2)  # with and without checkpoints
+            started = time.time()
             proc = _popen(["run", QUICK, f"checkpoint.every={every}"], store)
-            killed_at, deadline = None, time.time() + rng.uniform(8.0, 20.0)
+            killed_at, deadline = None, None
             while killed_at is None and proc.poll() is None:
-                pid = _coordinator_pid(proc.pid) if time.time() >= deadline else None
-                if pid is not None:
+                pid = _coordinator_pid(proc.pid)
+                if pid is not None and deadline is None:  # a moment of its life, as it began
+                    left = max(0.5, RUN_S - (time.time() - started))
+                    deadline = time.time() + rng.uniform(0.0, 0.8 * left)
+                if pid is not None and time.time() >= deadline:
                     os.kill(pid, signal.SIGKILL)
                     killed_at = time.time() - deadline
-                time.sleep(0.2)
+                time.sleep(0.05)
             out, err = proc.communicate(timeout=600)
             ok = proc.returncode == 0 and _final_digest(out) == reference
             ok = ok and _statuses(store) == ["FINISHED"] and killed_at is not None
@@ -465,10 +476,15 @@ def main() -> None:
         print("every method x every example config", flush=True)
         method_matrix(rows, args.examples)
     if args.only not in ("inputs", "methods"):
+        global RUN_S
         with tempfile.TemporaryDirectory() as tmp:
+            t0 = time.time()
             ref = raysim(["run", QUICK], Path(tmp))
+            RUN_S = time.time() - t0
         reference = _final_digest(ref.stdout)
-        print(f"reference digest (uninterrupted quickstart) = {reference}", flush=True)
+        print(
+            f"reference digest (uninterrupted quickstart) = {reference}, {RUN_S:.1f} s", flush=True
+        )
         for name, fault in faults.items():
             if args.only in (None, "faults", name):
                 fault(reference, args.tries, rng)

@@ -45,6 +45,8 @@ CAUGHT = {
     "window_bf16": r"\(values 0–127\) \(as 1·x \+ 0, in order\) at positions 1000–1127",
     "elsewhere_fp16": r"\(as 1·x \+ 0, in order\) at positions 700–1211",
     "permuted_half": r"\(values 0–255\) \(as 1·x \+ 0, reordered\)",
+    "permuted_inside": r"\(values 100–299\) \(as 1·x \+ 0, reordered\) at positions 1000–1199",
+    "scattered_inside": r"\(128 of its values\) \(as 1·x \+ 0, reordered\) at positions 1000–1127",
 }
 
 
@@ -241,3 +243,36 @@ def test_sign_keys_and_the_index_follow_their_definition():
     at, blk, pos = index.candidates(blocks[2][1000:1600])
     found = set(zip(blk.tolist(), (pos - at).tolist(), strict=True))
     assert found == {(2, 1000)}  # every key of the copy points back at offset 1000 of block 2
+
+
+def test_reordered_exact_copies_inside_larger_arrays_are_found_from_64_values():
+    """``audit_values``: 64 or more distinct private values in a row, in any order, anywhere in
+    a larger float32 or float64 array, are a copy, located; 63 are not, nor is one private value
+    repeated, nor the block's repeated values (zeros, a constant run), nor a reordered copy off by one
+    float32 step. A long copy is followed to its end."""
+    rng = np.random.default_rng(5)
+    s = block(20_000, 3)
+    s[:500] = 0.0  # repeated values: no evidence
+    s[500:1000] = 1.0
+    auditor = LeakAuditor([Secret("w", np.arange(20_000), s)], size=10**6)
+    big = rng.normal(0, 0.05, 200_000).astype(np.float32)
+    auditor.check(big, "no copy")
+
+    def planted(values: np.ndarray, at: int = 70_001) -> np.ndarray:
+        out = big.copy()
+        out[at : at + len(values)] = values
+        return out
+
+    for dtype in (np.float32, np.float64):
+        copy = planted(rng.permutation(s[3000:3064])).astype(dtype)
+        with pytest.raises(LeakError, match=r"\(values 3000–3063\) .*reordered\) at positions "
+                           r"70001–70064"):  # fmt: skip
+            auditor.check(copy, "a copy")
+    auditor.check(planted(rng.permutation(s[3000:3063])), "63 values")
+    auditor.check(planted(np.full(500, s[4000])), "one value repeated")
+    auditor.check(planted(s[:1000][rng.permutation(1000)]), "the repeated values")
+    auditor.check(planted(np.nextafter(rng.permutation(s[5000:6000]), np.float32(1))), "off")
+    with pytest.raises(LeakError, match=r"\(values 6000–15999\).* at positions 1000–10999"):
+        auditor.check(planted(rng.permutation(s[6000:16000]), at=1000), "a long copy")
+    with pytest.raises(LeakError, match=r"\(100 of its values\)"):
+        auditor.check(planted(rng.choice(s[1000:], 100, replace=False)), "scattered values")

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from raysim.actors.audit_values import ValueIndex, float32_words
 from raysim.actors.audit_windows import SPAN, WindowIndex, extent, sign_keys
 from raysim.algorithms.base import Secret
 from raysim.errors import LeakError
@@ -230,6 +231,7 @@ class LeakAuditor:
         self.longest = int(max(sizes, default=0))
         self._sums: list[torch.Tensor] | None = None
         self._index: WindowIndex | None = None  # built at the first array long enough
+        self._value_index: ValueIndex | None = None  # likewise
         self._own: torch.Tensor | None = None
         self.summaries = [
             Summary.of(self.values[lo:hi]) for lo, hi in zip(self.starts, self.ends, strict=True)
@@ -281,6 +283,7 @@ class LeakAuditor:
                 raise LeakError(f"stopped: {where} carries the server-private {hit}'s bytes")
         if self.windows and len(t) >= MIN_VALUES and self.names:
             self._windows(t, where, own)
+            self._reordered_inside(t, where)
 
     # ----------------------------------------------------------------- at own coordinates
     def _own_coordinates(self, t: torch.Tensor, where: str) -> None:
@@ -395,6 +398,32 @@ class LeakAuditor:
                     hit = Match(*ab, "in order", float(rows_t[r].std()))
                     sub = (int(first[i]) + shift, length)
                     self._raise(b, hit, where, sub=sub, at=int(at[i]) + shift)
+
+    def _reordered_inside(self, t: torch.Tensor, where: str) -> None:
+        """Exact private values, ≥ MIN_VALUES of them in a row in any order, anywhere inside
+        ``t`` (``audit_values``): named as the block most of them come from, and as a sub-block
+        where they are exactly one."""
+        if self._value_index is None:
+            self._value_index = ValueIndex(self.values)
+        for at, copied in self._value_index.runs(t, MIN_VALUES):
+            words = float32_words(self.values)
+            held = torch.nonzero(torch.isin(words, copied)).flatten()
+            i = int(torch.mode(self.block[held]).values)
+            m = len(copied)
+            hit = Match(1.0, 0.0, "reordered", float(t[at : at + m].double().std()))
+            _, inverse, counts = torch.unique(words[held], return_inverse=True, return_counts=True)
+            once = held[counts[inverse] == 1]  # where a value sits, where it sits only once
+            ordered = torch.sort(copied).values
+            for lo in {int(once.min()), int(once.max()) - m + 1} if len(once) else ():
+                lo_i, hi_i = int(self.starts[i]), int(self.ends[i])
+                if lo_i <= lo <= hi_i - m and torch.equal(
+                    torch.sort(words[lo : lo + m]).values, ordered
+                ):  # a sub-block, reordered
+                    self._raise(i, hit, where, sub=(lo, m), at=at)
+            raise LeakError(
+                f"stopped: {where} carries the server-private {self.names[i]} ({m} of its "
+                f"values){hit.describe()} at positions {at}–{at + m - 1}"
+            )
 
     def _own_keys(self) -> torch.Tensor:
         """``sign_keys`` of the blocks laid out at their own coordinates (zeros elsewhere)."""

@@ -24,7 +24,7 @@ CYCLE = [
     for leak in (
         "exact", "fp16", "bf16", "fp16_own", "bf16_own", "fp64", "scaled", "shifted", "reversed",
         "permuted", "split", "window", "fp16_of_scaled", "window_scaled", "window_bf16",
-        "elsewhere_fp16", "permuted_half",
+        "elsewhere_fp16", "permuted_half", "permuted_inside", "scattered_inside",
     )
     for name in (leak, "none")
 ]  # fmt: skip
@@ -79,6 +79,8 @@ class Leaky(FedAvg):
             "elsewhere_fp16": lambda: {"x": self.own_at(700, s.astype(np.float16))},
             "fp16_of_scaled": lambda: {"x": (s * np.float32(3.0) - 1).astype(np.float16)},
             "permuted_half": lambda: {"x": self.noise.permutation(s[:half])},
+            "permuted_inside": lambda: {"x": self.inside(self.noise.permutation(s[100:300]))},
+            "scattered_inside": lambda: {"x": self.inside(self.noise.choice(s, 128, False))},
             "none": lambda: self.unrelated(),
         }
         name = self.params.transform

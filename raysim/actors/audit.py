@@ -9,8 +9,9 @@ float16/32/64, or a torch tensor of any float dtype, bfloat16 included):
 
 equals the block's values after a map ``a·s + b`` (``a ≠ 0``), in their order, reversed or in any
 order; or when the block's float32 bytes occur anywhere in the payload (an exact copy in a
-window, §6.3 (ii)). "Equals" is judged value by value, at the precision the payload's values
-use (``significand_bits``: 8 bits for bfloat16, 11 for float16, also for such values inside a
+window, §6.3 (ii)), or 64 of its exact values in a row in any order (``audit_values``).
+"Equals" is judged value by value, at the precision the payload's values use
+(``significand_bits``: 8 bits for bfloat16, 11 for float16, also for such values inside a
 float32 array): a copy rounded to float16 or bfloat16, scaled, shifted or reordered is caught,
 and a model that is merely close to the foundation (FedBaF's mixed broadcast) is not. A
 reordered match must also beat chance: the residual must be far below what an unrelated sample

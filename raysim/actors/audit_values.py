@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 #: payload positions looked up first (one in STRIDE)
-STRIDE = 8
+STRIDE = 16
 #: consecutive float32 exponents the bitmap covers (2 signs × 2²³ patterns each: 32 MB)
 BINADES = 16
 #: a value that occurs this often among the blocks (a constant, an initial value) is no evidence
@@ -36,30 +36,32 @@ class ValueIndex:
 
     def __init__(self, values: torch.Tensor) -> None:
         words, counts = torch.unique(float32_words(values), return_counts=True)
-        words = words[(counts < COMMON) & ((words & 0x7FFFFFFF) != 0)].long() & 0xFFFFFFFF
-        exponents = (words >> 23) & 0xFF
+        words = words[(counts < COMMON) & ((words & 0x7FFFFFFF) != 0)]
+        exponents = ((words >> 23) & 0xFF).long()
         per = torch.bincount(exponents, minlength=256 + BINADES)
         window = torch.cumsum(per, 0)
         window[BINADES:] = window[BINADES:] - window[:-BINADES].clone()
         self.lowest = max(0, int(torch.argmax(window)) - BINADES + 1)
-        bits = self._bit(words)
-        bits = bits[bits >= 0]
+        bits = self._bit(words.to(torch.int32))
+        bits = bits[bits >= 0].long()
         self.bitmap = torch.zeros((2 * BINADES) << 20, dtype=torch.uint8, device=values.device)
         # each bit once: a byte's sum is the OR of its bits
         self.bitmap.index_add_(0, bits >> 3, (1 << (bits & 7)).to(torch.uint8))
 
     def _bit(self, words: torch.Tensor) -> torch.Tensor:
-        """Each pattern's bit in the bitmap (int64), or -1 outside its exponents."""
-        offset = ((words >> 23) & 0xFF) - self.lowest
+        """Each float32 pattern's (int32) bit in the bitmap (int32: the bitmap has 2²⁸ bits), or
+        -1 outside its exponents."""
+        high = (words >> 23) & 0x1FF  # the sign, then the exponent
+        offset = (high & 0xFF) - self.lowest
         inside = (offset >= 0) & (offset < BINADES)
-        bit = (((words >> 31) * BINADES + offset.clamp(0, BINADES - 1)) << 23) | (words & 0x7FFFFF)
-        return torch.where(inside, bit, torch.full_like(bit, -1))
+        bit = (((high >> 8) * BINADES + offset.clamp(0, BINADES - 1)) << 23) | (words & 0x7FFFFF)
+        return torch.where(inside, bit, -1)
 
     def holds(self, words: torch.Tensor) -> torch.Tensor:
         """Whether each float32 pattern (int32) is a private value's."""
-        bit = self._bit(words.long() & 0xFFFFFFFF)
-        found = (self.bitmap[(bit >> 3).clamp_min(0)].long() >> (bit & 7)) & 1
-        return (bit >= 0) & (found == 1)
+        bit = self._bit(words)
+        found = torch.index_select(self.bitmap, 0, (bit >> 3).clamp_min(0)) >> (bit & 7)
+        return (bit >= 0) & ((found & 1) == 1)
 
     def runs(self, t: torch.Tensor, least: int) -> list[tuple[int, torch.Tensor]]:
         """Runs of at least ``least`` positions of ``t`` holding distinct private values: (the
@@ -71,7 +73,16 @@ class ValueIndex:
             return []
         total = torch.cumsum(sampled, 0)
         full = total[per - 1 :] - torch.cat([total.new_zeros(1), total[:-per]])
-        starts = torch.nonzero(full == per).flatten().tolist()
+        starts = torch.nonzero(full == per).flatten()
+        if not len(starts):
+            return []
+        # each candidate's neighbourhood at once: a run of ``least`` needs that many private
+        # values there (chance leaves a few hundred candidates in 11 M values, none passing)
+        span = torch.arange((per + 2) * STRIDE, device=words.device)
+        near = ((starts - 1).clamp_min(0) * STRIDE)[:, None] + span
+        near = near.clamp_max(len(words) - 1)
+        private = self.holds(words[near.flatten()]).view(near.shape).sum(1)
+        starts = starts[private >= least].tolist()
         out: list[tuple[int, torch.Tensor]] = []
         reached = 0  # payload positions up to here are measured already
         for i in starts:

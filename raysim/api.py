@@ -173,30 +173,17 @@ class RunSession:
     def _start_coordinator(self, source: dict[str, Any] | None) -> dict[str, Any]:
         import ray
 
+        args = (self.cfg.to_dict(), self.pool_size, self.tracking_uri, source)
+        kwargs = {"session": self._session, "launch": self._launch}
         if self._in_process:
             from raysim.actors.coordinator_actor import Coordinator
 
-            self.here = Coordinator(
-                self.cfg.to_dict(),
-                self.pool_size,
-                self.tracking_uri,
-                source,
-                session=self._session,
-                launch=self._launch,
-            )
+            self.here = Coordinator(*args, **kwargs)
             info = self.here.ready()
-            self.run_id, self.round = info["run_id"], int(info["round"])
-            return info
-        self.actor = self._coordinator.remote(
-            self.cfg.to_dict(),
-            self.pool_size,
-            self.tracking_uri,
-            source,
-            session=self._session,
-            restarts=self.coordinator_restarts,
-            launch=self._launch,
-        )
-        info = ray.get(self.actor.ready.remote())
+        else:
+            restarts = self.coordinator_restarts
+            self.actor = self._coordinator.remote(*args, restarts=restarts, **kwargs)
+            info = ray.get(self.actor.ready.remote())
         self.run_id, self.round = info["run_id"], int(info["round"])
         return info
 

@@ -248,8 +248,8 @@ def test_sign_keys_and_the_index_follow_their_definition():
 def test_reordered_exact_copies_inside_larger_arrays_are_found_from_64_values():
     """``audit_values``: 64 or more distinct private values in a row, in any order, anywhere in
     a larger float32 or float64 array, are a copy, located; 63 are not, nor is one private value
-    repeated, nor the block's repeated values (zeros, a constant run), nor a reordered copy off by one
-    float32 step. A long copy is followed to its end."""
+    repeated, nor the block's repeated values (zeros, a constant run), nor a reordered copy off
+    by one float32 step. A long copy is followed to its end."""
     rng = np.random.default_rng(5)
     s = block(20_000, 3)
     s[:500] = 0.0  # repeated values: no evidence

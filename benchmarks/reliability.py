@@ -38,8 +38,6 @@ from common import machine
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = str(ROOT / "examples" / "quickstart.yaml")
 RAYSIM = [sys.executable, "-m", "raysim.cli"]
-#: wall seconds of the uninterrupted reference run; faults strike at random moments within it
-RUN_S = 15.0
 
 
 @dataclass
@@ -256,8 +254,11 @@ def _run_id(store: Path) -> str | None:
     return runs[0].info.run_id if runs else None
 
 
-def driver_signals(rows: list[Row], reference: str, tries: int, rng: random.Random) -> None:
-    """Stop the driver at a random moment (start-up included), then resume until it finishes."""
+def driver_signals(
+    rows: list[Row], reference: str, tries: int, rng: random.Random, run_s: float
+) -> None:
+    """Stop the driver at a random moment of a run (``run_s``: the reference run's wall time;
+    start-up included), then resume until it finishes."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
         row = Row("fault", f"driver {sig.name} at a random point, then resume")
         attempts = 0
@@ -267,7 +268,7 @@ def driver_signals(rows: list[Row], reference: str, tries: int, rng: random.Rand
             with tempfile.TemporaryDirectory() as tmp:
                 store = Path(tmp)
                 proc = _popen(["run", QUICK, "checkpoint.every=3"], store)
-                at = rng.uniform(1.0, 0.9 * RUN_S)  # within the run, start-up included
+                at = rng.uniform(1.0, 0.9 * run_s)  # within the run, start-up included
                 time.sleep(at)
                 if proc.poll() is not None:  # it ended first: no fault struck, try again
                     row.tried -= 1
@@ -324,9 +325,12 @@ def _coordinator_pid(driver: int) -> int | None:
     return None
 
 
-def coordinator_kills(rows: list[Row], reference: str, tries: int, rng: random.Random) -> None:
-    """SIGKILL the coordinator's process at a random moment; the same invocation must finish
-    with the reference digest (the driver starts another coordinator and replays)."""
+def coordinator_kills(
+    rows: list[Row], reference: str, tries: int, rng: random.Random, run_s: float
+) -> None:
+    """SIGKILL the coordinator's process at a random moment of its life (``run_s``: the
+    reference run's wall time); the same invocation must finish with the reference digest (the
+    driver starts another coordinator and replays)."""
     row = Row("fault", "coordinator process killed at a random moment")
     for i in range(tries):
         row.tried += 1
@@ -339,7 +343,7 @@ def coordinator_kills(rows: list[Row], reference: str, tries: int, rng: random.R
             while killed_at is None and proc.poll() is None:
                 pid = _coordinator_pid(proc.pid)
                 if pid is not None and deadline is None:  # a moment of its life, as it began
-                    left = max(0.5, RUN_S - (time.time() - started))
+                    left = max(0.5, run_s - (time.time() - started))
                     deadline = time.time() + rng.uniform(0.0, 0.8 * left)
                 if pid is not None and time.time() >= deadline:
                     os.kill(pid, signal.SIGKILL)
@@ -453,13 +457,14 @@ def stale_cluster_file(rows: list[Row], reference: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    # each fault: (reference digest, tries, rng, the reference run's wall seconds) -> rows
     faults = {
-        "workers": lambda ref, t, rng: worker_kills(rows, ref, t, rng),
-        "coordinator": lambda ref, t, rng: coordinator_kills(rows, ref, t, rng),
-        "read-only": lambda ref, t, rng: read_only_artifacts(rows, ref),
-        "signals": lambda ref, t, rng: driver_signals(rows, ref, t, rng),
-        "concurrent": lambda ref, t, rng: concurrent_runs(rows),
-        "stale-cluster": lambda ref, t, rng: stale_cluster_file(rows, ref),
+        "workers": lambda ref, t, rng, s: worker_kills(rows, ref, t, rng),
+        "coordinator": lambda ref, t, rng, s: coordinator_kills(rows, ref, t, rng, s),
+        "read-only": lambda ref, t, rng, s: read_only_artifacts(rows, ref),
+        "signals": lambda ref, t, rng, s: driver_signals(rows, ref, t, rng, s),
+        "concurrent": lambda ref, t, rng, s: concurrent_runs(rows),
+        "stale-cluster": lambda ref, t, rng, s: stale_cluster_file(rows, ref),
     }
     parser.add_argument("--only", choices=["inputs", "methods", "faults", *faults], default=None)
     parser.add_argument("--tries", type=int, default=2, help="tries per random fault row")
@@ -476,18 +481,17 @@ def main() -> None:
         print("every method x every example config", flush=True)
         method_matrix(rows, args.examples)
     if args.only not in ("inputs", "methods"):
-        global RUN_S
         with tempfile.TemporaryDirectory() as tmp:
             t0 = time.time()
             ref = raysim(["run", QUICK], Path(tmp))
-            RUN_S = time.time() - t0
+            run_s = time.time() - t0  # faults strike at random moments within a run this long
         reference = _final_digest(ref.stdout)
         print(
-            f"reference digest (uninterrupted quickstart) = {reference}, {RUN_S:.1f} s", flush=True
+            f"reference digest (uninterrupted quickstart) = {reference}, {run_s:.1f} s", flush=True
         )
         for name, fault in faults.items():
             if args.only in (None, "faults", name):
-                fault(reference, args.tries, rng)
+                fault(reference, args.tries, rng, run_s)
     print("\n| kind | case | tried | survived | lost | note |\n|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r.kind} | {r.name} | {r.tried} | {r.survived} | {r.lost} | {r.note} |")

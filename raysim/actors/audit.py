@@ -406,25 +406,39 @@ class LeakAuditor:
         where they are exactly one."""
         if self._value_index is None:
             self._value_index = ValueIndex(self.values)
-        for at, copied in self._value_index.runs(t, MIN_VALUES):
-            words = float32_words(self.values)
-            held = torch.nonzero(torch.isin(words, copied)).flatten()
-            i = int(torch.mode(self.block[held]).values)
-            m = len(copied)
-            hit = Match(1.0, 0.0, "reordered", float(t[at : at + m].double().std()))
-            _, inverse, counts = torch.unique(words[held], return_inverse=True, return_counts=True)
-            once = held[counts[inverse] == 1]  # where a value sits, where it sits only once
-            ordered = torch.sort(copied).values
-            for lo in {int(once.min()), int(once.max()) - m + 1} if len(once) else ():
-                lo_i, hi_i = int(self.starts[i]), int(self.ends[i])
-                if lo_i <= lo <= hi_i - m and torch.equal(
-                    torch.sort(words[lo : lo + m]).values, ordered
-                ):  # a sub-block, reordered
-                    self._raise(i, hit, where, sub=(lo, m), at=at)
-            raise LeakError(
-                f"stopped: {where} carries the server-private {self.names[i]} ({m} of its "
-                f"values){hit.describe()} at positions {at}–{at + m - 1}"
-            )
+        run = self._value_index.first_run(t, MIN_VALUES)
+        if run is None:
+            return
+        at, copied = run
+        m = len(copied)
+        words = float32_words(self.values)
+        held = torch.nonzero(torch.isin(words, copied)).flatten()
+        i = int(torch.mode(self.block[held]).values)
+        hit = Match(1.0, 0.0, "reordered", float(t[at : at + m].double().std()))
+        lo = self._sub_block(words, held, copied, i)
+        if lo is not None:
+            self._raise(i, hit, where, sub=(lo, m), at=at)
+        raise LeakError(
+            f"stopped: {where} carries the server-private {self.names[i]} ({m} of its "
+            f"values){hit.describe()} at positions {at}–{at + m - 1}"
+        )
+
+    def _sub_block(
+        self, words: torch.Tensor, held: torch.Tensor, copied: torch.Tensor, i: int
+    ) -> int | None:
+        """Where ``copied`` (float32 patterns) is block ``i``'s values from some index on, in
+        another order: that index into the concatenated blocks, or None. The values that sit
+        only once among the blocks bound it (a value that repeats may also sit elsewhere)."""
+        _, inverse, counts = torch.unique(words[held], return_inverse=True, return_counts=True)
+        once = held[counts[inverse] == 1]
+        if not len(once):
+            return None
+        m, ordered = len(copied), torch.sort(copied).values
+        for lo in (int(once.min()), int(once.max()) - m + 1):
+            inside = int(self.starts[i]) <= lo <= int(self.ends[i]) - m
+            if inside and torch.equal(torch.sort(words[lo : lo + m]).values, ordered):
+                return lo
+        return None
 
     def _own_keys(self) -> torch.Tensor:
         """``sign_keys`` of the blocks laid out at their own coordinates (zeros elsewhere)."""

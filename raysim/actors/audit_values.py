@@ -63,19 +63,19 @@ class ValueIndex:
         found = torch.index_select(self.bitmap, 0, (bit >> 3).clamp_min(0)) >> (bit & 7)
         return (bit >= 0) & ((found & 1) == 1)
 
-    def runs(self, t: torch.Tensor, least: int) -> list[tuple[int, torch.Tensor]]:
-        """Runs of at least ``least`` positions of ``t`` holding distinct private values: (the
-        run's first position, its float32 patterns)."""
+    def first_run(self, t: torch.Tensor, least: int) -> tuple[int, torch.Tensor] | None:
+        """The first run of at least ``least`` positions of ``t`` holding distinct private
+        values: (its first position, its float32 patterns), or None."""
         words = float32_words(t)
         per = least // STRIDE  # sampled positions every such run holds, consecutive
         sampled = self.holds(words[::STRIDE].contiguous()).to(torch.int32)
         if len(sampled) < per:
-            return []
+            return None
         total = torch.cumsum(sampled, 0)
         full = total[per - 1 :] - torch.cat([total.new_zeros(1), total[:-per]])
         starts = torch.nonzero(full == per).flatten()
         if not len(starts):
-            return []
+            return None
         # each candidate's neighbourhood at once: a run of ``least`` needs that many private
         # values there (chance leaves a few hundred candidates in 11 M values, none passing)
         span = torch.arange((per + 2) * STRIDE, device=words.device)
@@ -83,7 +83,6 @@ class ValueIndex:
         near = near.clamp_max(len(words) - 1)
         private = self.holds(words[near.flatten()]).view(near.shape).sum(1)
         starts = starts[private >= least].tolist()
-        out: list[tuple[int, torch.Tensor]] = []
         reached = 0  # payload positions up to here are measured already
         for i in starts:
             lo = max((i - 1) * STRIDE, reached, 0)
@@ -98,8 +97,8 @@ class ValueIndex:
             for start, end in _true_runs(member, least):
                 held = words[lo + start : lo + end]
                 if len(torch.unique(held)) >= least:
-                    out.append((lo + start, held))
-        return out
+                    return lo + start, held
+        return None
 
 
 def _true_runs(member: torch.Tensor, least: int) -> list[tuple[int, int]]:

@@ -207,11 +207,11 @@ class Coordinator:
     def save_checkpoint(self) -> None:
         """Write the run's state now (MLflow ``checkpoint/`` and/or ``checkpoint.dir``); the
         rounds it covers are in the store already (a resumed run does not log them again)."""
+        from raysim import checkpoint
+
         core = self.core.state_dict()
         private = core.pop("strategy_private")  # its own file, never MLflow (checkpoint.py)
         state = {"core": core, "warnings": list(self.tracker.warnings) if self.tracker else []}
-        from raysim import checkpoint
-
         writer = self.checkpointer or checkpoint.Checkpointer(self.cfg, self.tracker)
         writer.save(state, self.core.round, private)
 

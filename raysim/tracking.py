@@ -89,17 +89,39 @@ def quiet_mlflow() -> None:
 
 def open_store(uri: str) -> Any:
     """An ``MlflowClient`` on ``uri`` whose store is ready: a fresh store creates and migrates
-    its schema on first use, under ``store_lock`` so that runs starting together never race; a
-    sqlite store that was copied or moved has its artifact paths repointed (``relocate_store``)."""
+    its schema on first use, under ``store_lock`` so that runs starting together never race (a
+    fresh sqlite store whole or not at all: ``create_sqlite_schema``); a sqlite store that was
+    copied or moved has its artifact paths repointed (``relocate_store``)."""
     from mlflow.tracking import MlflowClient
 
     quiet_mlflow()
     with store_lock(uri):
+        path = store_path(uri) if uri.startswith("sqlite:///") else None
+        if path is not None and (not path.exists() or path.stat().st_size == 0):
+            create_sqlite_schema(path)
         client = MlflowClient(tracking_uri=uri)
         client.search_experiments(max_results=1)
         for note in relocate_store(uri):
             log.warning(note)
     return client
+
+
+def create_sqlite_schema(path: Path) -> None:
+    """MLflow's schema for a fresh sqlite store at ``path``, made in a file beside it and moved
+    into place once complete. A process killed while MLflow migrates a store in place (about
+    2 s on 2 vCPUs) leaves some tables made and others not, a store no later run can open
+    ("table … already exists"); killed here, it leaves only the side file, made anew next time."""
+    import sqlalchemy
+    from mlflow.store.db.utils import _initialize_tables
+
+    side = path.with_name(f".{path.name}.creating")
+    side.unlink(missing_ok=True)
+    engine = sqlalchemy.create_engine(f"sqlite:///{side}")
+    try:
+        _initialize_tables(engine)
+    finally:
+        engine.dispose()
+    os.replace(side, path)
 
 
 #: Run tag: the driver session that opened the run (a replacement coordinator finds it by this)

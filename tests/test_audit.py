@@ -225,7 +225,7 @@ def test_the_window_search_can_be_turned_off():
 def test_sign_keys_and_the_index_follow_their_definition():
     """``sign_keys``: bit t of the key at p is ``x[p + t + 1] > x[p + t]`` (checked from the
     definition at every key); the Bloom filter passes every indexed key (no false negative) and
-    the lookup finds each block position from the block's own values."""
+    the lookup finds each block position from the block's own values, or from them negated."""
     from raysim.actors.audit_windows import SPAN, WindowIndex, sign_keys
 
     rng = np.random.default_rng(5)
@@ -239,10 +239,12 @@ def test_sign_keys_and_the_index_follow_their_definition():
             assert key == want, (start, stride, i)
     blocks = [torch.tensor(rng.normal(size=n).astype(np.float32)) for n in (500, 90, 3000)]
     index = WindowIndex(blocks)
-    assert bool(index._maybe(index.keys).all())
-    at, blk, pos = index.candidates(blocks[2][1000:1600])
-    found = set(zip(blk.tolist(), (pos - at).tolist(), strict=True))
-    assert found == {(2, 1000)}  # every key of the copy points back at offset 1000 of block 2
+    everything = torch.arange(len(index.keys))
+    assert torch.equal(index._passing(index.keys, everything), everything)
+    for copy in (blocks[2][1000:1600], -blocks[2][1000:1600]):  # either sign of a: one lookup
+        at, blk, pos = index.candidates(copy)
+        found = set(zip(blk.tolist(), (pos - at).tolist(), strict=True))
+        assert found == {(2, 1000)}  # every key of the copy points back at offset 1000 of block 2
 
 
 def test_reordered_exact_copies_inside_larger_arrays_are_found_from_64_values():
@@ -276,3 +278,21 @@ def test_reordered_exact_copies_inside_larger_arrays_are_found_from_64_values():
         auditor.check(planted(rng.permutation(s[6000:16000]), at=1000), "a long copy")
     with pytest.raises(LeakError, match=r"\(100 of its values\)"):
         auditor.check(planted(rng.choice(s[1000:], 100, replace=False)), "scattered values")
+
+
+@pytest.mark.parametrize("a,b", [(2.0, 0.5), (-0.75, 0.1)])
+def test_a_reordered_float32_copy_at_its_own_coordinates_passes_the_screen(a, b):
+    """The screen of own coordinates (``Summary.could_reorder``: the map of the extremes must
+    carry the mean) keeps a permuted ``a·s + b`` float32 copy, either sign of ``a``, and the
+    full check names it; the same values with one of them moved by 1 % of the spread pass."""
+    rng = np.random.default_rng(7)
+    s = block(5000, 2)
+    where = np.arange(20_000, 25_000)
+    auditor = LeakAuditor([Secret("w", where, s)], size=50_000)
+    payload = rng.normal(0, 0.05, 50_000).astype(np.float32)
+    copy = (a * rng.permutation(s).astype(np.float64) + b).astype(np.float32)
+    payload[where] = copy
+    with pytest.raises(LeakError, match="reordered"):
+        auditor.check(payload, "a broadcast")
+    payload[where[17]] += np.float32(0.01 * copy.std())  # not a copy any more
+    auditor.check(payload, "a broadcast")

@@ -35,6 +35,7 @@ import torch
 from raysim.actors.audit_values import ValueIndex, float32_words
 from raysim.actors.audit_windows import SPAN, WindowIndex, extent, sign_keys
 from raysim.algorithms.base import Secret
+from raysim.buffers import Buffers
 from raysim.errors import LeakError
 
 MIN_VALUES = 64  # fedbaf.md §6.3: blocks of 64 values or more
@@ -52,6 +53,8 @@ GATE = 0.25
 SAMPLE = 256
 #: significand bits of the floats an array's values may have been rounded to, coarsest first
 PRECISIONS = (8, 11, 24, 53)
+#: values summed in their own dtype before the float64 sum (``_sum64``)
+SUM_CHUNK = 4096
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,18 @@ class Summary:
         reach = (max(abs(self.low), abs(self.high)) + abs(self.mean)) / self.std
         return 2 * u * reach <= GATE / m**0.5
 
+    def could_reorder(self, mean: float, low: float, high: float, u: float) -> bool:
+        """Whether values with this mean and these extremes could be ``a·x + b`` of this block's
+        values ``x`` reordered, at unit roundoff ``u``: the map that takes the block's extremes
+        onto them must take its mean onto theirs. A copy's rounding moves each side by at most
+        about 12·u·(|extreme| + |b|); this allows 16 (it only screens: ``matches`` decides)."""
+        if self.high == self.low or high == low:
+            return False
+        for a, b in _extremes_maps(self.low, self.high, low, high):
+            if abs(a * self.mean + b - mean) <= 16 * u * (max(abs(low), abs(high)) + abs(b)):
+                return True
+        return False
+
     def could_be(self, s: Summary, u: float) -> bool:
         """Whether these values could be ``a·s + b`` reordered, at unit roundoff ``u``: the
         extremes map onto each other under the ``a`` and ``b`` that the spreads and means give."""
@@ -195,6 +210,7 @@ class LeakAuditor:
         self.secrets = [s for s in secrets if s.values.size and np.any(s.values != 0)]
         self.size = size
         self.device = torch.device(device)
+        self.buffers = Buffers(self.device)  # working memory kept between payloads
         self.windows = windows  # the search inside larger arrays (``_windows``)
         self.checked = 0
         #: small blocks: checked exactly at their own coordinates, as before §6.3's threshold
@@ -278,7 +294,9 @@ class LeakAuditor:
         elif MIN_VALUES <= len(t) <= self.longest:
             self._whole(t, where)
         if isinstance(a, np.ndarray) and a.dtype == np.float32 and self.words:
-            k = _float32_holds(t.view(torch.int32), self.words_t, self.firsts, self.table)
+            k = _float32_holds(
+                t.view(torch.int32), self.words_t, self.firsts, self.table, self.buffers
+            )
             hit = None if k is None else self.names[k]
             if hit is not None:
                 raise LeakError(f"stopped: {where} carries the server-private {hit}'s bytes")
@@ -300,9 +318,9 @@ class LeakAuditor:
     def _screen(self, t: torch.Tensor) -> list[int]:
         """Blocks whose values at their own coordinates in ``t`` could match, all blocks at once
         and read back in one transfer: a ``SAMPLE``-value strided sample of each must fit in
-        order or reversed (what ``fit`` asks of a copy first), or the block's mean, spread and
-        extremes must allow a reordered copy (``Summary.beats_chance`` and ``could_be``). A
-        sample whose values use fewer bits than float32's sends its block on."""
+        order or reversed (what ``fit`` asks of a copy first), or the values' mean and extremes
+        must allow a reordered copy (``Summary.could_reorder``). A sample whose values use fewer
+        bits than float32's sends its block on."""
         if self._samples is None:
             sizes = torch.as_tensor(self.ends - self.starts, device=self.device)
             steps = torch.linspace(0, 1, SAMPLE, dtype=torch.float64, device=self.device)
@@ -314,18 +332,17 @@ class LeakAuditor:
         bits = _row_bits(rows)
         u = 2.0**-bits
         ok = _pairs_fit(ahead, rows, u)[0] | _pairs_fit(back, rows, u)[0]
-        stats = [_stats(self._at_own(t, i)) for i in range(len(self.names))]
+        stats = []
+        for i in range(len(self.names)):
+            x = self._at_own(t, i)
+            low, high = torch.aminmax(x)
+            stats.append(torch.stack([_sum64(x) / len(x), low.double(), high.double()]))
         table = torch.cat([torch.stack([ok.double(), bits], 1), torch.stack(stats)], 1).tolist()
-        keep = []
-        for i, (fits, b, *summary) in enumerate(table):
-            mine, n, ub = Summary(*summary), int(self.ends[i] - self.starts[i]), 2.0**-b
-            if (
-                fits
-                or b < 24
-                or (mine.beats_chance(n, ub) and mine.could_be(self.summaries[i], ub))
-            ):
-                keep.append(i)
-        return keep
+        return [
+            i
+            for i, (fits, b, mean, low, high) in enumerate(table)
+            if fits or b < 24 or self.summaries[i].could_reorder(mean, low, high, 2.0**-b)
+        ]
 
     def _at_own(self, t: torch.Tensor, i: int) -> torch.Tensor:
         """``t``'s values at block ``i``'s coordinates (a slice where they are one run)."""
@@ -494,9 +511,28 @@ class LeakAuditor:
 def _stats(x: torch.Tensor) -> torch.Tensor:
     """``Summary``'s fields of ``x`` as one float64 tensor on its device: mean, std, min, max."""
     low, high = torch.aminmax(x)
-    mean = x.mean(dtype=torch.float64)
-    std = (x - mean).square().mean(dtype=torch.float64).sqrt()
-    return torch.stack([mean, std, low.double(), high.double()])
+    mean = _sum64(x) / len(x)
+    near = mean.to(x.dtype)  # x − near is exact to x's rounding; mean − near corrects it
+    var = _sum64((x - near).square_()) / len(x) - (mean - near.double()) ** 2
+    return torch.stack([mean, var.clamp_min(0).sqrt(), low.double(), high.double()])
+
+
+def _extremes_maps(
+    s_low: float, s_high: float, low: float, high: float
+) -> tuple[tuple[float, float], tuple[float, float]]:
+    """The two maps ``(a, b)`` that take ``[s_low, s_high]`` onto ``[low, high]``: ``a > 0``
+    and ``a < 0``."""
+    a = (high - low) / (s_high - s_low)
+    return (a, low - a * s_low), (-a, high + a * s_low)
+
+
+def _sum64(x: torch.Tensor) -> torch.Tensor:
+    """The float64 sum of ``x``: sums of ``SUM_CHUNK`` values in ``x``'s dtype, added in float64
+    (about 1e-10 of the sum, at the cost of one pass; torch's float64 sum of float32 values
+    takes 30 times as long on the CPU)."""
+    flat = x.reshape(-1)
+    k = len(flat) // SUM_CHUNK * SUM_CHUNK
+    return flat[:k].view(-1, SUM_CHUNK).sum(1).double().sum() + flat[k:].double().sum()
 
 
 def _pairs_fit(
@@ -552,6 +588,17 @@ def _could_match(values: torch.Tensor, starts: torch.Tensor, t: torch.Tensor, bi
     return keep
 
 
+def sparse_nonzero(marked: torch.Tensor) -> torch.Tensor:
+    """``torch.nonzero(marked).flatten()`` for a uint8 mask that is mostly zeros, 4 times as
+    fast on the CPU: its bytes are read 8 at a time as int64 words, and only the nonzero
+    words are looked into."""
+    whole = len(marked) // 8 * 8
+    words = torch.nonzero(marked[:whole].view(torch.int64)).flatten()
+    at = (words[:, None] * 8 + torch.arange(8, device=marked.device)).flatten()
+    tail = torch.nonzero(marked[whole:]).flatten() + whole
+    return torch.cat([at[marked[at] != 0], tail])
+
+
 def _span(indices: np.ndarray) -> tuple[int, int] | None:
     first = int(indices[0])
     if np.array_equal(indices, np.arange(first, first + len(indices))):
@@ -576,14 +623,21 @@ def _as_tensor(flat: np.ndarray | torch.Tensor, device: torch.device) -> torch.T
 
 
 def _float32_holds(
-    words: torch.Tensor, blocks: list[torch.Tensor], firsts: torch.Tensor, table: torch.Tensor
+    words: torch.Tensor,
+    blocks: list[torch.Tensor],
+    firsts: torch.Tensor,
+    table: torch.Tensor,
+    buffers: Buffers,
 ) -> int | None:
     """Index of a block (its float32 words as int32) whose values sit contiguously in ``words``.
 
     Each value's low 16 bits index ``table`` (the blocks' first words' low bits), so only values
     whose low bits match a block's start are compared further: about n·k/65536 candidates, each
-    checked on its whole first word (``firsts``) and then in full. O(n + k), on the device."""
-    candidates = torch.nonzero(torch.index_select(table, 0, words & 0xFFFF)).flatten()
+    checked on its whole first word (``firsts``) and then in full. O(n + k), on the device, in
+    kept working memory (``buffers``)."""
+    low = torch.bitwise_and(words, 0xFFFF, out=buffers.get("low", len(words), torch.int32))
+    marked = torch.index_select(table, 0, low, out=buffers.get("marked", len(words), torch.uint8))
+    candidates = sparse_nonzero(marked)
     candidates = candidates[torch.isin(words[candidates], firsts)]
     for i in candidates.tolist():
         for k in torch.nonzero(firsts == words[i]).flatten().tolist():

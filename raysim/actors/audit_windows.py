@@ -1,17 +1,18 @@
 """Copies of private values inside larger arrays, in order (the leak auditor's window search).
 
-An in-order copy ``a·s + b`` of a block keeps the signs of its neighbours' differences (all of
-them flipped when ``a < 0``), rounding aside. Every position of every block is indexed by the
-signs of the next ``SPAN`` differences, packed into one 64-bit key. A payload array's keys are
-read at every ``STRIDE``-th position and looked up. A copy of at least ``MIN_VALUES`` values holds
-at least two such positions, and rounding to bfloat16 flips a sign only where neighbours differ
-by under 1 % or so. Each hit is then fitted as ``a·s + b`` on the key's span, at the precision of
-the payload's values. A fit that holds is grown both ways while it keeps holding, and it counts
-as a copy when it reaches ``MIN_VALUES``. The cost is one pass over the payload and a sorted
-lookup of ``n / STRIDE`` keys.
+An in-order copy ``a·s + b`` of a block keeps the signs of its neighbours' differences (all of them
+flipped when ``a < 0``), rounding aside. Every position of every block is indexed by the signs of
+the next ``SPAN`` differences, packed into one 64-bit key, in its canonical form (the smaller of the
+key and its flip, so one lookup finds either sign of ``a``). A payload array's keys are read at
+every ``STRIDE``-th position and looked up. A copy of at least ``MIN_VALUES`` values holds at least
+two such positions, and rounding to bfloat16 flips a sign only where neighbours differ by under 1 %
+or so. Each hit is then fitted as ``a·s + b`` on the key's span, at the precision of the payload's
+values. A fit that holds is grown both ways while it keeps holding, and it counts as a copy when it
+reaches ``MIN_VALUES``. The cost is one pass over the payload and a sorted lookup of ``n / STRIDE``
+keys.
 
-Keys, the index and the lookup are torch int64 tensors on the auditor's device (a key uses 48
-bits, so it is never negative); only a hit's growth (``extent``) reads host memory.
+Keys, the index and the lookup are torch int64 tensors on the auditor's device (a key uses 48 bits,
+so it is never negative); only a hit's growth (``extent``) reads host memory.
 """
 
 from __future__ import annotations
@@ -29,35 +30,44 @@ PER_KEY = 4
 #: a Bloom filter (two hashes) of about 16 bits per key, at most 2**MAX_HASH_BITS bits (64 MB),
 #: screens the lookups: most payload keys are in no block
 MAX_HASH_BITS = 29
+#: bytes of 0 or 1 times this put byte j's bit at bit 56 + j, with no carries (sign_keys)
+_GATHER = 0x0102040810204080
 #: the hashes' odd multipliers, as int64 (the products wrap as unsigned ones would)
 _SEEDS = tuple(
     s - (1 << 64) if s >= 1 << 63 else s for s in (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F)
 )
 
 
-def _hashes(keys: torch.Tensor, bits: int) -> list[torch.Tensor]:
-    """The top ``bits`` bits of ``keys · seed`` mod 2⁶⁴, per seed (the shift is arithmetic on
-    int64, so the sign bits it drags in are masked off)."""
-    return [((keys * seed) >> (64 - bits)) & ((1 << bits) - 1) for seed in _SEEDS]
+def _hash(keys: torch.Tensor, seed: int, bits: int) -> torch.Tensor:
+    """The top ``bits`` bits of ``keys · seed`` mod 2⁶⁴ (the shift is arithmetic on int64, so
+    the sign bits it drags in are masked off)."""
+    return ((keys * seed) >> (64 - bits)) & ((1 << bits) - 1)
+
+
+def canonical(keys: torch.Tensor) -> torch.Tensor:
+    """Each key or its flip (every sign reversed: the key of ``-values``), whichever is smaller."""
+    return torch.minimum(keys, ~keys & MASK)
 
 
 def sign_keys(values: torch.Tensor, start: int = 0, stride: int = STRIDE) -> torch.Tensor:
     """Keys at positions ``start, start + stride, …`` (``stride`` a multiple of 8): bit t of a
     key is ``values[p + t + 1] > values[p + t]``, for t < SPAN (positions with fewer than SPAN
     differences after them get no key)."""
-    ups = torch.diff(values[start:]) > 0
+    v = values[start:]
+    ups = (v[1:] > v[:-1]).contiguous()  # diff(v) > 0, without the differences' array
     count = (len(ups) - SPAN) // stride + 1
     if count <= 0:
         return torch.zeros(0, dtype=torch.int64, device=values.device)
-    bits = ups[: len(ups) // 8 * 8].view(torch.uint8).view(-1, 8)
-    packed = bits[:, 0].clone()  # byte q: the signs 8q … 8q + 7, bit j the sign 8q + j
-    for j in range(1, 8):
-        packed |= bits[:, j] << j
+    # byte q packs the signs 8q … 8q + 7 (bit j the sign 8q + j): read 8 bools as one int64
+    # and gather its bytes' low bits into the top byte with one multiplication
+    eight = ups[: len(ups) // 8 * 8].view(torch.uint8).view(torch.int64)
+    packed = (((eight * _GATHER) >> 56) & 0xFF).to(torch.uint8)
     step = stride // 8
-    keys = packed[: step * count : step].long()
-    for byte in range(1, SPAN // 8):
-        keys |= packed[byte : byte + step * count : step].long() << (8 * byte)
-    return keys
+    need = (count - 1) * step + 8  # a key reads 8 bytes and keeps SPAN // 8 of them
+    if len(packed) < need:
+        packed = torch.cat([packed, packed.new_zeros(need - len(packed))])
+    rows = packed[:need].unfold(0, 8, step)[:count]
+    return rows.reshape(-1).view(torch.int64) & MASK
 
 
 class WindowIndex:
@@ -70,7 +80,7 @@ class WindowIndex:
         for b, values in enumerate(blocks):
             for offset in range(8):  # every position: 8 byte-aligned sets
                 k = sign_keys(values, offset, stride=8)
-                keys.append(k)
+                keys.append(canonical(k))
                 where.append(offset + 8 * torch.arange(len(k), device=device, dtype=torch.int32))
                 owner.append(torch.full((len(k),), b, dtype=torch.int32, device=device))
         empty = torch.zeros(0, dtype=torch.int64, device=device)
@@ -80,16 +90,17 @@ class WindowIndex:
         self.values = [v.cpu().numpy() for v in blocks]
         self.bits = int(min(MAX_HASH_BITS, max(6, np.ceil(np.log2(16 * len(self.keys) + 1)))))
         bloom = torch.zeros(1 << (self.bits - 3), dtype=torch.int32, device=device)
-        h = torch.unique(torch.cat(_hashes(self.keys, self.bits)))
+        h = torch.unique(torch.cat([_hash(self.keys, seed, self.bits) for seed in _SEEDS]))
         bloom.index_add_(0, h >> 3, (1 << (h & 7)).int())  # each bit once: adding is or-ing
         self.bloom = bloom.to(torch.uint8)
 
-    def _maybe(self, keys: torch.Tensor) -> torch.Tensor:
-        """False where a key is surely in no block (a Bloom filter: a few false Trues)."""
-        out = torch.ones(len(keys), dtype=torch.uint8, device=keys.device)
-        for h in _hashes(keys, self.bits):
-            out &= torch.index_select(self.bloom, 0, h >> 3) >> (h & 7).to(torch.uint8)
-        return (out & 1).bool()
+    def _passing(self, keys: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+        """The positions ``at`` whose keys pass the Bloom filter."""
+        for seed in _SEEDS:
+            h = _hash(keys[at], seed, self.bits)
+            bit = torch.index_select(self.bloom, 0, h >> 3) >> (h & 7).to(torch.uint8)
+            at = at[(bit & 1).bool()]
+        return at
 
     def candidates(
         self, payload: torch.Tensor, skip: torch.Tensor | None = None
@@ -105,16 +116,16 @@ class WindowIndex:
         plain = (keys != 0) & (keys != MASK)  # monotone runs and constants: no fingerprint
         if skip is not None:
             plain &= keys != skip[: len(keys)]
+        keys = canonical(keys)
+        at = self._passing(keys, torch.nonzero(plain).flatten())
+        wanted = keys[at]
+        lo = torch.searchsorted(self.keys, wanted)
         found: list[tuple[torch.Tensor, torch.Tensor]] = []
         last = len(self.keys) - 1
-        for probe in (keys, ~keys & MASK):
-            at = torch.nonzero(plain & self._maybe(probe)).flatten()
-            wanted = probe[at]
-            lo = torch.searchsorted(self.keys, wanted)
-            for extra in range(PER_KEY):
-                row = (lo + extra).clamp_max(last)
-                take = self.keys[row] == wanted
-                found.append((at[take], row[take]))
+        for extra in range(PER_KEY):
+            row = (lo + extra).clamp_max(last)
+            take = self.keys[row] == wanted
+            found.append((at[take], row[take]))
         at = torch.cat([f[0] for f in found])
         row = torch.cat([f[1] for f in found])
         return STRIDE * at, self.blocks[row].long(), self.positions[row].long()

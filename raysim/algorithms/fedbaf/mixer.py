@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
+from ...buffers import Buffers
 from ..base import Secret
 from ..hooks import HookParams, Mixer
 from ..private import PrivateDeviceTensors, PrivateTensors
@@ -136,12 +137,12 @@ def unit(x: np.ndarray) -> np.ndarray:
     return x / n if n > 0 else np.zeros_like(x)
 
 
-def unit_t(x: torch.Tensor, inplace: bool = False) -> torch.Tensor:
-    """``x / ‖x‖`` (zeros for a zero vector); ``inplace`` divides ``x`` itself."""
+def unit_t(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``x / ‖x‖`` (zeros for a zero vector), written into ``out`` where given."""
     n = torch.linalg.vector_norm(x)
     if n > 0:
-        return x.div_(n) if inplace else x / n
-    return x.zero_() if inplace else torch.zeros_like(x)
+        return torch.div(x, n, out=out) if out is not None else x / n
+    return out.zero_() if out is not None else torch.zeros_like(x)
 
 
 #: more contiguous runs than this and the matched coordinates are gathered by index instead
@@ -191,6 +192,7 @@ class FedBaF(Mixer):
         "on_device",
         "runs",
         "scope_runs",
+        "buffers",
     )
 
     def __init__(self, params: FedBaFParams) -> None:
@@ -220,6 +222,7 @@ class FedBaF(Mixer):
         self.on_device = PrivateDeviceTensors(on)
         self.runs = runs(self.indices)
         self.scope_runs = self.runs if p.tau_scope == "matched" else runs(self.scope)
+        self.buffers = Buffers(self.device)  # the units of r_t, then c·w_pre
         if self.stream is None:
             secure = p.rng == "secure"
             self.stream = np.random.default_rng() if secure else ctx.rng("fedbaf/u")
@@ -227,7 +230,9 @@ class FedBaF(Mixer):
     def coefficient(self, round_index: int, previous: np.ndarray, aggregated: np.ndarray) -> float:
         """c_t for this call (Alg. 1 lines 9–10), recording r_t, τ_t, u_t and α_t."""
         a, b = self._scoped(aggregated), self._scoped(previous)
-        r = float(torch.linalg.vector_norm(unit_t(a, inplace=True).sub_(unit_t(b, inplace=True))))
+        unit_a = unit_t(a, out=self.buffers.get("a", len(a)))
+        unit_b = unit_t(b, out=self.buffers.get("b", len(b)))
+        r = float(torch.linalg.vector_norm(unit_a.sub_(unit_b)))
         tau = r / math.sqrt(round_index + 1)
         if self.tau0 is None:
             self.tau0 = max(tau, TAU0_FLOOR)
@@ -276,19 +281,19 @@ class FedBaF(Mixer):
         else:  # the same arithmetic, run by run, through slices
             at = 0
             for lo, hi in self.runs:
-                out[lo:hi].add_(pre[at : at + hi - lo] * c).div_(1.0 + c)
+                scaled = torch.mul(pre[at : at + hi - lo], c, out=self.buffers.get("a", hi - lo))
+                out[lo:hi].add_(scaled).div_(1.0 + c)
                 at += hi - lo
         return out.cpu().numpy()
 
     def _scoped(self, weights: np.ndarray | torch.Tensor) -> torch.Tensor:
-        """A fresh float32 copy of ``weights`` on ``tau_scope``'s coordinates, on the device
-        (slices where they form few runs, else an index gather); only those values move."""
-        if "scope" not in self.on_device:  # the whole vector: copied once, by the move if any
+        """``weights`` on ``tau_scope``'s coordinates as a float32 tensor on the device, only
+        read: the vector itself where the scope is all of it (moved if it is elsewhere), else a
+        copy of those coordinates (slices where they form few runs, else an index gather)."""
+        if "scope" not in self.on_device:  # the whole vector
             if isinstance(weights, torch.Tensor):
-                return weights.clone()
+                return weights
             w = np.asarray(weights, dtype=np.float32)
-            if self.device.type == "cpu":
-                return torch.from_numpy(np.array(w))
             with warnings.catch_warnings():  # a published version is read-only; this reads it
                 warnings.simplefilter("ignore", UserWarning)
                 return torch.as_tensor(w, device=self.device)

@@ -14,26 +14,38 @@ process, the same round:
   coordinates as ``a·s + b``, in order, reversed and reordered, and the float32 byte search), in
   torch on the server's device (docs/leak-auditor.md).
 
-Last lines: ``mix_fraction`` and ``audit_fraction`` = each cost / the round's client compute.
+The process asks torch for huge pages first, as the coordinator does (``prefer_huge_pages``;
+``THP_MEM_ALLOC_ENABLE=0`` in the environment measures without). Last lines: ``mix_fraction``
+and ``audit_fraction`` = each cost / the round's client compute.
 """
 
 from __future__ import annotations
 
-import argparse
-import tempfile
-import time
-from pathlib import Path
+from raysim.buffers import prefer_huge_pages
 
-import numpy as np
-import torch
-from common import machine, report
+prefer_huge_pages()  # as the coordinator does, before torch is imported
 
-from raysim.actors.audit import LeakAuditor
-from raysim.algorithms.context import ServerContext
-from raysim.algorithms.fedbaf.mixer import FedBaF, FedBaFParams, mix_float64, r_float64
-from raysim.models.registry import DataSpec, ModelConfig, build_handle
-from raysim.training.loop import LocalTrainingConfig, train_local
-from raysim.training.tasks import ClassificationTask
+import argparse  # noqa: E402
+import os  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from common import machine, report  # noqa: E402
+
+from raysim.actors.audit import LeakAuditor  # noqa: E402
+from raysim.algorithms.context import ServerContext  # noqa: E402
+from raysim.algorithms.fedbaf.mixer import (  # noqa: E402
+    FedBaF,
+    FedBaFParams,
+    mix_float64,
+    r_float64,
+)
+from raysim.models.registry import DataSpec, ModelConfig, build_handle  # noqa: E402
+from raysim.training.loop import LocalTrainingConfig, train_local  # noqa: E402
+from raysim.training.tasks import ClassificationTask  # noqa: E402
 
 SHAPES = {
     "b16": {},  # ViTShape's defaults are ViT-B/16
@@ -145,6 +157,7 @@ def main() -> None:
         parameters=n,
         matched_tensors=len(mixer.blocks),
         model_dtype=str(next(module.parameters()).dtype),
+        huge_pages=os.environ["THP_MEM_ALLOC_ENABLE"],  # torch's, as on the coordinator
         client_s=client_s,
         clients=args.clients,
         round_client_s=round_s,

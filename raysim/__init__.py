@@ -6,14 +6,7 @@ needs neither) does not wait for torch and the config's validation to import.
 
 from __future__ import annotations
 
-import os
 from typing import Any
-
-# torch backs its CPU tensors of 2 MB and more with transparent huge pages when this is set before
-# its first allocation: a fresh 44 MB tensor is then faulted in at half the cost or less (the
-# FedBaF mix makes one per round; benchmarks/RESULTS.md). Every raysim process imports this module
-# before torch. THP_MEM_ALLOC_ENABLE=0 in the environment keeps torch's default.
-os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 _LAZY = {
     "Result": "raysim.api",

@@ -4,22 +4,43 @@ auditor).
 A large tensor made fresh on the CPU is mapped afresh, and its first write faults every page in:
 about 10 ms per 44 MB (11 M float32 values) on the 2-vCPU machine, as long as the arithmetic
 itself. A kept buffer pays that once. On a GPU, torch's caching allocator already reuses memory.
+This module loads without torch, so that ``prefer_huge_pages`` can run before torch does.
 """
 
 from __future__ import annotations
 
-import torch
+import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+
+def prefer_huge_pages() -> None:
+    """Ask torch to back its CPU tensors of 2 MB and more with transparent huge pages (its
+    ``THP_MEM_ALLOC_ENABLE``), which halves a fresh model-sized tensor's first-touch cost on
+    the 2-vCPU machine (benchmarks/RESULTS.md). It takes effect only before torch's first
+    allocation in the process: the coordinator calls it first thing. A value already in the
+    environment is kept (``0`` opts out)."""
+    os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 
 class Buffers:
     """Named 1-D buffers on one device, each grown when a call needs more than it holds."""
 
     def __init__(self, device: torch.device | str = "cpu") -> None:
+        import torch
+
         self.device = torch.device(device)
+        self._float32 = torch.float32
         self._kept: dict[str, torch.Tensor] = {}
 
-    def get(self, name: str, n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """The first ``n`` values of buffer ``name`` (of ``dtype``); their contents are stale."""
+    def get(self, name: str, n: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The first ``n`` values of buffer ``name`` (of ``dtype``, float32 by default); their
+        contents are stale."""
+        import torch
+
+        dtype = dtype or self._float32
         buf = self._kept.get(name)
         if buf is None or buf.dtype != dtype or buf.numel() < n:
             buf = torch.empty(n, dtype=dtype, device=self.device)

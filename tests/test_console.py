@@ -81,9 +81,11 @@ def test_help_answers_without_importing_torch():
 
 def test_the_actor_modules_import_without_torch():
     """The coordinator starts its workers before its own imports (``WorkerLaunch``), which needs
-    the modules that define both actors to load without torch, the methods or the config."""
+    the modules that define both actors to load without torch, the methods or the config; and
+    ``raysim.buffers``, whose ``prefer_huge_pages`` must run before torch does."""
     out = probe(
         "import sys\nimport raysim.actors.coordinator_actor, raysim.actors.worker_actor\n"
+        "import raysim.buffers\n"
         "print(sorted(m for m in ('torch', 'raysim.config', 'raysim.algorithms', 'mlflow') "
         "if m in sys.modules))"
     )

@@ -43,8 +43,10 @@ class Coordinator:
         that cannot be loaded, a missing file) is kept and raised by ``ready`` as a
         ``RunSetupError``: a task error, which the driver reports once, where an actor dying in
         its constructor would be replaced and fail the same way again."""
+        from raysim.buffers import prefer_huge_pages
         from raysim.quiet import quiet_libraries
 
+        prefer_huge_pages()  # before torch is imported: the server's model-sized arithmetic
         quiet_libraries()
         self._setup_error: RunSetupError | None = None
         self.pool: RayWorkerPool | None = None

@@ -7,6 +7,7 @@ import csv
 import io
 import logging
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -110,18 +111,54 @@ def create_sqlite_schema(path: Path) -> None:
     """MLflow's schema for a fresh sqlite store at ``path``, made in a file beside it and moved
     into place once complete. A process killed while MLflow migrates a store in place (about
     2 s on 2 vCPUs) leaves some tables made and others not, a store no later run can open
-    ("table … already exists"); killed here, it leaves only the side file, made anew next time."""
+    ("table … already exists"); killed here, it leaves only the side file, made anew next time.
+    The side file is a copy of ``schema_template`` where that can be had: MLflow's migrations
+    then run once per machine and MLflow version, not once per store."""
+    side = path.with_name(f".{path.name}.creating")
+    side.unlink(missing_ok=True)
+    template = schema_template()
+    if template is not None:
+        shutil.copyfile(template, side)
+    else:
+        _migrate(side)
+    os.replace(side, path)
+
+
+def schema_template() -> Path | None:
+    """An empty sqlite store at the newest schema of the installed MLflow, in raysim's cache
+    (``$RAYSIM_CACHE``, else ``~/.cache/raysim``), made on first use the same way as a store
+    (beside, then moved into place); None where the cache cannot be written. MLflow's
+    migrations write no time or machine into it: only its schema, its version and the default
+    workspace's row (the Default experiment is made by the store that opens a copy)."""
+    from importlib.metadata import version
+
+    home = Path(os.environ.get("RAYSIM_CACHE") or Path.home() / ".cache" / "raysim")
+    template = home / f"mlflow-{version('mlflow')}-empty.db"
+    if template.is_file():
+        return template
+    side = template.with_name(f".{template.name}.{os.getpid()}.creating")
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+        _migrate(side)
+        os.replace(side, template)
+    except OSError:
+        return None
+    finally:
+        with contextlib.suppress(OSError):
+            side.unlink(missing_ok=True)
+    return template
+
+
+def _migrate(path: Path) -> None:
+    """MLflow's tables and migrations into a new sqlite file at ``path``."""
     import sqlalchemy
     from mlflow.store.db.utils import _initialize_tables
 
-    side = path.with_name(f".{path.name}.creating")
-    side.unlink(missing_ok=True)
-    engine = sqlalchemy.create_engine(f"sqlite:///{side}")
+    engine = sqlalchemy.create_engine(f"sqlite:///{path}")
     try:
         _initialize_tables(engine)
     finally:
         engine.dispose()
-    os.replace(side, path)
 
 
 #: Run tag: the driver session that opened the run (a replacement coordinator finds it by this)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from raysim.tracking import default_tracking_uri, plot_curves, rows_csv
+from raysim.tracking import default_tracking_uri, plot_curves, rows_csv, schema_template
 
 
 def test_env_tracking_uri_overrides_default(monkeypatch, tmp_path):
@@ -85,12 +85,53 @@ def test_a_store_whose_creation_was_cut_short_is_not_left_half_made(tmp_path, mo
     with pytest.raises(sqlalchemy.exc.OperationalError):
         open_store(f"sqlite:///{broken}")
 
+    cache = tmp_path / "cache"  # no schema template yet: this store's creation makes one
+    monkeypatch.setenv("RAYSIM_CACHE", str(cache))
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     with monkeypatch.context() as m:
         m.setattr(db_utils, "_initialize_tables", half)
         with pytest.raises(KeyboardInterrupt):
             open_store(uri)
     assert not (tmp_path / "m.db").exists()
+    assert not list(cache.iterdir())  # nor a half-made template
     client = open_store(uri)
     assert [e.name for e in client.search_experiments()] == ["Default"]
     assert not (tmp_path / ".m.db.creating").exists()
+    assert [p.name for p in cache.iterdir()] == [schema_template().name]
+
+
+def test_fresh_stores_are_copies_of_one_schema_made_once(tmp_path, monkeypatch):
+    """MLflow's migrations (about 1–2 s) run once per machine and MLflow version, into
+    ``schema_template``; each fresh store after that is a copy, which a run writes to as to a
+    migrated one. Where the cache cannot be written, the store is migrated in place of a copy."""
+    import mlflow.store.db.utils as db_utils
+    import pytest
+
+    from raysim.tracking import open_store
+
+    monkeypatch.setenv("RAYSIM_CACHE", str(tmp_path / "cache"))
+    open_store(f"sqlite:///{tmp_path / 'first.db'}")
+    template = schema_template()
+    assert template is not None and template.is_file()
+
+    def migrations(engine):
+        raise AssertionError("migrated again")
+
+    with monkeypatch.context() as m:
+        m.setattr(db_utils, "_initialize_tables", migrations)
+        client = open_store(f"sqlite:///{tmp_path / 'second.db'}")
+        exp = client.create_experiment("e")
+        run = client.create_run(exp)
+        client.log_metric(run.info.run_id, "loss", 0.5, step=1)
+        assert client.get_run(run.info.run_id).data.metrics == {"loss": 0.5}
+        assert [e.name for e in client.search_experiments()] == ["e", "Default"]
+        template.unlink()  # the control: without a template, a fresh store is migrated
+        with pytest.raises(AssertionError, match="migrated again"):
+            open_store(f"sqlite:///{tmp_path / 'third.db'}")
+
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("")
+    monkeypatch.setenv("RAYSIM_CACHE", str(blocked))
+    assert schema_template() is None
+    client = open_store(f"sqlite:///{tmp_path / 'fourth.db'}")
+    assert [e.name for e in client.search_experiments()] == ["Default"]

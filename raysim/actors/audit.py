@@ -588,7 +588,7 @@ def _could_match(values: torch.Tensor, starts: torch.Tensor, t: torch.Tensor, bi
     return keep
 
 
-def sparse_nonzero(marked: torch.Tensor) -> torch.Tensor:
+def _sparse_nonzero(marked: torch.Tensor) -> torch.Tensor:
     """``torch.nonzero(marked).flatten()`` for a uint8 mask that is mostly zeros, 4 times as
     fast on the CPU: its bytes are read 8 at a time as int64 words, and only the nonzero
     words are looked into."""
@@ -637,7 +637,7 @@ def _float32_holds(
     kept working memory (``buffers``)."""
     low = torch.bitwise_and(words, 0xFFFF, out=buffers.get("low", len(words), torch.int32))
     marked = torch.index_select(table, 0, low, out=buffers.get("marked", len(words), torch.uint8))
-    candidates = sparse_nonzero(marked)
+    candidates = _sparse_nonzero(marked)
     candidates = candidates[torch.isin(words[candidates], firsts)]
     for i in candidates.tolist():
         for k in torch.nonzero(firsts == words[i]).flatten().tolist():

@@ -86,11 +86,20 @@ class RunTrial(tune.Trainable):
         self._start(config)
 
     def _start(self, config: dict[str, Any]) -> None:
-        from raysim.api import RunSession
+        """The trial's run starts at its first ``step`` (``_session``), not here: with
+        ``reuse_actors`` Tune may set up a process for a trial and then stop it unstepped, giving
+        the trial to a process it had kept. Started here, that run would stay in MLflow as a
+        second child run of the trial, KILLED with no round (seen in 1 of 4 two-node sweeps)."""
+        self._config, self.session = config, None
 
-        cfg = trial_config(self.base, config, self.parent_run_id, self.trial_name)
-        # the coordinator runs in this process, which Tune started for the trial anyway
-        self.session = RunSession(cfg, resources=placement_share(), coordinator_here=True)
+    def _session(self) -> Any:
+        if self.session is None:
+            from raysim.api import RunSession
+
+            cfg = trial_config(self.base, self._config, self.parent_run_id, self.trial_name)
+            # the coordinator runs in this process, which Tune started for the trial anyway
+            self.session = RunSession(cfg, resources=placement_share(), coordinator_here=True)
+        return self.session
 
     def reset_config(self, new_config: dict[str, Any]) -> bool:
         """The next trial in this process (Tune's ``reuse_actors``): its own run, from scratch."""
@@ -101,7 +110,7 @@ class RunTrial(tune.Trainable):
     def step(self) -> dict[str, Any]:
         import time
 
-        session = self.session
+        session = self._session()
         while True:
             metrics = dict(session.step())
             if session.done:  # the last round: finish first, so the result carries the digest

@@ -10,7 +10,7 @@ import raysim
 from raysim.config import ConfigError, load_config
 from raysim.sweeps.space import TuneSection
 from raysim.sweeps.tuner import check_space, sweep_section
-from tests.conftest import tiny
+from tests.conftest import EXAMPLES, tiny
 
 
 def section(**kw):
@@ -177,3 +177,23 @@ def test_a_trial_set_up_and_removed_before_its_first_step_leaves_no_run(tmp_path
     trial.cleanup()
     exp = MlflowClient(store).get_experiment_by_name("s")
     assert exp is None or not MlflowClient(store).search_runs([exp.experiment_id])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        (["rounds=3"], r"grace_period=6 is past a trial's last round \(rounds=3\)"),
+        (["tune.asha.max_t=4"], r"\(tune.asha.max_t=4\): set tune.asha.grace_period to at most 4"),
+    ],
+)
+def test_an_asha_grace_period_past_the_last_round_is_a_config_error(overrides, needle):
+    """Ray's ASHA asserts ``grace_period <= max_t`` (a traceback); raysim says it first, in the
+    config's own words, before anything starts (a dry run included)."""
+    cfg = load_config(EXAMPLES / "tune-async.yaml", overrides)
+    with pytest.raises(ConfigError, match=needle):
+        sweep_section(cfg)
+    with pytest.raises(ConfigError, match=needle):
+        raysim.tune(cfg, dry_run=True)
+    sweep_section(
+        load_config(EXAMPLES / "tune-async.yaml", [*overrides, "tune.asha.grace_period=3"])
+    )

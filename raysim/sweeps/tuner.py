@@ -59,9 +59,17 @@ def sweep_section(cfg: RunConfig, space: Mapping[str, Any] | None = None) -> Tun
     if space is not None:
         raw["space"] = dict(space)
     try:
-        return TuneSection.model_validate(raw)
+        section = TuneSection.model_validate(raw)
     except ValueError as e:
         raise ConfigError(f"tune: {e}") from None
+    a = section.asha
+    if section.scheduler == "asha" and a.grace_period > (a.max_t or cfg.rounds):
+        last = f"tune.asha.max_t={a.max_t}" if a.max_t else f"rounds={cfg.rounds}"
+        raise ConfigError(
+            f"tune.asha.grace_period={a.grace_period} is past a trial's last round ({last}): "
+            f"set tune.asha.grace_period to at most {a.max_t or cfg.rounds}, or run more rounds"
+        )
+    return section
 
 
 def check_space(base: Mapping[str, Any], section: TuneSection) -> None:

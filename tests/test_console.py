@@ -16,6 +16,8 @@ LIBRARY_CHATTER = (
     "FutureWarning",
     "UserWarning",
     "Setting accelerator to CPU",
+    "Configuration for experiment",  # Tune's experiment table, printed even at verbose=0
+    "View detailed results here",
 )
 #: Ray's C++ crash dump, printed by a process that dies holding Ray state
 CRASH_DUMP = ("An unexpected system state has occurred", "StackTrace Information")

@@ -208,8 +208,10 @@ def tune(
             (Path(path) / SWEEP_FILE).write_text(
                 json.dumps({"parent_run_id": trainable_params["parent_run_id"]})
             )
-        # Tune adds its default result loggers unless this is set when fit starts
-        with mock.patch.dict(os.environ, {"TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1"}):
+        # Tune adds its default result loggers unless the first is set when fit starts; its
+        # newer console output prints the experiment's table and path even at verbose=0
+        quiet = {"TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1", "RAY_AIR_NEW_OUTPUT": "0"}
+        with mock.patch.dict(os.environ, quiet):
             grid = tuner.fit()
     except BaseException:
         if tracker is not None:

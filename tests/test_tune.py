@@ -197,3 +197,23 @@ def test_an_asha_grace_period_past_the_last_round_is_a_config_error(overrides, n
     sweep_section(
         load_config(EXAMPLES / "tune-async.yaml", [*overrides, "tune.asha.grace_period=3"])
     )
+
+
+def test_a_metric_no_run_reports_is_named_with_what_they_do_report():
+    """A misspelt ``tune.metric`` runs every trial to its end, each scoring NaN; the sweep then
+    ends with one line naming the metrics the runs did report, not a traceback."""
+    from types import SimpleNamespace
+
+    from raysim.sweeps.tuner import _check_metric_reported
+
+    grid = [
+        SimpleNamespace(
+            metrics={"accuracy": 0.5, "loss": 1.2, "acuracy": float("nan"), "round": 3}
+        ),
+        SimpleNamespace(metrics={"accuracy": 0.6, "loss": 1.1, "training_iteration": 3}),
+    ]
+    with pytest.raises(
+        ConfigError, match=r"did you mean 'accuracy'\?\); they report accuracy, loss;"
+    ):
+        _check_metric_reported(grid, "acuracy", "p1")
+    _check_metric_reported(grid, "loss", "p1")  # reported: nothing to say

@@ -3,10 +3,12 @@ space, the table, plots, the best config) with one child run per trial."""
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import os
 import time
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +20,7 @@ from ray.tune import Callback
 
 from raysim.config import ConfigError, RunConfig, load_config
 from raysim.sweeps.space import TuneSection
-from raysim.sweeps.trial import DIGEST, ROUND, RUN_ID, RunTrial, trial_overrides
+from raysim.sweeps.trial import DIGEST, FINISHED_AT, ROUND, RUN_ID, RunTrial, trial_overrides
 
 #: CPU of the trial's own process (it only steps the coordinator and reports)
 TRIAL_CPU = 0.1
@@ -211,7 +213,10 @@ def tune(
         # Tune adds its default result loggers unless the first is set when fit starts; its
         # newer console output prints the experiment's table and path even at verbose=0
         quiet = {"TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1", "RAY_AIR_NEW_OUTPUT": "0"}
-        with mock.patch.dict(os.environ, quiet):
+        with mock.patch.dict(os.environ, quiet), warnings.catch_warnings():
+            # ASHA's cut over a rung where no trial has the metric (a misspelt tune.metric,
+            # named by _check_metric_reported at the end)
+            warnings.filterwarnings("ignore", "All-NaN slice", RuntimeWarning)
             grid = tuner.fit()
     except BaseException:
         if tracker is not None:
@@ -294,6 +299,42 @@ def _scheduler(section: TuneSection, rounds: int) -> Any:
     )
 
 
+#: what Tune adds to every result, besides the run's metrics
+TUNE_KEYS = frozenset(
+    {
+        "done",
+        "training_iteration",
+        "time_this_iter_s",
+        "time_total_s",
+        "timestamp",
+        "pid",
+        "time_since_restore",
+        "iterations_since_restore",
+        "should_checkpoint",
+    }
+)
+
+
+def _check_metric_reported(grid: Any, metric: str, parent: str | None) -> None:
+    """A ``ConfigError`` naming what the runs did report, where none reported ``metric`` as a
+    number (a misspelt ``tune.metric`` runs every trial to its end, each scoring NaN)."""
+    reported = {
+        k
+        for result in grid
+        for k, v in (result.metrics or {}).items()
+        if isinstance(v, (int, float)) and v == v and k not in TUNE_KEYS | {ROUND, FINISHED_AT}
+    }
+    if not reported or metric in reported:
+        return
+    close = difflib.get_close_matches(metric, sorted(reported), 1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    where = f"; the trials' runs are under MLflow run {parent}" if parent else ""
+    raise ConfigError(
+        f"tune.metric={metric!r} is not a metric the runs report{hint}; they report "
+        f"{', '.join(sorted(reported))}{where}"
+    )
+
+
 def _summarize(
     grid: Any,
     section: TuneSection,
@@ -325,6 +366,7 @@ def _summarize(
         r for r in rows if r["status"] == "finished" and r[section.metric] == r[section.metric]
     ]
     if not finished:
+        _check_metric_reported(grid, section.metric, parent)
         raise RuntimeError(f"no trial finished with {section.metric!r}; see {path}")
     sign = 1 if section.mode == "max" else -1
     best = max(finished, key=lambda r: sign * r[section.metric])

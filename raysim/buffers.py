@@ -26,23 +26,25 @@ def prefer_huge_pages() -> None:
 
 
 class Buffers:
-    """Named 1-D buffers on one device, each grown when a call needs more than it holds."""
+    """Named 1-D buffers, each grown when a call needs more than it holds. Kept on the CPU only:
+    elsewhere (a GPU) each call gets a new tensor from torch's caching allocator, which reuses
+    freed memory itself, so no model-sized buffer stays reserved there between calls."""
 
     def __init__(self, device: torch.device | str = "cpu") -> None:
         import torch
 
         self.device = torch.device(device)
-        self._float32 = torch.float32
+        self._empty, self._float32 = torch.empty, torch.float32
         self._kept: dict[str, torch.Tensor] = {}
 
     def get(self, name: str, n: int, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """The first ``n`` values of buffer ``name`` (of ``dtype``, float32 by default); their
-        contents are stale."""
-        import torch
-
+        """``n`` values of buffer ``name`` (of ``dtype``, float32 by default); their contents
+        are stale."""
         dtype = dtype or self._float32
+        if self.device.type != "cpu":
+            return self._empty(n, dtype=dtype, device=self.device)
         buf = self._kept.get(name)
         if buf is None or buf.dtype != dtype or buf.numel() < n:
-            buf = torch.empty(n, dtype=dtype, device=self.device)
+            buf = self._empty(n, dtype=dtype, device=self.device)
             self._kept[name] = buf
         return buf[:n]

@@ -1,7 +1,9 @@
-"""What machine this is, in words: for benchmark and reproduction reports."""
+"""What machine this is, in words (for benchmark and reproduction reports), and where raysim keeps
+what it makes once per machine."""
 
 from __future__ import annotations
 
+import os
 import platform
 from pathlib import Path
 
@@ -15,3 +17,9 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def cache_home() -> Path:
+    """raysim's per-machine cache (``$RAYSIM_CACHE``, else ``~/.cache/raysim``): what is made
+    once and reused, such as converted model weights and the empty MLflow store."""
+    return Path(os.environ.get("RAYSIM_CACHE") or Path.home() / ".cache" / "raysim")

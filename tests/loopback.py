@@ -6,6 +6,7 @@ would stop every Ray on the machine)."""
 from __future__ import annotations
 
 import os
+import random
 import secrets
 import signal
 import socket
@@ -21,10 +22,30 @@ from pathlib import Path
 RAY = str(Path(sys.executable).with_name("ray"))
 
 
+#: Ports no process on this machine is handed without asking for them by number: below Linux's
+#: ephemeral range (32768-60999, where every ``bind(port=0)`` lands, Ray's own included) and above
+#: Ray's worker ports (10002-19999). A port handed out here cannot be taken by a Ray process in the
+#: seconds before its server binds it (CI once saw the MLflow server's port answer in gRPC).
+_RESERVED = range(20000, 32768)
+_handed: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port that binds now, outside the ranges Ray and the kernel pick from, and not handed out
+    before by this process."""
+    rng = random.Random(os.getpid() ^ time.monotonic_ns())
+    for _ in range(200):
+        port = rng.choice(_RESERVED)
+        if port in _handed:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed.add(port)
+        return port
+    raise RuntimeError(f"no free port in {_RESERVED.start}-{_RESERVED.stop - 1}")
 
 
 @dataclass

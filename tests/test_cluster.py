@@ -6,6 +6,7 @@ RayJob needs, and a real multi-process cluster on this machine (``ray start --he
 from __future__ import annotations
 
 import copy
+import http.client
 import json
 import os
 import re
@@ -170,14 +171,14 @@ def _mlflow_server(port: int, store: Path, env: dict[str, str]) -> subprocess.Po
 
 def _healthy(proc: subprocess.Popen, port: int) -> None:
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and proc.poll() is None:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
                 return
-        except OSError:
+        except (OSError, http.client.HTTPException):  # not up yet
             time.sleep(0.5)
     proc.kill()
-    raise RuntimeError("mlflow server did not come up")
+    raise RuntimeError(f"mlflow server did not come up on port {port} (exit {proc.poll()})")
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ import time
 import pytest
 
 from tests.conftest import ROOT
+from tests.loopback import free_port
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 #: as the machine notes say: without the background-networking flags, Chromium's many
@@ -34,12 +35,6 @@ RUN_NAME = "ui-check · fedavg · digits α=0.3 · seed 0"
 pytestmark = pytest.mark.slow
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def ui(tmp_path_factory):
     """A store with one raysim run and one experiment made by plain MLflow; ``raysim ui`` on it."""
@@ -54,7 +49,7 @@ def ui(tmp_path_factory):
     t.client.set_terminated(t.run_id, "FINISHED")
     exp_id = MlflowClient(uri).get_run(t.run_id).info.experiment_id
     proc = subprocess.Popen(
-        [sys.executable, "-m", "raysim.cli", "ui", "--port", str(_free_port())],
+        [sys.executable, "-m", "raysim.cli", "ui", "--port", str(free_port())],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,

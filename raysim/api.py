@@ -54,15 +54,28 @@ UNSAVED_DIR, WEIGHTS = "raysim-unsaved", "weights.safetensors"
 
 
 def local_resources() -> dict[str, float]:
-    """What a private local Ray will have: this machine's CPUs and visible CUDA GPUs."""
-    gpus = 0
-    try:
-        import torch
+    """What a private local Ray will have: this machine's CPUs and the CUDA GPUs Ray itself
+    finds (NVML, limited to ``CUDA_VISIBLE_DEVICES``); torch counts them where Ray's detection
+    is not there, so the driver imports torch only then."""
+    return {"CPU": float(os.cpu_count() or 1), "GPU": float(_visible_gpus())}
 
-        gpus = torch.cuda.device_count()
-    except Exception:  # noqa: BLE001 - no usable CUDA: no GPUs
-        gpus = 0
-    return {"CPU": float(os.cpu_count() or 1), "GPU": float(gpus)}
+
+def _visible_gpus() -> int:
+    try:
+        from ray._private.accelerators import NvidiaGPUAcceleratorManager as nvidia
+    except ImportError:  # another Ray layout: ask CUDA through torch
+        try:
+            import torch
+
+            return torch.cuda.device_count()
+        except Exception:  # noqa: BLE001 - no usable CUDA: no GPUs
+            return 0
+    try:
+        gpus = nvidia.get_current_node_num_accelerators()
+        visible = nvidia.get_current_process_visible_accelerator_ids()
+    except Exception:  # noqa: BLE001 - no usable NVML: no GPUs
+        return 0
+    return gpus if visible is None else min(gpus, len(visible))
 
 
 def preflight(cfg: RunConfig, address: str | None = None) -> None:

@@ -24,21 +24,20 @@ from pydantic import (
     model_validator,
 )
 
-from raysim.algorithms.base import MethodParams
-from raysim.algorithms.hooks import HookParams
 from raysim.algorithms.registry import (
     BEHAVIOURS,
     MIXERS,
     PluginError,
-    get_method,
     load_plugin,
+    method_spec,
 )
+from raysim.algorithms.spec import HookParams, MethodParams
 from raysim.data import DataConfig
 from raysim.delays import DelayParams, NoDelayParams, parse_delay_params
 from raysim.models.registry import ModelConfig, model_names, model_traits
 from raysim.schema import StrictModel
 from raysim.sweeps.space import TuneSection
-from raysim.training.loop import LocalTrainingConfig
+from raysim.training.settings import LocalTrainingConfig
 
 
 class ConfigError(ValueError):
@@ -147,7 +146,7 @@ class AlgorithmConfig(StrictModel):
             data = dict(data)
             module = _load_module(data, "algorithm")
             data.setdefault("name", "fedavg")
-            out = _split_named(data, get_method, "algorithm", "algorithm")
+            out = _split_named(data, method_spec, "algorithm", "algorithm")
             return {**out, "module": module}
         return data
 
@@ -182,14 +181,14 @@ class ServerHookConfig(_HookConfig):
     @model_validator(mode="before")
     @classmethod
     def _split(cls, data: Any) -> Any:
-        return cls._split_hook(data, MIXERS.get, "server hook", "hooks.server")
+        return cls._split_hook(data, MIXERS.spec, "server hook", "hooks.server")
 
 
 class ClientHookConfig(_HookConfig):
     @model_validator(mode="before")
     @classmethod
     def _split(cls, data: Any) -> Any:
-        return cls._split_hook(data, BEHAVIOURS.get, "client behaviour", "hooks.clients")
+        return cls._split_hook(data, BEHAVIOURS.spec, "client behaviour", "hooks.clients")
 
 
 class HooksConfig(StrictModel):
@@ -369,7 +368,7 @@ class RunConfig(StrictModel):
             close = difflib.get_close_matches(self.model.name, names, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ValueError(f"unknown model {self.model.name!r}{hint}; known: {', '.join(names)}")
-        unmet = get_method(self.algorithm.name).needs.unmet(
+        unmet = method_spec(self.algorithm.name).needs.unmet(
             self.algorithm.name,
             self.model.name,
             set(model_traits(self.model.name)),
@@ -422,7 +421,7 @@ class RunConfig(StrictModel):
     def group_size(self) -> int:
         """How many of a submission's jobs train together: 1 (each alone), ``workers.group_size``
         (batched execution) or all of them (a method whose clients train together)."""
-        if self.method_client().trains_together:
+        if self.algorithm.params.trains_together:
             return sys.maxsize
         w = self.workers
         if w.execution == "sequential" or (w.execution == "auto" and not self.may_batch()):
@@ -435,7 +434,7 @@ class RunConfig(StrictModel):
         local = self.local
         return (
             self.workers.count != "per_client"
-            and get_method(self.algorithm.name).client.may_batch()  # decided by the class
+            and method_spec(self.algorithm.name).batchable  # decided by the client class
             and local.backend == "torch"
             and local.mixed_precision == "no"
             and local.grad_accumulation == 1
@@ -449,7 +448,7 @@ class RunConfig(StrictModel):
                 "workers.execution batched trains a worker's clients in groups; per_client "
                 "actors hold one client each: set workers.count to a number"
             )
-        if not self.method_client().trains_together:
+        if not self.algorithm.params.trains_together:
             return
         what = f"{self.algorithm.name} trains a round's clients together on one worker"
         if self.workers.count == "per_client":
@@ -460,14 +459,10 @@ class RunConfig(StrictModel):
                 "set algorithm.dual_centering sync"
             )
 
-    def method_client(self) -> Any:
-        """The method's client half built from this config (``ClientAlgorithm``)."""
-        return get_method(self.algorithm.name).client(self.algorithm.params)
-
     def client_hooks(self) -> list[tuple[str, HookParams]]:
         """``hooks.clients`` in order, then ``faults.corrupt_updates`` as ``corrupt`` behaviours."""
         out = [(h.name, h.params) for h in self.hooks.clients]
-        corrupt = BEHAVIOURS.get("corrupt").params
+        corrupt = BEHAVIOURS.spec("corrupt").params
         for f in self.faults.corrupt_updates:
             out.append(("corrupt", corrupt(clients=[f.client], rounds=[f.round], value=f.value)))
         return out

@@ -7,7 +7,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "raysim"
 #: the method interface at the top of ``raysim/algorithms/``; every method lives in a subpackage
-INTERFACE = ("base", "context", "private", "hooks", "registry", "__init__")
+INTERFACE = ("base", "context", "private", "hooks", "registry", "spec", "__init__")
 PAPERS = ("general", "fedoa", "feddle", "fedbaf", "fedot")
 
 
@@ -128,7 +128,7 @@ def test_the_cycle_finder_finds_a_planted_circle(tmp_path, monkeypatch):
 
 def test_interface_modules_import_no_method():
     """The top of ``raysim/algorithms/`` is the interface: it names built-in modules as strings
-    (``registry.BUILTIN_MODULES``) and imports none of them."""
+    (``registry.BUILTIN_SPECS``) and imports none of them."""
     for name in INTERFACE:
         path = ROOT / "algorithms" / f"{name}.py"
         bad = {m for m in raysim_imports(path) if m.split(".")[2:3] and m.split(".")[2] in PAPERS}

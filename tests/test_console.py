@@ -94,6 +94,48 @@ def test_the_actor_modules_import_without_torch():
     assert out.strip() == "[]"
 
 
+#: a fresh process's first lines: any import of torch raises, as if it were not installed
+NO_TORCH = (
+    "import sys\n"
+    "class NoTorch:\n"
+    "    def find_spec(self, name, path=None, target=None):\n"
+    "        if name == 'torch' or name.startswith('torch.'):\n"
+    "            raise ImportError('torch imported')\n"
+    "sys.meta_path.insert(0, NoTorch())\n"
+)
+
+
+def test_every_example_config_loads_without_torch():
+    """The driver and every Tune trial check their config before anything else; that took
+    1.1 s of torch's import on 2 vCPUs while the methods' and models' parameters lived beside
+    their torch code. The control: the same guard stops a model module."""
+    configs = sorted(
+        str(p) for p in EXAMPLES.rglob("*.yaml") if p.name != "methods.yaml"
+    )  # the methods.yaml files list a reproduction's cells, not runs
+    assert len(configs) > 30
+    out = probe(
+        NO_TORCH + "from raysim.config import load_config\n"
+        f"for path in {configs!r}:\n    load_config(path)\n"
+        "print(len(sys.modules))\n"
+        "try:\n    import raysim.models.small\nexcept ImportError as e:\n    print(e)\n"
+    )
+    assert out.strip().splitlines()[-1] == "torch imported"
+
+
+def test_the_driver_of_a_run_never_imports_torch(tmp_path):
+    """``raysim run`` checks the config, plans the resources (GPUs counted as Ray counts them)
+    and starts Ray without torch: its coordinator and workers import it, each in its own
+    process."""
+    out = probe(
+        NO_TORCH + f"import os\nos.chdir({str(tmp_path)!r})\nfrom raysim.cli import main\n"
+        f"code = main(['run', {str(EXAMPLES / 'quickstart.yaml')!r}, 'rounds=1', "
+        "'tracking.enabled=false'])\n"
+        "print('exit', code)\n"
+    )
+    assert "weights sha256:" in out
+    assert out.strip().splitlines()[-1] in {"exit 0", "exit None"}
+
+
 def test_the_command_exits_as_python_would_only_sooner(tmp_path):
     """``raysim`` (``cli.entry``) ends with ``os._exit`` once its work is done: before that, a
     thread still writing is joined, every atexit handler runs, and the output is flushed; the

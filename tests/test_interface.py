@@ -417,6 +417,57 @@ def test_registering_a_different_method_under_a_taken_name_fails():
         register(Method(name="fedavg", strategy=Other))
 
 
+def test_every_builtin_implementation_agrees_with_its_torch_free_spec():
+    """A config is checked against the specs (``*/params.py``); the workers build from the
+    implementations. Each built-in method and hook must be what its spec says, registered by the
+    module the spec names."""
+    import dataclasses
+    import sys
+
+    from raysim.algorithms.registry import BEHAVIOURS, MIXERS, get_method, method_names, method_spec
+
+    assert len(method_names()) >= 29
+    for name in method_names():
+        spec, method = method_spec(name), get_method(name)
+        assert dataclasses.replace(method.spec, module=spec.module) == spec, name
+        assert any(v is method for v in vars(sys.modules[spec.module]).values()), name
+    for registry in (MIXERS, BEHAVIOURS):
+        for name in registry.names():
+            spec, hook = registry.spec(name), registry.get(name)
+            assert (hook.params, hook.reference) == (spec.params, spec.reference), name
+            assert hook.cls.__module__ == spec.module, name
+
+
+def test_a_spec_that_misstates_its_client_is_refused():
+    """``Method.of`` checks the spec's ``batchable`` against the client class, so a config never
+    plans batched training for a client that trains its own way."""
+    from raysim.algorithms import Method
+    from raysim.algorithms.fedoa.personal import FedOAClient
+    from raysim.algorithms.general.fedavg import FedAvg
+    from raysim.algorithms.spec import MethodSpec
+
+    with pytest.raises(ValueError, match="batchable=True"):
+        Method.of(MethodSpec("mine", "m", batchable=True), FedAvg, client=FedOAClient)
+    assert Method.of(MethodSpec("mine", "m", batchable=False), FedAvg, client=FedOAClient)
+
+
+def test_a_plugin_cannot_take_a_builtin_name_whose_module_is_not_loaded():
+    """Built-in implementations load lazily; a plugin registering ``pfedme`` first is still
+    refused, since the name is the built-in spec's."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\nfrom raysim.algorithms import Method, register\n"
+        "from raysim.algorithms.base import Strategy\n"
+        "assert 'raysim.algorithms.fedoa.pfedme' not in sys.modules\n"
+        "try:\n    register(Method(name='pfedme', strategy=Strategy))\n"
+        "except ValueError as e:\n    print(e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert "registered twice (it is a built-in method)" in out.stdout, out.stderr[-2000:]
+
+
 # --------------------------------------------------------------------------- resources
 def test_plan_resources_gives_the_bundles_every_launcher_uses():
     from raysim.resources import ResourceError, plan_resources

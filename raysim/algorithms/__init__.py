@@ -1,55 +1,49 @@
-"""Federated methods: one file each, a ``Strategy`` and optionally a ``ClientAlgorithm``.
+"""Federated methods: one package per paper, each method a ``Strategy`` and optionally a
+``ClientAlgorithm``, its parameters and needs in the package's torch-free ``params`` module.
 
-This package never imports Ray or MLflow. ``docs/architecture.md`` maps every hook.
+This package never imports Ray or MLflow. ``docs/architecture.md`` maps every hook. The names
+below load on first use, so that a config can be checked (``spec``, ``registry``) without torch.
 """
 
-from ..models.layout import Layout, ParamGroup
-from .base import (
-    ClientAlgorithm,
-    ClientContext,
-    Downlink,
-    Method,
-    MethodParams,
-    Needs,
-    Strategy,
-    Update,
-)
-from .context import ServerContext, ServerData, ServerPool
-from .hooks import ClientBehaviour, HookParams, Mixer
-from .private import PrivateTensors
-from .registry import (
-    BEHAVIOURS,
-    MIXERS,
-    Hook,
-    get_method,
-    load_plugin,
-    method_names,
-    register,
-)
+from __future__ import annotations
 
-__all__ = [
-    "BEHAVIOURS",
-    "MIXERS",
-    "ClientAlgorithm",
-    "ClientBehaviour",
-    "ClientContext",
-    "Downlink",
-    "Hook",
-    "HookParams",
-    "Layout",
-    "Method",
-    "MethodParams",
-    "Needs",
-    "Mixer",
-    "ParamGroup",
-    "PrivateTensors",
-    "ServerContext",
-    "ServerData",
-    "ServerPool",
-    "Strategy",
-    "Update",
-    "get_method",
-    "load_plugin",
-    "method_names",
-    "register",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "Layout": "raysim.models.layout",
+    "ParamGroup": "raysim.models.layout",
+    "ClientAlgorithm": ".base",
+    "ClientContext": ".base",
+    "Downlink": ".base",
+    "Method": ".base",
+    "Strategy": ".base",
+    "Update": ".base",
+    "MethodParams": ".spec",
+    "MethodSpec": ".spec",
+    "HookParams": ".spec",
+    "HookSpec": ".spec",
+    "Needs": ".spec",
+    "ServerContext": ".context",
+    "ServerData": ".context",
+    "ServerPool": ".context",
+    "ClientBehaviour": ".hooks",
+    "Mixer": ".hooks",
+    "PrivateTensors": ".private",
+    "BEHAVIOURS": ".registry",
+    "MIXERS": ".registry",
+    "Hook": ".registry",
+    "get_method": ".registry",
+    "load_plugin": ".registry",
+    "method_names": ".registry",
+    "method_spec": ".registry",
+    "register": ".registry",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    raise AttributeError(f"module 'raysim.algorithms' has no attribute {name!r}")

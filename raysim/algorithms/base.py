@@ -16,28 +16,23 @@ from typing import Any
 
 import numpy as np
 import torch
-from pydantic import ConfigDict
 
 from ..errors import Diverged as Diverged  # re-exported: a strategy raises it
 from ..models.handle import ModelHandle
 from ..models.layout import DEFAULT_GROUPS, ParamGroup, check_groups
 from ..models.registry import ModelWrapper
-from ..schema import StrictModel
 from ..training.backends import PenaltyFn
 from ..training.batched import train_batched, unbatchable
 from ..training.loop import LocalTrainingConfig, train_local
 from ..training.tasks import Task
 from .context import ServerContext
 from .private import PrivateTensors
+from .spec import MethodParams as MethodParams  # re-exported: the torch-free half lives in spec
+from .spec import MethodSpec
+from .spec import Needs as Needs
 
 #: one client's parameter groups as tensors: group name → its tensors in group order
 Snapshot = dict[str, list[torch.Tensor]]
-
-
-class MethodParams(StrictModel):
-    """Hyper-parameters of a method (server and client side); subclasses add fields."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 @dataclass(frozen=True)
@@ -267,10 +262,9 @@ class ClientAlgorithm:
 
     @property
     def trains_together(self) -> bool:
-        """Whether a round's clients must train in one ``train_together`` call, coupled step by
-        step (FedOT's exact centring, fedot.md §3.3). The runtime then sends a round's jobs to
-        one worker as one batch, each client on its own copy of the model."""
-        return False
+        """Whether a round's clients train in one ``train_together`` call: the params say
+        (``MethodParams.trains_together``)."""
+        return self.params.trains_together
 
     def train_together(self, ctxs: Sequence[ClientContext]) -> list[dict[str, float]]:
         """Train the clients of one round together when ``trains_together``; each context holds
@@ -343,72 +337,6 @@ class WeightedMean:
 
 
 @dataclass(frozen=True)
-class Needs:
-    """What a method needs from a run, checked against the config before Ray starts.
-
-    ``model``: traits the model must have (``raysim/models/registry.py`` gives each model its
-    traits: ``lora``, ``causal_lm``, ``classifier``, ``token_lm``); ``server_id``: labelled
-    in-distribution server data (``data.server.id_size``); ``ood_pool``: an out-of-domain server
-    pool (``data.server.ood``); ``example``: a config that shows how to give it all.
-    """
-
-    model: frozenset[str] = frozenset()
-    server_id: bool = False
-    ood_pool: bool = False
-    #: local steps taken by hand as plain SGD: no momentum, weight decay or accumulation
-    plain_sgd: bool = False
-    example: str = ""
-
-    def unmet(
-        self,
-        method: str,
-        model: str,
-        traits: set[str],
-        id_size: int,
-        pools: int,
-        local: LocalTrainingConfig | None = None,
-    ) -> str:
-        """One line naming what is missing and what to set; "" when the run has it all."""
-        problem = ""
-        wrong = self._not_plain_sgd(local) if self.plain_sgd and local is not None else []
-        if wrong:
-            problem = f"{method} steps plain SGD by hand: set {', '.join(wrong)}"
-        elif self.model and not self.model <= traits:
-            want = " ".join(sorted(self.model))
-            have = ", ".join(sorted(traits)) or "none of them"
-            problem = (
-                f"{method} needs a model with traits [{want}]; model {model!r} has {have}: "
-                "set model.name"
-            )
-        elif self.server_id and id_size <= 0:
-            problem = f"{method} needs in-distribution server data: set data.server.id_size"
-        elif self.ood_pool and pools == 0:
-            problem = f"{method} needs an out-of-domain server pool: set data.server.ood"
-        if problem and self.example:
-            problem += f" ({self.example} shows how)"
-        return problem
-
-    @staticmethod
-    def _not_plain_sgd(local: LocalTrainingConfig) -> list[str]:
-        """The ``local.KEY VALUE`` settings that plain, hand-taken SGD steps need and lack."""
-        want = {
-            "optimizer": "sgd",
-            "momentum": 0.0,
-            "weight_decay": 0.0,
-            "backend": "torch",
-            "grad_accumulation": 1,
-        }
-        return [f"local.{k} {v}" for k, v in want.items() if getattr(local, k) != v]
-
-    def describe(self) -> str:
-        """For ``raysim methods``: what the method needs, or "any model"."""
-        parts = [f"model: {'+'.join(sorted(self.model))}"] if self.model else []
-        parts += ["server ID data"] * self.server_id + ["OOD pool"] * self.ood_pool
-        parts += ["plain SGD"] * self.plain_sgd
-        return ", ".join(parts) or "any model"
-
-
-@dataclass(frozen=True)
 class Method:
     """A registered method: its name, seed paper/spec section, its two halves and its model needs.
 
@@ -428,6 +356,37 @@ class Method:
     evaluate_with: str = "global"
     wrap_model: ModelWrapper | None = None
     needs: Needs = Needs()
+
+    @classmethod
+    def of(cls, spec: MethodSpec, strategy: type[Strategy], **implementation: Any) -> Method:
+        """A built-in method: name, params, needs and reference from its torch-free ``spec``,
+        the rest (``client``, ``groups``, ...) given here."""
+        method = cls(
+            name=spec.name,
+            strategy=strategy,
+            params=spec.params,
+            reference=spec.reference,
+            needs=spec.needs,
+            **implementation,
+        )
+        if method.client.may_batch() != spec.batchable:
+            raise ValueError(
+                f"{spec.name}: its spec says batchable={spec.batchable}, its client "
+                f"{method.client.__name__}.may_batch() says {not spec.batchable}"
+            )
+        return method
+
+    @property
+    def spec(self) -> MethodSpec:
+        """The torch-free half, for a method a plugin registers."""
+        return MethodSpec(
+            name=self.name,
+            module=self.strategy.__module__,
+            params=self.params,
+            needs=self.needs,
+            reference=self.reference,
+            batchable=self.client.may_batch(),
+        )
 
     def __post_init__(self) -> None:
         check_groups(self.groups)

@@ -19,14 +19,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from pydantic import Field, model_validator
 
-from .base import ClientContext, Downlink, MethodParams, Secret, Stateful, Strategy, Update
+from .base import ClientContext, Downlink, Secret, Stateful, Strategy, Update
 from .context import ServerContext
-
-
-class HookParams(MethodParams):
-    """Parameters of a hook; subclasses add fields."""
+from .spec import BehaviourParams as BehaviourParams  # re-exported: defined torch-free in spec
+from .spec import HookParams as HookParams
+from .spec import MethodParams
 
 
 class Mixer(Stateful):
@@ -70,26 +68,6 @@ def chosen_clients(fraction: float, seed: int, num_clients: int) -> list[int]:
     §4.4). One order per seed, so the set at ζ = 0.1 lies inside the set at ζ = 0.2."""
     order = np.random.default_rng([seed, ATTACKERS_TAG]).permutation(num_clients)
     return sorted(int(j) for j in order[: round(fraction * num_clients)])
-
-
-class BehaviourParams(HookParams):
-    """Which jobs a client behaviour applies to: listed clients, or a fixed random fraction ζ of
-    them (None for both: all), in listed dispatch rounds (None: all)."""
-
-    clients: list[int] | None = Field(None, description="client ids (None: every client)")
-    fraction: float | None = Field(
-        None,
-        ge=0,
-        le=1,
-        description="ζ: round(ζ·K) clients drawn once from the run seed (fedbaf.md §4.4)",
-    )
-    rounds: list[int] | None = Field(None, description="dispatch rounds (None: every round)")
-
-    @model_validator(mode="after")
-    def _one_selector(self) -> BehaviourParams:
-        if self.clients is not None and self.fraction is not None:
-            raise ValueError("give clients or fraction, not both")
-        return self
 
 
 class ClientBehaviour:

@@ -1,17 +1,21 @@
 """Every registry of the package: methods (``register``), server mixers (``MIXERS``) and client
 behaviours (``BEHAVIOURS``), and the one list of built-in modules that fills them.
 
-Where implementations come from, in every process that looks one up (the driver, the coordinator
-and each worker):
+Each lookup has two halves. The torch-free half (``method_spec``, ``HookRegistry.spec``: params,
+needs, where the implementation lives) is what a config is checked against, in the driver and in
+each Tune trial before any model loads. The implementation (``get_method``, ``HookRegistry.get``)
+is imported where a method or hook is built: the coordinator and the workers.
 
-- ``BUILTIN_MODULES`` below, imported on the first lookup of any registry; each module registers
-  what it defines (a method with ``@register``-style calls, a hook with ``MIXERS.register`` /
-  ``BEHAVIOURS.register``);
+Where they come from, in every process that looks one up:
+
+- ``BUILTIN_SPECS`` below: one torch-free ``params`` module per paper package, imported on the
+  first lookup; each lists its ``SPECS`` (``MethodSpec`` / ``HookSpec``), and each spec names the
+  module that registers its implementation (``Method.of(spec, ...)``, ``Hook.of(spec, cls)``);
 - packages that declare a ``raysim.methods`` entry point (``[project.entry-points."raysim.methods"]
-  my_method = "my_pkg.my_method"``);
+  my_method = "my_pkg.my_method"``), loaded when a name is not a built-in one;
 - a user's module named in the config (``algorithm.module``, or ``module:`` on a ``hooks.server``
   / ``hooks.clients`` entry: a dotted name or a ``.py`` file), imported by ``load_plugin`` when
-  the config is validated, which every process does.
+  the config is validated, which every process does. What it registers is its own spec.
 
 No interface module imports an implementation: the built-in list is strings, imported here.
 """
@@ -28,51 +32,30 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from .base import Method
-from .hooks import ClientBehaviour, HookParams, Mixer
+from .spec import HookParams, HookSpec, MethodSpec
+
+if TYPE_CHECKING:
+    from .base import Method
+    from .hooks import ClientBehaviour, Mixer
 
 _METHODS: dict[str, Method] = {}
+_SPECS: dict[str, MethodSpec] = {}
 ENTRY_POINT_GROUP = "raysim.methods"
 
-#: The built-in modules, imported on first lookup: each registers its methods, mixers and
-#: behaviours. One package per paper, plus the general-purpose methods every paper compares with.
-BUILTIN_MODULES = (
-    # general-purpose methods, mixers and behaviours
-    "raysim.algorithms.general.fedavg",
-    "raysim.algorithms.general.fedprox",
-    "raysim.algorithms.general.fedadam",
-    "raysim.algorithms.general.fedyogi",
-    "raysim.algorithms.general.fedasync",
-    "raysim.algorithms.general.fedbuff",
-    "raysim.algorithms.general.ca2fl",
-    "raysim.algorithms.general.mixers",
-    "raysim.algorithms.general.behaviours",
-    # Feddle (feddle.md) and its server-data baselines
-    "raysim.algorithms.feddle.center",
-    "raysim.algorithms.feddle.fedft",
-    "raysim.algorithms.feddle.hfcl",
-    "raysim.algorithms.feddle.feddf",
-    "raysim.algorithms.feddle.method",
-    # FedBaF (fedbaf.md): the mixer, the method, the adversaries
-    "raysim.algorithms.fedbaf.mixer",
-    "raysim.algorithms.fedbaf.method",
-    "raysim.algorithms.fedbaf.adversaries",
-    # FedOA (fedoa.md) and its personalised-adapter baselines
-    "raysim.algorithms.fedoa.fedit",
-    "raysim.algorithms.fedoa.method",
-    "raysim.algorithms.fedoa.ditto",
-    "raysim.algorithms.fedoa.perada",
-    "raysim.algorithms.fedoa.pfedme",
-    "raysim.algorithms.fedoa.fedlora",
-    "raysim.algorithms.fedoa.fedsdr",
-    "raysim.algorithms.fedoa.centralized",
-    # FedOT (fedot.md) and its personalisation baselines
-    "raysim.algorithms.fedot.method",
-    "raysim.algorithms.fedot.baselines",
+#: The built-in specs, imported on first lookup: one torch-free module per paper package, plus
+#: the general-purpose methods every paper compares with. Each lists its methods' and hooks'
+#: specs in ``SPECS``.
+BUILTIN_SPECS = (
+    "raysim.algorithms.general.params",
+    "raysim.algorithms.feddle.params",
+    "raysim.algorithms.fedbaf.params",
+    "raysim.algorithms.fedoa.params",
+    "raysim.algorithms.fedot.params",
 )
-_loaded = False
+_specs_loaded = False
+_entry_points_loaded = False
 
 
 class PluginError(ValueError):
@@ -92,7 +75,12 @@ def _source(method: Method) -> str | None:
 
 def register(method: Method) -> Method:
     """Add a method under ``method.name``; a second registration of the same name from another
-    source is an error (re-importing the same file, e.g. as a plugin and by hand, is not)."""
+    source is an error (re-importing the same file, e.g. as a plugin and by hand, is not). A
+    built-in name must be registered from its spec (``Method.of``)."""
+    _load_specs()
+    builtin = _BUILTIN_METHODS.get(method.name)
+    if builtin is not None and (method.params, method.needs) != (builtin.params, builtin.needs):
+        raise ValueError(f"method {method.name!r} is registered twice (it is a built-in method)")
     old = _METHODS.get(method.name)
     if old is not None and old is not method:
         same = (
@@ -103,6 +91,7 @@ def register(method: Method) -> Method:
         if not same:
             raise ValueError(f"method {method.name!r} is registered twice")
     _METHODS[method.name] = method
+    _SPECS[method.name] = builtin or method.spec
     return method
 
 
@@ -137,18 +126,42 @@ def load_plugin(spec: str) -> str:
     return spec
 
 
-def _load_builtins() -> None:
-    global _loaded
-    if _loaded:
+_BUILTIN_METHODS: dict[str, MethodSpec] = {}
+_BUILTIN_HOOKS: dict[str, dict[str, HookSpec]] = {}
+
+
+def _load_specs() -> None:
+    """Import the built-in spec modules (torch-free) once."""
+    global _specs_loaded
+    if _specs_loaded:
         return
-    _loaded = True
-    for module in BUILTIN_MODULES:
-        importlib.import_module(module)
+    _specs_loaded = True
+    for module in BUILTIN_SPECS:
+        for spec in importlib.import_module(module).SPECS:
+            if isinstance(spec, MethodSpec):
+                _BUILTIN_METHODS[spec.name] = spec
+                _SPECS[spec.name] = spec
+            else:
+                _BUILTIN_HOOKS.setdefault(spec.kind, {})[spec.name] = spec
+
+
+def _load_entry_points() -> None:
+    """Import the modules that installed packages declare as ``raysim.methods`` once."""
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    _entry_points_loaded = True
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         try:
             ep.load()
         except Exception as e:  # noqa: BLE001 - name the broken plugin, do not hide it
             raise PluginError(f"entry point {ep.name!r} ({ep.value}) failed to load: {e}") from e
+
+
+def _unknown(kind: str, name: str, known: list[str]) -> KeyError:
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return KeyError(f"unknown {kind} {name!r}{hint}; known: {', '.join(sorted(known))}")
 
 
 T = TypeVar("T")
@@ -163,6 +176,11 @@ class Hook(Generic[T]):
     params: type[HookParams] = HookParams
     reference: str = ""
 
+    @classmethod
+    def of(cls, spec: HookSpec, implementation: type[T]) -> Hook[T]:
+        """A built-in hook: name, params and reference from its torch-free ``spec``."""
+        return cls(spec.name, implementation, spec.params, spec.reference)
+
     def build(self, params: Mapping[str, Any] | HookParams) -> T:
         if not isinstance(params, HookParams):
             params = self.params(**params)
@@ -170,13 +188,21 @@ class Hook(Generic[T]):
 
 
 class HookRegistry(Generic[T]):
-    """Name → ``Hook`` for one kind of hook; lookups load the built-in modules first."""
+    """Name → ``Hook`` for one kind of hook (``spec`` for its torch-free half)."""
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self._hooks: dict[str, Hook[T]] = {}
+        self._specs: dict[str, HookSpec] = {}
+
+    def _builtin(self) -> dict[str, HookSpec]:
+        _load_specs()
+        return _BUILTIN_HOOKS.get(self.kind, {})
 
     def register(self, hook: Hook[T]) -> Hook[T]:
+        builtin = self._builtin().get(hook.name)
+        if builtin is not None and hook.params is not builtin.params:
+            raise ValueError(f"{self.kind} {hook.name!r} is registered twice (it is built in)")
         old = self._hooks.get(hook.name)
         if old is not None and old is not hook:
             same = old.cls.__qualname__ == hook.cls.__qualname__ and _file(old.cls) == _file(
@@ -185,35 +211,57 @@ class HookRegistry(Generic[T]):
             if not same:
                 raise ValueError(f"{self.kind} {hook.name!r} is registered twice")
         self._hooks[hook.name] = hook
+        self._specs[hook.name] = builtin or HookSpec(
+            self.kind, hook.name, hook.cls.__module__, hook.params, hook.reference
+        )
         return hook
 
+    def spec(self, name: str) -> HookSpec:
+        """The hook's params and reference, without importing its implementation."""
+        found = self._builtin().get(name) or self._specs.get(name)
+        if found is None:
+            _load_entry_points()
+            found = self._specs.get(name)
+        if found is None:
+            raise _unknown(self.kind, name, self.names())
+        return found
+
     def get(self, name: str) -> Hook[T]:
-        _load_builtins()
+        """The hook, its implementation imported."""
+        spec = self.spec(name)
         if name not in self._hooks:
-            close = difflib.get_close_matches(name, list(self._hooks), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise KeyError(f"unknown {self.kind} {name!r}{hint}; known: {', '.join(self.names())}")
+            importlib.import_module(spec.module)
         return self._hooks[name]
 
     def names(self) -> list[str]:
-        _load_builtins()
-        return sorted(self._hooks)
+        _load_entry_points()
+        return sorted(set(self._builtin()) | set(self._specs))
 
 
 MIXERS: HookRegistry[Mixer] = HookRegistry("server hook")
 BEHAVIOURS: HookRegistry[ClientBehaviour] = HookRegistry("client behaviour")
 
 
+def method_spec(name: str) -> MethodSpec:
+    """A method's params, needs and reference, without importing its implementation; the error
+    names the closest known method."""
+    _load_specs()
+    if name not in _SPECS:
+        _load_entry_points()
+    if name not in _SPECS:
+        raise _unknown("algorithm", name, method_names())
+    return _SPECS[name]
+
+
 def get_method(name: str) -> Method:
-    """Look up a method by name; the error names the closest registered one."""
-    _load_builtins()
+    """A method, its implementation imported; the error names the closest known one."""
+    spec = method_spec(name)
     if name not in _METHODS:
-        close = difflib.get_close_matches(name, list(_METHODS), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise KeyError(f"unknown algorithm {name!r}{hint}; known: {', '.join(sorted(_METHODS))}")
+        importlib.import_module(spec.module)
     return _METHODS[name]
 
 
 def method_names() -> list[str]:
-    _load_builtins()
-    return sorted(_METHODS)
+    _load_specs()
+    _load_entry_points()
+    return sorted(_SPECS)

@@ -24,13 +24,15 @@ on); ``ClientShifts.test_view`` gives a client's own view of the test set.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-import torch
 from pydantic import Field, model_validator
 
 from raysim.schema import StrictModel
+
+if TYPE_CHECKING:  # the data layer loads without torch; only EmbeddingShift uses it
+    import torch
 
 SHIFT_TAG = 0xF07  # rng = default_rng([seed, SHIFT_TAG, client])
 
@@ -136,6 +138,8 @@ class EmbeddingShift:
 
     def params(self, client: int) -> tuple[torch.Tensor, torch.Tensor]:
         if client not in self._params:
+            import torch
+
             rng = np.random.default_rng([self.shifts.seed, SHIFT_TAG, client])
             lo, hi = self.shifts.cfg.scale
             s = torch.from_numpy(rng.uniform(lo, hi, self.d).astype(np.float32))

@@ -152,7 +152,7 @@ def llama_config(shape: LlamaShape, vocab_size: int) -> Any:
     )
 
 
-@register_model("llama", traits=("causal_lm", "lora"))
+@register_model("llama")
 def build_llama(cfg: ModelConfig, spec: DataSpec, groups: Sequence[ParamGroup]) -> LoraHandle:
     """A LLaMA from ``cfg.llama`` (random init under the caller's torch seed)."""
     from transformers import LlamaForCausalLM
@@ -169,7 +169,7 @@ def build_llama(cfg: ModelConfig, spec: DataSpec, groups: Sequence[ParamGroup]) 
 build_llama.takes_groups = True
 
 
-@register_model("hf_causal_lm", traits=("causal_lm", "lora"))
+@register_model("hf_causal_lm")
 def build_hf_causal_lm(
     cfg: ModelConfig, spec: DataSpec, groups: Sequence[ParamGroup]
 ) -> LoraHandle:
@@ -188,7 +188,7 @@ def build_hf_causal_lm(
 build_hf_causal_lm.takes_groups = True
 
 
-@register_model("smollm2", traits=("causal_lm", "lora"))
+@register_model("smollm2")
 def build_smollm2(cfg: ModelConfig, spec: DataSpec, groups: Sequence[ParamGroup]) -> LoraHandle:
     from transformers import AutoModelForCausalLM
 

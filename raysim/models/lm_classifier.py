@@ -45,7 +45,7 @@ class LMClassifier(nn.Module):
         return self.from_embeddings(self.embed(tokens), tokens != self.pad_id)
 
 
-@register_model("lm_classifier", traits=("classifier", "token_embeddings"))
+@register_model("lm_classifier")
 def build_lm_classifier(cfg: ModelConfig, spec: DataSpec) -> nn.Module:
     """A LoRA-adapted LLaMA (``model.llama`` or ``model.path``) with a linear head."""
     from peft import LoraConfig, get_peft_model

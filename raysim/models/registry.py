@@ -1,18 +1,27 @@
-"""Name → model builder registry; later issues add LLM and vision builders here."""
+"""Name → model builder registry, and the model config.
+
+This module loads without torch, so a config can be checked (``model_names``, ``model_traits``)
+before any process imports it: the built-in models are listed below with their traits, and a
+built-in's module (which imports torch) is imported only when that model is built.
+"""
 
 from __future__ import annotations
 
 import difflib
+import importlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
 from pydantic import Field
 
-from raysim.models.handle import ModelHandle
 from raysim.models.layout import DEFAULT_GROUPS, ParamGroup
 from raysim.schema import StrictModel
+
+if TYPE_CHECKING:
+    import torch
+
+    from raysim.models.handle import ModelHandle
 
 
 @dataclass(frozen=True)
@@ -113,37 +122,66 @@ class ModelConfig(StrictModel):
     device: str = Field("auto", description="auto (cuda if visible, else cpu), cpu, cuda")
 
 
-Builder = Callable[[ModelConfig, DataSpec], torch.nn.Module]
+Builder = Callable[[ModelConfig, DataSpec], "torch.nn.Module"]
 #: A method's model wrapper: (built module, data spec, the method's params) -> the module
 #: clients train (``Method.wrap_model``).
-ModelWrapper = Callable[[torch.nn.Module, "DataSpec", Any], torch.nn.Module]
+ModelWrapper = Callable[["torch.nn.Module", "DataSpec", Any], "torch.nn.Module"]
+
+#: The built-in models: name → (the module that registers its builder, its traits). Traits are
+#: what methods may need (``Method.needs``): ``classifier`` (labelled inputs → class logits, a
+#: last ``nn.Linear`` head), ``image``, ``causal_lm`` (an HF causal LM on tokenised text),
+#: ``lora`` (its parameter groups are LoRA adapters on a frozen base), ``token_lm`` (next-token
+#: prediction on pre-tokenised sequences), ``token_embeddings``.
+BUILTIN_MODELS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "mlp": ("raysim.models.small", ("classifier",)),
+    "cnn": ("raysim.models.small", ("classifier",)),
+    "bag_of_embeddings": ("raysim.models.small", ("classifier",)),
+    "transformer_lm": ("raysim.models.small", ("token_lm",)),
+    "llama": ("raysim.models.causal_lm", ("causal_lm", "lora")),
+    "hf_causal_lm": ("raysim.models.causal_lm", ("causal_lm", "lora")),
+    "smollm2": ("raysim.models.causal_lm", ("causal_lm", "lora")),
+    "lm_classifier": ("raysim.models.lm_classifier", ("classifier", "token_embeddings")),
+    "alexnet": ("raysim.models.tf_nets", ("classifier", "image")),
+    "mini_inception": ("raysim.models.tf_nets", ("classifier", "image")),
+    "resnet": ("raysim.models.vision", ("classifier", "image")),
+    "preact_resnet": ("raysim.models.vision", ("classifier", "image")),
+    "vit": ("raysim.models.vision", ("classifier", "image")),
+    "vit_lora": ("raysim.models.vision", ("classifier", "image")),
+}
 _BUILDERS: dict[str, Builder] = {}
-_TRAITS: dict[str, frozenset[str]] = {}
+_TRAITS: dict[str, frozenset[str]] = {n: frozenset(t) for n, (_, t) in BUILTIN_MODELS.items()}
 
 
 def register_model(name: str, traits: Iterable[str] = ()) -> Callable[[Builder], Builder]:
-    """Register a builder under ``name`` with the traits methods may need (``Method.needs``):
-    ``classifier`` (labelled inputs → class logits, a last ``nn.Linear`` head), ``image``,
-    ``causal_lm`` (an HF causal LM on tokenised text), ``lora`` (its parameter groups are LoRA
-    adapters on a frozen base), ``token_lm`` (next-token prediction on pre-tokenised
-    sequences)."""
+    """Register a builder under ``name`` with the traits methods may need (see
+    ``BUILTIN_MODELS``). A built-in model's traits are the ones listed there."""
 
     def wrap(fn: Builder) -> Builder:
+        builtin = BUILTIN_MODELS.get(name)
+        if builtin is not None and fn.__module__ != builtin[0]:
+            raise ValueError(f"model {name!r} is built in ({builtin[0]}); choose another name")
         _BUILDERS[name] = fn
-        _TRAITS[name] = frozenset(traits)
+        if builtin is None:
+            _TRAITS[name] = frozenset(traits)
         return fn
 
     return wrap
 
 
 def model_traits(name: str) -> frozenset[str]:
-    """The traits ``name`` was registered with (none for an unknown model)."""
+    """The traits of model ``name`` (none for an unknown model)."""
     return _TRAITS.get(name, frozenset())
 
 
 def model_names() -> list[str]:
-    """Registered model names (the built-in ones register when ``raysim.models`` is imported)."""
-    return sorted(_BUILDERS)
+    """The built-in models and those a plugin registered."""
+    return sorted(set(BUILTIN_MODELS) | set(_BUILDERS))
+
+
+def _builder(name: str) -> Builder | None:
+    if name not in _BUILDERS and name in BUILTIN_MODELS:
+        importlib.import_module(BUILTIN_MODELS[name][0])
+    return _BUILDERS.get(name)
 
 
 def build_handle(
@@ -157,6 +195,8 @@ def build_handle(
     On a causal LM each group is a LoRA adapter; on a plain module groups select tensors by name,
     after ``wrap`` (a method's wrapper, e.g. an input map in front of the model) is applied.
     """
+    from raysim.models.handle import ModelHandle
+
     built = build_model(cfg, spec, groups)
     if isinstance(built, ModelHandle):
         if wrap is not None:
@@ -171,12 +211,12 @@ def build_model(
     cfg: ModelConfig, spec: DataSpec, groups: Sequence[ParamGroup] = DEFAULT_GROUPS
 ) -> torch.nn.Module | ModelHandle:
     """Build a freshly initialised model (initialisation follows torch's global RNG)."""
-    names = model_names()
-    if cfg.name not in _BUILDERS:
+    builder = _builder(cfg.name)
+    if builder is None:
+        names = model_names()
         close = difflib.get_close_matches(cfg.name, names, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ValueError(f"unknown model {cfg.name!r}{hint}; known: {', '.join(names)}")
-    builder = _BUILDERS[cfg.name]
     if getattr(builder, "takes_groups", False):
         return builder(cfg, spec, groups)
     return builder(cfg, spec)

@@ -21,7 +21,7 @@ def _mlp(sizes: list[int], dropout: float) -> list[nn.Module]:
     return layers
 
 
-@register_model("mlp", traits=("classifier",))
+@register_model("mlp")
 def build_mlp(cfg: ModelConfig, spec: DataSpec) -> nn.Module:
     """Flatten → [Linear → ReLU]* → Linear."""
     if spec.input_kind != "dense":
@@ -39,7 +39,7 @@ class _Reshape(nn.Module):
         return x.reshape(x.shape[0], *self.shape)
 
 
-@register_model("cnn", traits=("classifier",))
+@register_model("cnn")
 def build_cnn(cfg: ModelConfig, spec: DataSpec) -> nn.Module:
     """Conv(3) [→ BatchNorm] → ReLU blocks, one max-pool, then an MLP head; 2-D for images, else
     1-D. BatchNorm statistics travel as the model's buffers (``models/layout.py``).
@@ -85,7 +85,7 @@ class BagOfEmbeddings(nn.Module):
         return self.head(self.embedding(tokens))
 
 
-@register_model("bag_of_embeddings", traits=("classifier",))
+@register_model("bag_of_embeddings")
 def build_bag_of_embeddings(cfg: ModelConfig, spec: DataSpec) -> nn.Module:
     if spec.input_kind != "tokens" or not spec.vocab_size:
         raise ValueError("model 'bag_of_embeddings' needs token inputs (e.g. data.name=bbc_news)")
@@ -120,7 +120,7 @@ class TransformerLM(nn.Module):
         return self.decoder(h).transpose(1, 2)
 
 
-@register_model("transformer_lm", traits=("token_lm",))
+@register_model("transformer_lm")
 def build_transformer_lm(cfg: ModelConfig, spec: DataSpec) -> nn.Module:
     if spec.input_kind != "tokens" or not spec.vocab_size:
         raise ValueError("model 'transformer_lm' needs token sequences (e.g. data.name=markov)")

@@ -124,13 +124,13 @@ class MiniInception(nn.Module):
         return self.head(x.flatten(1))
 
 
-@register_model("alexnet", traits=("classifier", "image"))
+@register_model("alexnet")
 def build_alexnet(cfg: ModelConfig, spec: DataSpec) -> nn.Module:
     """fedot.md §6.3's AlexNet (the authors' notebook)."""
     return AlexNet(_image_shape(spec, "alexnet"), spec.num_classes)
 
 
-@register_model("mini_inception", traits=("classifier", "image"))
+@register_model("mini_inception")
 def build_mini_inception(cfg: ModelConfig, spec: DataSpec) -> nn.Module:
     """fedot.md §6.3's InceptionNet: Zhang et al. (2017)'s mini-Inception with BatchNorm."""
     return MiniInception(_image_shape(spec, "mini_inception"), spec.num_classes)

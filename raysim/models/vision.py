@@ -113,7 +113,7 @@ def _network(
     return model_cls(config)
 
 
-@register_model("resnet", traits=("classifier", "image"))
+@register_model("resnet")
 def build_resnet(cfg: ModelConfig, spec: DataSpec) -> nn.Module:
     """ResNet (default ResNet18) from ``model.resnet``, or pretrained from ``model.path``."""
     from transformers import ResNetConfig, ResNetForImageClassification
@@ -174,7 +174,7 @@ class PreActResNet(nn.Module):
         return self.classifier(F.adaptive_avg_pool2d(out, 1).flatten(1))
 
 
-@register_model("preact_resnet", traits=("classifier", "image"))
+@register_model("preact_resnet")
 def build_preact_resnet(cfg: ModelConfig, spec: DataSpec) -> nn.Module:
     """PreAct-ResNet (default 18) from ``model.resnet``'s depths and widths; inputs at their own
     size unless ``image.size`` resizes them."""
@@ -184,7 +184,7 @@ def build_preact_resnet(cfg: ModelConfig, spec: DataSpec) -> nn.Module:
     return ImageInput(net, spec.feature_shape, cfg.image, _normalize(cfg))
 
 
-@register_model("vit", traits=("classifier", "image"))
+@register_model("vit")
 def build_vit(cfg: ModelConfig, spec: DataSpec) -> nn.Module:
     """ViT (default ViT-B/16), every tensor trained (fedbaf.md §4.1: torchvision's ViT-B/16
     unchanged except for the head), or pretrained from ``model.path`` with a new head."""
@@ -196,7 +196,7 @@ def build_vit(cfg: ModelConfig, spec: DataSpec) -> nn.Module:
     return ImageInput(net, spec.feature_shape, cfg.image, _normalize(cfg))
 
 
-@register_model("vit_lora", traits=("classifier", "image"))
+@register_model("vit_lora")
 def build_vit_lora(cfg: ModelConfig, spec: DataSpec) -> nn.Module:
     """ViT (default ViT-B/16) with LoRA adapters injected in place and a trainable classifier;
     every other tensor is frozen, so only the adapters and the head are in the global vector."""

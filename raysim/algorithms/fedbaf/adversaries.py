@@ -19,33 +19,21 @@ from __future__ import annotations
 import math
 import zlib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
-from pydantic import Field
 
 from ..base import ClientContext
-from ..hooks import BehaviourParams, ClientBehaviour
+from ..hooks import ClientBehaviour
 from ..registry import BEHAVIOURS, Hook
+from .params import HOOKS, BackdoorParams, LabelShuffleParams, ObserveParams
 
 
 def client_generator(seed: int, client: int, name: str) -> torch.Generator:
     """A generator fixed per (run seed, client, purpose): the same on every visit and worker."""
     state = np.random.SeedSequence([seed, client, zlib.crc32(name.encode())]).generate_state(1)
     return torch.Generator().manual_seed(int(state[0]))
-
-
-class LabelShuffleParams(BehaviourParams):
-    """fedbaf.md §4.4. The unstated choices are switches with the spec's defaults."""
-
-    epoch_scale: float = Field(1.0, gt=0, description="λ: the attacker's epochs are E·λ or E/λ")
-    epoch_rule: Literal["multiply", "divide"] = Field(
-        "multiply", description="multiply: vision (λ·E epochs); divide: LM (E/λ, as steps)"
-    )
-    permutation: Literal["fixed", "per_visit"] = Field(
-        "fixed", description="fixed: one permutation per client made at setup (§4.4's default)"
-    )
 
 
 def scaled_epochs(config: Any, n: int, epochs: float) -> Any:
@@ -84,19 +72,6 @@ class LabelShuffle(ClientBehaviour):
             return config
         scale = p.epoch_scale if p.epoch_rule == "multiply" else 1.0 / p.epoch_scale
         return scaled_epochs(config, ctx.task.num_examples(ctx.data), config.epochs * scale)
-
-
-class BackdoorParams(BehaviourParams):
-    """A pixel-pattern trigger (fedbaf.md §6.3, an extension after Bagdasaryan et al. 2020)."""
-
-    target: int = Field(0, ge=0, description="the class triggered inputs are relabelled to")
-    size: int = Field(2, ge=1, description="side of the square trigger in the bottom-right corner")
-    value: float = Field(1.0, description="the trigger's pixel value (1.0 = white for [0, 1] data)")
-    poison_fraction: float = Field(0.5, gt=0, le=1, description="share of the client's samples")
-    boost: float = Field(1.0, gt=0, description="the update is multiplied by this")
-    image_shape: tuple[int, int] | None = Field(
-        None, description="(H, W) of flat inputs; default: a square image"
-    )
 
 
 def stamp(x: np.ndarray | torch.Tensor, p: BackdoorParams) -> Any:
@@ -151,10 +126,6 @@ class Backdoor(ClientBehaviour):
         return {"backdoor": LabelledSet(x, np.full(int(keep.sum()), self.params.target))}
 
 
-class ObserveParams(BehaviourParams):
-    dir: str = Field(description="where the observers write their records (shared by all)")
-
-
 #: one record per job: r{dispatch round}_c{client}.safetensors
 RECORD = "r{round:06d}_c{client:06d}"
 
@@ -187,8 +158,6 @@ class Observe(ClientBehaviour):
         return delta
 
 
-BEHAVIOURS.register(
-    Hook("label_shuffle", LabelShuffle, LabelShuffleParams, "fedbaf.md §4.4 (untargeted attacker)")
-)
-BEHAVIOURS.register(Hook("backdoor", Backdoor, BackdoorParams, "fedbaf.md §6.3 (pixel trigger)"))
-BEHAVIOURS.register(Hook("observe", Observe, ObserveParams, "fedbaf.md §6.3 (collusion observer)"))
+BEHAVIOURS.register(Hook.of(HOOKS["label_shuffle"], LabelShuffle))
+BEHAVIOURS.register(Hook.of(HOOKS["backdoor"], Backdoor))
+BEHAVIOURS.register(Hook.of(HOOKS["observe"], Observe))

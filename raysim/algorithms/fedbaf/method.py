@@ -12,39 +12,14 @@ base through ``hooks.server: [{name: fedbaf, ...}]``.
 
 from __future__ import annotations
 
-from typing import Any, Literal
-
 import numpy as np
-from pydantic import Field, model_validator
 
-from ..base import ClientAlgorithm, ClientContext, Method, Needs
+from ..base import ClientAlgorithm, ClientContext, Method
 from ..general.mixers import Damp, DampParams
 from ..hooks import ComposedStrategy
 from ..registry import get_method, register
 from .mixer import FedBaF, FedBaFParams
-
-
-class FedBaFMethodParams(FedBaFParams):
-    base: Literal["fedavg", "fedprox", "fedadam"] = Field(
-        "fedavg", description="the bases §2.6 names; any other composes through hooks.server"
-    )
-    base_params: dict[str, Any] = Field(
-        default_factory=dict, description="the base method's own parameters, e.g. {mu: 0.01}"
-    )
-    fedprox_server_mode: Literal["paper_damped", "standard"] = Field(
-        "paper_damped", description="FedProx's server line 8 (§2.6)"
-    )
-
-    @model_validator(mode="after")
-    def _check_base(self) -> FedBaFMethodParams:
-        try:
-            get_method(self.base).params(**self.base_params)
-        except ValueError as e:
-            raise ValueError(f"fedbaf base_params for {self.base!r}: {e}") from None
-        return self
-
-    def base_method_params(self) -> Any:
-        return get_method(self.base).params(**self.base_params)
+from .params import METHODS, FedBaFMethodParams
 
 
 class FedBaFStrategy(ComposedStrategy):
@@ -86,13 +61,4 @@ class FedBaFClient(ClientAlgorithm):
         return self.inner.train_batched(model, ctxs, starts)
 
 
-METHOD = register(
-    Method(
-        name="fedbaf",
-        strategy=FedBaFStrategy,
-        params=FedBaFMethodParams,
-        client=FedBaFClient,
-        reference="FedBaF (Park et al. 2024) over FedAvg, FedProx or FedAdam; fedbaf.md §2",
-        needs=Needs(example="examples/fedbaf/mini.yaml"),
-    )
-)
+METHOD = register(Method.of(METHODS["fedbaf"], strategy=FedBaFStrategy, client=FedBaFClient))

@@ -26,46 +26,24 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from pydantic import Field
 
 from ...buffers import Buffers
 from ..base import Secret
-from ..hooks import HookParams, Mixer
+from ..hooks import Mixer
 from ..private import PrivateDeviceTensors, PrivateTensors
 from ..registry import MIXERS, Hook
 from .matching import INTEGER_BUFFERS, MatchRule, match_layers, matching_report
+from .params import HOOKS, FedBaFParams
 
 if TYPE_CHECKING:
     from ...models.layout import Layout
 
 log = logging.getLogger("raysim")
 TAU0_FLOOR = 1e-12
-
-
-class FedBaFParams(HookParams):
-    foundation: str = Field(description="the server-private foundation weights (safetensors)")
-    psi: float = Field(1.0, ge=0, description="ψ; c_0 ∈ [ψ, 2ψ] (§2.2; 1 is the default)")
-    match: MatchRule = Field("exact", description="the layer matcher (§2.4)")
-    exclude: list[str] = Field(default_factory=list, description="names never mixed (re.search)")
-    tau_scope: Literal["all", "matched"] = Field("all", description="the norms' vector, §2.4 (c)")
-    rng: Literal["seeded", "secure"] = Field("seeded", description="the u_t stream (§2.5)")
-    alpha_random: bool = Field(
-        True, description="false: u_t = 1.5 every round, a static α (§6.2's E0 control)"
-    )
-    log_private: bool = Field(
-        False,
-        description="log the matched foundation tensors as an MLflow artifact "
-        "(private/foundation.safetensors) and tag the run raysim.restricted (§7.1)",
-    )
-    variant: Literal["mix", "weight_init"] = Field(
-        "mix",
-        description="mix: FedBaF; weight_init: the §3 baseline, w_0 = w_pre on matched layers, "
-        "no mixing (it sends the foundation in round 0: the auditor's positive control)",
-    )
 
 
 def load_foundation(path: str | Path) -> dict[str, np.ndarray]:
@@ -309,11 +287,4 @@ class FedBaF(Mixer):
         return dict(self.last)
 
 
-MIXERS.register(
-    Hook(
-        "fedbaf",
-        FedBaF,
-        FedBaFParams,
-        "FedBaF (Park et al. 2024): mix a server-private foundation model in; fedbaf.md §2",
-    )
-)
+MIXERS.register(Hook.of(HOOKS["fedbaf"], FedBaF))

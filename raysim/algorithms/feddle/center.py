@@ -7,16 +7,10 @@ of round 0; later rounds leave the model unchanged. One number per (dataset, mod
 
 from __future__ import annotations
 
-from pydantic import Field
-
 from ..base import Method, Strategy
 from ..registry import register
-from .server_training import ID_DATA, ServerTrainingParams, id_pool, train_on_server
-
-
-class CenterParams(ServerTrainingParams):
-    server_lr: float = Field(3e-3, gt=0, description="feddle.md §8.1: Adam 3e-3")
-    server_epochs: int = Field(50, ge=0, description="feddle.md §8.1: 50 epochs")
+from .params import METHODS, CenterParams
+from .server_training import id_pool, train_on_server
 
 
 class Center(Strategy):
@@ -40,12 +34,4 @@ class Center(Strategy):
         return {"server_train_loss": self.server_loss}
 
 
-METHOD = register(
-    Method(
-        name="center",
-        strategy=Center,
-        params=CenterParams,
-        reference="feddle.md §4.1",
-        needs=ID_DATA,
-    )
-)
+METHOD = register(Method.of(METHODS["center"], strategy=Center))

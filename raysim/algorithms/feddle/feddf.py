@@ -13,33 +13,18 @@ ood``: a fresh subset of ``ood_samples_per_round``, drawn as §3.5 draws Feddle-
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 import torch.nn.functional as F
-from pydantic import Field
 
 from ..base import Method
 from ..general.fedavg import RoundBuffer
 from ..registry import register
+from .params import METHODS, FedDFParams
 from .server_training import (
-    ID_CLASSIFIER,
-    OOD_CLASSIFIER,
-    ServerTrainingParams,
     id_pool,
     ood_sample,
     train_on_server,
 )
-
-
-class FedDFParams(ServerTrainingParams):
-    temperature: float = Field(1.0, gt=0, description="T of the distillation softmax")
-    feddf_teacher: Literal["local_model", "transplanted"] = "local_model"
-    source: Literal["id", "ood"] = Field("id", description="distil on ID or OOD server inputs")
-    ood_pool: str | None = Field(None, description="which data.server.ood pool (default: first)")
-    ood_samples_per_round: int | None = Field(
-        1000, ge=1, description="OOD inputs per round, a fresh subset; None: the whole pool (A12)"
-    )
 
 
 class FedDF(RoundBuffer):
@@ -100,27 +85,7 @@ class FedDF(RoundBuffer):
         return {"server_distill_loss": self.server_loss}
 
 
-METHOD = register(
-    Method(
-        name="feddf",
-        strategy=FedDF,
-        params=FedDFParams,
-        reference="Lin et al. 2020 (FedDF-ID); feddle.md §4.8",
-        needs=ID_CLASSIFIER,
-    )
-)
+METHOD = register(Method.of(METHODS["feddf"], strategy=FedDF))
 
 
-class FedDFOODParams(FedDFParams):
-    source: Literal["id", "ood"] = Field("ood", description="distil on ID or OOD server inputs")
-
-
-METHOD_OOD = register(
-    Method(
-        name="feddf_ood",
-        strategy=FedDF,
-        params=FedDFOODParams,
-        reference="Lin et al. 2020 (FedDF-OOD), on the OOD server pool; feddle.md §4.8",
-        needs=OOD_CLASSIFIER,
-    )
-)
+METHOD_OOD = register(Method.of(METHODS["feddf_ood"], strategy=FedDF))

@@ -8,18 +8,13 @@ new global model. Runs every round, also when no update arrived.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import numpy as np
 
 from ..base import Method, WeightedMean
 from ..general.fedavg import RoundBuffer
 from ..registry import register
-from .server_training import ID_DATA, ServerTrainingParams, id_pool, train_on_server
-
-
-class FedFTParams(ServerTrainingParams):
-    base_aggregator: Literal["fedavg", "fedbuff_per_round"] = "fedavg"
+from .params import METHODS, FedFTParams
+from .server_training import id_pool, train_on_server
 
 
 def base_delta(strategy: RoundBuffer, rule: str) -> np.ndarray | None:
@@ -53,12 +48,4 @@ class FedFT(RoundBuffer):
         return {"server_train_loss": self.server_loss}
 
 
-METHOD = register(
-    Method(
-        name="fedft",
-        strategy=FedFT,
-        params=FedFTParams,
-        reference="Fed+FT; feddle.md §4.6",
-        needs=ID_DATA,
-    )
-)
+METHOD = register(Method.of(METHODS["fedft"], strategy=FedFT))

@@ -12,7 +12,8 @@ from __future__ import annotations
 from ..base import Method, WeightedMean
 from ..general.fedavg import RoundBuffer
 from ..registry import register
-from .server_training import ID_DATA, id_pool, train_on_server
+from .params import METHODS
+from .server_training import id_pool, train_on_server
 
 
 class HFCL(RoundBuffer):
@@ -29,6 +30,4 @@ class HFCL(RoundBuffer):
         return True
 
 
-METHOD = register(
-    Method(name="hfcl", strategy=HFCL, reference="Elbir et al. 2021; feddle.md §4.7", needs=ID_DATA)
-)
+METHOD = register(Method.of(METHODS["hfcl"], strategy=HFCL))

@@ -15,90 +15,20 @@ probe θ on the body's features, refitted each round at the start point, then fr
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Literal
 
 import numpy as np
 import torch
-from pydantic import Field, field_validator, model_validator
 
 from ...models.layout import BUFFERS, SHARED
-from ..base import Diverged, Method, MethodParams, Strategy, Update
+from ..base import Diverged, Method, Strategy, Update
 from ..context import ServerContext
-from ..general.fedbuff import StalenessWeight, staleness_weight
+from ..general.fedbuff import staleness_weight
 from ..registry import register
 from .atlas import Atlas
+from .params import METHODS, FeddleParams
 from .probe import ProbeTask, fit_probe, head_of, load_probe, new_probe, probe_state
 from .search import Objective, SearchConfig, search
-from .server_training import ID_DATA, OOD_CLASSIFIER, id_pool, ood_sample
-
-
-class FeddleParams(MethodParams):
-    atlas_size: int | None = Field(
-        None, ge=1, description="M, anchors kept; default 2·S (§3.1: 20 for S=10)"
-    )
-    eviction: Literal["importance", "fifo"] = Field("importance", description="§3.2")
-    new_anchor_score: Literal["protect", "inherit"] = Field("protect", description="§3.2, A6")
-    normalize: Literal["median", "none"] = Field("median", description="Eq. 5, §3.3")
-    fallback_init: Literal["fedbuff", "zero"] = Field("fedbuff", description="§3.6")
-    fallback_scope: Literal["new_arrivals", "whole_atlas"] = Field(
-        "new_arrivals", description="§3.6, A8"
-    )
-    fallback_norm_correction: bool = Field(True, description="c' in the normalised basis (§3.6)")
-    fallback_lr: float = Field(1.0, gt=0, description="η_fb, FedBuff's server lr (§3.6)")
-    staleness_weight: StalenessWeight = Field("none", description="w(τ), A9")
-    mode: Literal["id", "ood"] = Field("id", description="the server's data: §3.4 or §3.5")
-    lam: float | None = Field(
-        None, ge=0, description="λ, tie to c' (Eq. 11); default 0 for ID (§3.4), 0.01 for OOD"
-    )
-    ood_pool: str | None = Field(None, description="which data.server.ood pool (default: first)")
-    ood_samples_per_round: int | None = Field(
-        1000, ge=1, description="a fresh random subset each round; None: the whole pool (A12)"
-    )
-    theta_init: Literal["warm", "fresh"] = Field("warm", description="the probe θ (A13)")
-    theta_epochs: int = Field(1, ge=1, description="probe epochs per round (A13)")
-    theta_lr: float = Field(1e-3, gt=0, description="probe Adam lr (A13)")
-    log_gradient_cosine: bool = Field(
-        True, description="cos(∇_c h, ∇_c ℓ) when OOD and ID server data both exist (Fig. 7)"
-    )
-    server_lr: float = Field(1e-3, gt=0, description="η_g (§3.7)")
-    server_epochs: int = Field(10, ge=0, description="E_g; 0 = no search (I-6)")
-    server_batch_size: int = Field(32, ge=1, description="A11")
-    coef_optimizer: Literal["adam", "sgd"] = Field("adam", description="A10; fresh every round")
-    tie_step: Literal["explicit", "proximal"] = Field(
-        "explicit",
-        description="SGD's step on the tie (λ/2)‖c − c'‖²: explicit (its gradient, Eq. 11 as "
-        "written) or proximal (exact; stable for any λ; search.SearchConfig)",
-    )
-    search_trigger: Literal["every_round", "on_new_arrivals"] = Field(
-        "every_round", description="A5 (§2.2's names; the earlier 'new_arrivals' still reads)"
-    )
-    bn_buffers: Literal["fallback_mean", "fedavg_models", "freeze"] = Field(
-        "fallback_mean", description="§3.1, A14"
-    )
-    log_server_loss: bool = Field(True, description="server loss before and after the search")
-    log_flops: bool = Field(True, description="the search's FLOPs per round (Table 6)")
-
-    @field_validator("search_trigger", mode="before")
-    @classmethod
-    def _spec_name(cls, value: object) -> object:
-        return "on_new_arrivals" if value == "new_arrivals" else value
-
-    @model_validator(mode="after")
-    def _stable_tie(self) -> FeddleParams:
-        """With SGD the tie's explicit step multiplies c − c' by 1 − η_g·λ each step: at
-        η_g·λ ≥ 2 it grows without bound (a NaN model), so such settings are refused."""
-        explicit = self.coef_optimizer == "sgd" and self.tie_step == "explicit"
-        if explicit and self.server_lr * self.tie >= 2:
-            raise ValueError(
-                f"server_lr · lam = {self.server_lr * self.tie:g} ≥ 2: the SGD coefficient "
-                "search's tie to c' diverges; lower server_lr or lam, or set tie_step proximal"
-            )
-        return self
-
-    @property
-    def tie(self) -> float:
-        """λ, with the spec's per-mode default (§3.4: 0 for ID; §3.5: 0.01 for OOD)."""
-        return self.lam if self.lam is not None else (0.0 if self.mode == "id" else 0.01)
+from .server_training import id_pool, ood_sample
 
 
 class Feddle(Strategy):
@@ -304,27 +234,7 @@ class Feddle(Strategy):
         return {"coefficients": list(self.coefficients)}
 
 
-METHOD = register(
-    Method(
-        name="feddle",
-        strategy=Feddle,
-        params=FeddleParams,
-        reference="Feddle (federated dual learning), in-domain server data; feddle.md §3",
-        needs=ID_DATA,
-    )
-)
+METHOD = register(Method.of(METHODS["feddle"], strategy=Feddle))
 
 
-class FeddleOODParams(FeddleParams):
-    mode: Literal["id", "ood"] = "ood"
-
-
-METHOD_OOD = register(
-    Method(
-        name="feddle_ood",
-        strategy=Feddle,
-        params=FeddleOODParams,
-        reference="Feddle with out-of-domain server data (a probe surrogate); feddle.md §3.5",
-        needs=OOD_CLASSIFIER,
-    )
-)
+METHOD_OOD = register(Method.of(METHODS["feddle_ood"], strategy=Feddle))

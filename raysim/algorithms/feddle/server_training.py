@@ -7,38 +7,11 @@ one recipe means the same computation on either side.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import numpy as np
 import torch
-from pydantic import Field
 
 from ...training.loop import LocalTrainingConfig, train_local
-from ..base import MethodParams, Needs
 from ..context import ServerContext, ServerPool
-
-#: what the server-data methods need from a run (checked before Ray starts)
-MINI = "examples/feddle/mini.yaml"
-ID_DATA = Needs(server_id=True, example=MINI)
-ID_CLASSIFIER = Needs(server_id=True, model=frozenset({"classifier"}), example=MINI)
-OOD_CLASSIFIER = Needs(ood_pool=True, model=frozenset({"classifier"}), example=MINI)
-
-
-class ServerTrainingParams(MethodParams):
-    """The server's own optimiser (feddle.md §4.1, §4.6, §4.8: Adam [I]; batch 32, A11)."""
-
-    server_lr: float = Field(1e-3, gt=0, description="server learning rate")
-    server_epochs: int = Field(1, ge=0, description="server epochs per call")
-    server_batch_size: int = Field(32, ge=1)
-    server_optimizer: Literal["adam", "sgd"] = "adam"
-
-    def recipe(self) -> LocalTrainingConfig:
-        return LocalTrainingConfig(
-            epochs=self.server_epochs,
-            batch_size=self.server_batch_size,
-            lr=self.server_lr,
-            optimizer=self.server_optimizer,
-        )
 
 
 def id_pool(ctx: ServerContext, method: str) -> ServerPool:

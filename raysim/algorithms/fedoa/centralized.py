@@ -17,11 +17,6 @@ from __future__ import annotations
 from ..base import Method
 from ..general.fedavg import FedAvg
 from ..registry import register
+from .params import METHODS
 
-METHOD = register(
-    Method(
-        name="centralized",
-        strategy=FedAvg,
-        reference="Centralized: FedIT on one client holding all data, T=1, K=10; fedoa.md §3.1",
-    )
-)
+METHOD = register(Method.of(METHODS["centralized"], strategy=FedAvg))

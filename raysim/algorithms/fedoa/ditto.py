@@ -23,25 +23,20 @@ With λ = 0 the personal trajectory is Local-only's bit for bit (invariant I18).
 from __future__ import annotations
 
 import numpy as np
-from pydantic import Field
 
 from ...training.batched import train_batched, unbatchable
 from ...training.tasks import CausalLMTask
 from ..base import ClientContext, Method, Snapshot
 from ..general.fedavg import FedAvg
 from ..registry import register
+from .params import METHODS, DittoParams
 from .personal import (
     GLOBAL,
     PERSONAL,
     PERSONAL_GROUPS,
-    FedOAParams,
     ParamProxClient,
     squared_distance,
 )
-
-
-class DittoParams(FedOAParams):
-    lam: float = Field(0.1, ge=0, alias="lambda", description="λ of (λ/2)‖v − φ_g‖² [proposal]")
 
 
 class DittoClient(ParamProxClient):
@@ -112,13 +107,11 @@ class DittoClient(ParamProxClient):
 
 
 METHOD = register(
-    Method(
-        name="ditto",
+    Method.of(
+        METHODS["ditto"],
         strategy=FedAvg,
-        params=DittoParams,
         client=DittoClient,
         groups=PERSONAL_GROUPS,
         evaluate_with=PERSONAL,
-        reference="Li et al. 2021 (Ditto); fedoa.md §3.7",
     )
 )

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 
-Pool = Literal["last", "mean", "response_mean", "token"]
-Distance = Literal["l2", "l2_squared", "l2_mean", "mse", "cosine", "pearson", "l1"]
+from .params import Distance, Pool
+
 EPS = 1e-8
 _TINY = 1e-24
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 from ..base import Method
 from ..general.fedavg import FedAvg
 from ..registry import register
+from .params import METHODS
 
-METHOD = register(
-    Method(name="fedit", strategy=FedAvg, reference="Zhang et al. 2023; fedoa.md §3.2")
-)
+METHOD = register(Method.of(METHODS["fedit"], strategy=FedAvg))

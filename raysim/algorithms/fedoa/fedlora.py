@@ -20,20 +20,12 @@ downloaded (the only option implemented; names the lag above).
 
 from __future__ import annotations
 
-from typing import Literal
-
-from pydantic import Field
-
 from ...training.loop import train_local
-from ..base import ClientAlgorithm, ClientContext, Method, MethodParams
+from ..base import ClientAlgorithm, ClientContext, Method
 from ..general.fedavg import FedAvg
 from ..registry import register
-from .personal import GLOBAL, LORA_LM, PERSONAL, PERSONAL_GROUPS, task_loss
-
-
-class FedLoRAParams(MethodParams):
-    finetune_epochs: int = Field(2, ge=0, description="K_ft: CE epochs of personal fine-tuning")
-    personal_from: Literal["downloaded"] = "downloaded"
+from .params import METHODS, FedLoRAParams
+from .personal import GLOBAL, PERSONAL, PERSONAL_GROUPS, task_loss
 
 
 class FedLoRAClient(ClientAlgorithm):
@@ -67,14 +59,11 @@ class FedLoRAClient(ClientAlgorithm):
 
 
 METHOD = register(
-    Method(
-        name="fedlora",
+    Method.of(
+        METHODS["fedlora"],
         strategy=FedAvg,
-        params=FedLoRAParams,
         client=FedLoRAClient,
         groups=PERSONAL_GROUPS,
         evaluate_with=PERSONAL,
-        reference="Yi et al. 2023 (FedLoRA) as adapted by FedOA; fedoa.md §3.4",
-        needs=LORA_LM,
     )
 )

@@ -23,16 +23,12 @@ false, ``personal_init`` fresh | copy_global, ``personal_start_round`` 0 (paper)
 from __future__ import annotations
 
 import torch
-from pydantic import Field
 
 from ..base import Method
 from ..general.fedavg import FedAvg
 from ..registry import register
-from .personal import LORA_LM, PERSONAL, PERSONAL_GROUPS, FedOAClient, FedOAParams
-
-
-class FedSDRParams(FedOAParams):
-    lam: float = Field(0.5, ge=0, alias="lambda", description="λ, weight of R_SDR")
+from .params import METHODS, FedSDRParams
+from .personal import PERSONAL, PERSONAL_GROUPS, FedOAClient
 
 
 def sdr_regularizer(e: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
@@ -50,14 +46,11 @@ class FedSDRClient(FedOAClient):
 
 
 METHOD = register(
-    Method(
-        name="fedsdr",
+    Method.of(
+        METHODS["fedsdr"],
         strategy=FedAvg,
-        params=FedSDRParams,
         client=FedSDRClient,
         groups=PERSONAL_GROUPS,
         evaluate_with=PERSONAL,
-        reference="Tang et al. 2024 (FedSDR), the FedOA authors' surrogate; fedoa.md §3.6",
-        needs=LORA_LM,
     )
 )

@@ -23,39 +23,29 @@ Fig. 2 feature distance on a causal LM only.
 
 from __future__ import annotations
 
-from pydantic import Field
-
 from ..base import Method
 from ..general.fedavg import FedAvg
 from ..registry import register
-from .personal import LORA_LM, PERSONAL, PERSONAL_GROUPS, FedOAClient, FedOAParams
+from .params import METHODS
+from .personal import PERSONAL, PERSONAL_GROUPS, FedOAClient
 
 METHOD = register(
-    Method(
-        name="fedoa",
+    Method.of(
+        METHODS["fedoa"],
         strategy=FedAvg,
-        params=FedOAParams,
         client=FedOAClient,
         groups=PERSONAL_GROUPS,
         evaluate_with=PERSONAL,
-        reference="FedOA (seeds 000/001); fedoa.md §2",
-        needs=LORA_LM,
     )
 )
 
 
-class LocalOnlyParams(FedOAParams):
-    lam: float = Field(0.0, ge=0, le=0, alias="lambda")
-
-
 METHOD_LOCAL = register(
-    Method(
-        name="local_only",
+    Method.of(
+        METHODS["local_only"],
         strategy=FedAvg,
-        params=LocalOnlyParams,
         client=FedOAClient,
         groups=PERSONAL_GROUPS,
         evaluate_with=PERSONAL,
-        reference="Local-only personal models = FedOA with λ = 0; fedoa.md §3.7",
     )
 )

@@ -26,33 +26,22 @@ Each round logs ``param_distance`` = ‖v − φ_g^{t-1}‖₂ (flat vectors).
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
-from pydantic import Field
 
 from ..base import ClientContext, Method
 from ..general.fedavg import FedAvg
 from ..registry import register
+from .params import METHODS, PeradaParams
 from .personal import (
     GLOBAL,
-    LORA_LM,
     PERSONAL,
     PERSONAL_GROUPS,
-    FedOAParams,
     ParamProxClient,
     detached_code_penalty,
     squared_distance,
 )
 
 _TINY = 1e-24
-
-
-class PeradaParams(FedOAParams):
-    lam: float = Field(0.5, ge=0, alias="lambda", description="λ_p of λ_p Σ‖v − φ_g‖²")
-    prox_on: Literal["factors", "delta_W"] = "factors"
-    squared: bool = True
-    param_prox_detached: bool = False
 
 
 def lora_pairs(module: torch.nn.Module, adapter: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -104,14 +93,11 @@ class PeradaClient(ParamProxClient):
 
 
 METHOD = register(
-    Method(
-        name="perada",
+    Method.of(
+        METHODS["perada"],
         strategy=FedAvg,
-        params=PeradaParams,
         client=PeradaClient,
         groups=PERSONAL_GROUPS,
         evaluate_with=PERSONAL,
-        reference="Xie et al. 2024 (PerAda), without distillation; fedoa.md §3.5",
-        needs=LORA_LM,
     )
 )

@@ -21,40 +21,21 @@ own file.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
-from pydantic import Field
 
 from ...models.layout import ParamGroup
 from ...training.backends import PenaltyFn
 from ...training.loop import minibatches, train_local, training_task
-from ..base import ClientAlgorithm, ClientContext, MethodParams, Needs
-from .feature_distance import Distance, Pool, feature_distance, pool_features
+from ..base import ClientAlgorithm, ClientContext
+from .feature_distance import Pool, feature_distance, pool_features
+from .params import FedOAParams
 
 GLOBAL, PERSONAL = "global", "personal"
 #: FedOA-style methods: a shared global adapter and a personal one (fedoa.md §2.1)
 PERSONAL_GROUPS = (ParamGroup(GLOBAL, "shared"), ParamGroup(PERSONAL, "personal"))
-#: what the adapter methods need: per-layer hidden states or LoRA A/B factors of a causal LM
-LORA_LM = Needs(model=frozenset({"lora", "causal_lm"}), example="examples/fedoa/mini.yaml")
-
-
-class FedOAParams(MethodParams):
-    lam: float = Field(0.5, ge=0, alias="lambda", description="λ, weight of D (fedoa.md §2.2)")
-    distance: Distance = "l2"
-    feature_layer: int = -1
-    feature_pool: Pool = "last"
-    personal_init: Literal["fresh", "copy_global"] = "fresh"
-    personal_start_round: int = Field(0, ge=0)
-    teacher_dropout: bool = False
-    order: Literal["personal_first", "global_first"] = "personal_first"
-    global_update_mode: Literal["local_epochs", "single_full_grad_step"] = "local_epochs"
-    train_global: bool = True
-    log_feature_distance: bool = True
-
-    model_config = {"populate_by_name": True}
-
 
 #: a loss on one batch (``train_local``'s ``objective``)
 Objective = Callable[[Any], torch.Tensor]

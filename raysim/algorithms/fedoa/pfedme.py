@@ -33,16 +33,14 @@ Switches (defaults first, all [proposal] unless noted):
 
 from __future__ import annotations
 
-from typing import Literal
-
 import numpy as np
 import torch
-from pydantic import Field
 
 from ...training.loop import minibatches, train_local
-from ..base import ClientAlgorithm, ClientContext, Method, MethodParams
+from ..base import ClientAlgorithm, ClientContext, Method
 from ..general.fedavg import RoundBuffer
 from ..registry import register
+from .params import METHODS, PFedMeParams
 from .personal import (
     GLOBAL,
     PERSONAL,
@@ -52,28 +50,6 @@ from .personal import (
     squared_distance,
     task_loss,
 )
-
-STANDARD_LAMBDA, CODE_LAMBDA = 15.0, 0.5
-
-
-class PFedMeParams(MethodParams):
-    lam: float | None = Field(
-        None, ge=0, alias="lambda", description="λ_p; None = 15 (standard) or 0.5 (authors_code)"
-    )
-    inner_steps: int = Field(5, ge=1, description="K_in inner steps per minibatch")
-    beta: float = Field(1.0, gt=0, description="server mixing β; 1 = FedAvg")
-    lr_personal: float | None = Field(None, gt=0, description="η_p; None = local.lr")
-    lr_global: float | None = Field(None, gt=0, description="η; None = local.lr")
-    personal_init: Literal["fresh", "copy_global"] = "fresh"
-    authors_code: bool = False
-
-    model_config = {"populate_by_name": True}
-
-    @property
-    def lambda_p(self) -> float:
-        if self.lam is not None:
-            return self.lam
-        return CODE_LAMBDA if self.authors_code else STANDARD_LAMBDA
 
 
 class PFedMeServer(RoundBuffer):
@@ -162,13 +138,11 @@ class PFedMeClient(ClientAlgorithm):
 
 
 METHOD = register(
-    Method(
-        name="pfedme",
+    Method.of(
+        METHODS["pfedme"],
         strategy=PFedMeServer,
-        params=PFedMeParams,
         client=PFedMeClient,
         groups=PERSONAL_GROUPS,
         evaluate_with=PERSONAL,
-        reference="T. Dinh et al. 2020 (pFedMe); fedoa.md §3.3",
     )
 )

@@ -15,25 +15,18 @@ All three run on any classifier; α, β and the fine-tuning lr default to ``loca
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
-from pydantic import Field
 
 from ...models.layout import ParamGroup
 from ...training.backends import total_optimizer_steps
 from ...training.loop import step_batches, train_local, training_task
-from ..base import ClientAlgorithm, ClientContext, Method, MethodParams, Needs
+from ..base import ClientAlgorithm, ClientContext, Method
 from ..general.fedavg import FedAvg
 from ..registry import register
 from .client import sgd
+from .params import METHODS, FedMIParams, FOMAMLParams, LFedAvgParams
 
 GLOBAL, PERSONAL = "global", "personal"
-
-
-class LFedAvgParams(MethodParams):
-    finetune_steps: int = Field(500, ge=0, description="local SGD iterations before testing [P]")
-    finetune_lr: float | None = Field(None, gt=0, description="None: local.lr [D]")
 
 
 class LFedAvgClient(ClientAlgorithm):
@@ -51,12 +44,6 @@ class LFedAvgClient(ClientAlgorithm):
         cfg = ctx.config.model_copy(update=update)
         h = ctx.model
         train_local(h.module, h.global_parameters(), ctx.task, ctx.data, cfg, ctx.phase("adapt"))
-
-
-class FOMAMLParams(MethodParams):
-    alpha: float | None = Field(None, ge=0, description="inner step α (None: local.lr) [D]")
-    beta: float | None = Field(None, gt=0, description="outer step β (None: local.lr) [D]")
-    eval_steps: int = Field(1, ge=0, description="adaptation steps before testing (one [S])")
 
 
 class FOMAMLClient(ClientAlgorithm):
@@ -106,13 +93,6 @@ class FOMAMLClient(ClientAlgorithm):
         for idx in step_batches(task.num_examples(ctx.data), cfg, ctx.phase("adapt")):
             loss = task.loss(h.module, task.batch(ctx.data, idx))
             sgd(params, torch.autograd.grad(loss, params), alpha)
-
-
-class FedMIParams(MethodParams):
-    alpha: float = Field(0.5, ge=0, le=1, description="weight of the local model [D]")
-    space: Literal["output", "param"] = Field(
-        "output", description="mix the predicted probabilities | the parameters [D]"
-    )
 
 
 class OutputMixture(torch.nn.Module):
@@ -166,33 +146,14 @@ class FedMIClient(ClientAlgorithm):
 
 TWO_COPIES = (ParamGroup(GLOBAL, "shared"), ParamGroup(PERSONAL, "personal"))
 
-register(
-    Method(
-        name="l_fedavg",
+L_FEDAVG = register(Method.of(METHODS["l_fedavg"], strategy=FedAvg, client=LFedAvgClient))
+FED_FOMAML = register(Method.of(METHODS["fed_fomaml"], strategy=FedAvg, client=FOMAMLClient))
+FEDMI = register(
+    Method.of(
+        METHODS["fedmi"],
         strategy=FedAvg,
-        params=LFedAvgParams,
-        client=LFedAvgClient,
-        reference="L-FedAvg (local fine-tuning of FedAvg); fedot.md §5",
-    )
-)
-register(
-    Method(
-        name="fed_fomaml",
-        strategy=FedAvg,
-        params=FOMAMLParams,
-        client=FOMAMLClient,
-        needs=Needs(plain_sgd=True, example="examples/fedot/mini.yaml"),
-        reference="Fallah et al. 2020 (Per-FedAvg, first order); fedot.md §5",
-    )
-)
-register(
-    Method(
-        name="fedmi",
-        strategy=FedAvg,
-        params=FedMIParams,
         client=FedMIClient,
         groups=TWO_COPIES,
         evaluate_with=PERSONAL,
-        reference="Mansour et al. 2020 (model interpolation); fedot.md §5",
     )
 )

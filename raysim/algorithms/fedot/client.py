@@ -108,11 +108,6 @@ class LocalRound:
 class FedOTClient(ClientAlgorithm):
     params: FedOTParams
 
-    @property
-    def trains_together(self) -> bool:
-        """``dual_centering: exact`` couples the round's clients at every ascent step."""
-        return self.params.dual_centering == "exact"
-
     @staticmethod
     def parts(model: FedOTModel):
         """(predictor w, map θ_i, head v_i, trunk U) parameter lists of a FedOT model."""

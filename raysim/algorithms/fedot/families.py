@@ -26,8 +26,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-MapFamily = Literal["affine_diag", "affine_full", "pixel_relu", "lowrank_affine"]
-PotentialFamily = Literal["quad_diag", "quad_full", "nn"]
+from .params import MapFamily, PotentialFamily
 
 
 class AffineDiag(nn.Module):

@@ -8,26 +8,20 @@ the spec section that fixes each default: ``params.FedOTParams``.
 
 from __future__ import annotations
 
-from ..base import Method, Needs
+from ..base import Method
 from ..registry import register
 from .client import FedOTClient
 from .model import GROUPS, MAP, wrap
-from .params import FedOTParams
+from .params import METHODS
 from .server import FedOTStrategy
 
-#: FedOT-GDA and Fed-FOMAML step by hand with plain SGD (fedot.md §6.4)
-PLAIN_SGD = Needs(plain_sgd=True, example="examples/fedot/mini.yaml")
-
 METHOD = register(
-    Method(
-        name="fedot",
+    Method.of(
+        METHODS["fedot"],
         strategy=FedOTStrategy,
-        params=FedOTParams,
         client=FedOTClient,
         groups=GROUPS,
         evaluate_with=MAP,
         wrap_model=wrap,
-        needs=PLAIN_SGD,
-        reference="FedOT-GDA (seed 004, Farnia et al.); fedot.md §3",
     )
 )

@@ -1,4 +1,6 @@
-"""FedOT-GDA's hyper-parameters and switches (fedot.md §3–4, §6.4, §10), defaults first."""
+"""FedOT-GDA's hyper-parameters and switches (fedot.md §3–4, §6.4, §10), defaults first; its
+personalisation baselines' parameters; and their specs (torch-free: a config is checked against
+them before any model loads, ``raysim/algorithms/spec.py``)."""
 
 from __future__ import annotations
 
@@ -6,8 +8,15 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from ..base import MethodParams
-from .families import MapFamily, PotentialFamily
+from ..spec import MethodParams, MethodSpec, Needs
+
+MapFamily = Literal["affine_diag", "affine_full", "pixel_relu", "lowrank_affine"]
+
+
+PotentialFamily = Literal["quad_diag", "quad_full", "nn"]
+
+#: FedOT-GDA and Fed-FOMAML step by hand with plain SGD (fedot.md §6.4)
+PLAIN_SGD = Needs(plain_sgd=True, example="examples/fedot/mini.yaml")
 
 
 class FedOTParams(MethodParams):
@@ -70,6 +79,11 @@ class FedOTParams(MethodParams):
         return self
 
     @property
+    def trains_together(self) -> bool:
+        """``dual_centering: exact`` couples the round's clients at every ascent step."""
+        return self.dual_centering == "exact"
+
+    @property
     def ascent_steps(self) -> int:
         if self.k_max is not None:
             return self.k_max
@@ -85,3 +99,56 @@ class FedOTParams(MethodParams):
             default if self.rho_v is None else self.rho_v,
             default if self.rho_u is None else self.rho_u,
         )
+
+
+class LFedAvgParams(MethodParams):
+    finetune_steps: int = Field(500, ge=0, description="local SGD iterations before testing [P]")
+    finetune_lr: float | None = Field(None, gt=0, description="None: local.lr [D]")
+
+
+class FOMAMLParams(MethodParams):
+    alpha: float | None = Field(None, ge=0, description="inner step α (None: local.lr) [D]")
+    beta: float | None = Field(None, gt=0, description="outer step β (None: local.lr) [D]")
+    eval_steps: int = Field(1, ge=0, description="adaptation steps before testing (one [S])")
+
+
+class FedMIParams(MethodParams):
+    alpha: float = Field(0.5, ge=0, le=1, description="weight of the local model [D]")
+    space: Literal["output", "param"] = Field(
+        "output", description="mix the predicted probabilities | the parameters [D]"
+    )
+
+
+M = "raysim.algorithms.fedot."
+SPECS = (
+    MethodSpec(
+        "fedot",
+        M + "method",
+        FedOTParams,
+        PLAIN_SGD,
+        "FedOT-GDA (seed 004, Farnia et al.); fedot.md §3",
+    ),
+    MethodSpec(
+        "l_fedavg",
+        M + "baselines",
+        LFedAvgParams,
+        reference="L-FedAvg (local fine-tuning of FedAvg); fedot.md §5",
+    ),
+    MethodSpec(
+        "fed_fomaml",
+        M + "baselines",
+        FOMAMLParams,
+        PLAIN_SGD,
+        "Fallah et al. 2020 (Per-FedAvg, first order); fedot.md §5",
+        batchable=False,
+    ),
+    MethodSpec(
+        "fedmi",
+        M + "baselines",
+        FedMIParams,
+        reference="Mansour et al. 2020 (model interpolation); fedot.md §5",
+        batchable=False,
+    ),
+)
+#: by name, for the implementation modules (``Method.of(METHODS["fedot"], ...)``)
+METHODS = {s.name: s for s in SPECS}

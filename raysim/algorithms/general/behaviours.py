@@ -7,18 +7,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 import numpy as np
-from pydantic import Field
 
 from ..base import ClientContext
-from ..hooks import BehaviourParams, ClientBehaviour
+from ..hooks import ClientBehaviour
 from ..registry import BEHAVIOURS, Hook
-
-
-class CorruptParams(BehaviourParams):
-    value: Literal["nan", "inf"] = "nan"
+from .params import HOOKS, CorruptParams, ScaleParams
 
 
 class Corrupt(ClientBehaviour):
@@ -30,10 +24,6 @@ class Corrupt(ClientBehaviour):
         return delta
 
 
-class ScaleParams(BehaviourParams):
-    factor: float = Field(10.0, description="the delta is multiplied by this")
-
-
 class ScaleUpdate(ClientBehaviour):
     params: ScaleParams
 
@@ -41,5 +31,5 @@ class ScaleUpdate(ClientBehaviour):
         return delta * np.float32(self.params.factor)
 
 
-BEHAVIOURS.register(Hook("corrupt", Corrupt, CorruptParams, "fault injection"))
-BEHAVIOURS.register(Hook("scale_update", ScaleUpdate, ScaleParams, "update boosting"))
+BEHAVIOURS.register(Hook.of(HOOKS["corrupt"], Corrupt))
+BEHAVIOURS.register(Hook.of(HOOKS["scale_update"], ScaleUpdate))

@@ -11,15 +11,10 @@ per client ever seen (feddle.md §7.1 item 12).
 from __future__ import annotations
 
 import numpy as np
-from pydantic import Field
 
-from ..base import Method, MethodParams, Strategy, Update, WeightedMean
+from ..base import Method, Strategy, Update, WeightedMean
 from ..registry import register
-
-
-class CA2FLParams(MethodParams):
-    buffer_size: int = Field(10, ge=1, description="K, updates per flush")
-    server_lr: float = Field(1.0, gt=0, description="η")
+from .params import METHODS, CA2FLParams
 
 
 class CA2FL(Strategy):
@@ -59,11 +54,4 @@ class CA2FL(Strategy):
         return {"ca2fl_flushes": float(self.flushes), "ca2fl_cache_bytes": float(cache_bytes)}
 
 
-METHOD = register(
-    Method(
-        name="ca2fl",
-        strategy=CA2FL,
-        params=CA2FLParams,
-        reference="Wang et al. 2024 (CA2FL); feddle.md §4.5",
-    )
-)
+METHOD = register(Method.of(METHODS["ca2fl"], strategy=CA2FL))

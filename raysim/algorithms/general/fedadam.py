@@ -6,7 +6,8 @@ import numpy as np
 
 from ..base import Method
 from ..registry import register
-from .fedopt import FedOpt, FedOptParams
+from .fedopt import FedOpt
+from .params import METHODS
 
 
 class FedAdam(FedOpt):
@@ -15,6 +16,4 @@ class FedAdam(FedOpt):
         return b2 * v + (1 - b2) * delta**2
 
 
-METHOD = register(
-    Method(name="fedadam", strategy=FedAdam, params=FedOptParams, reference="Reddi et al. 2021")
-)
+METHOD = register(Method.of(METHODS["fedadam"], strategy=FedAdam))

@@ -9,26 +9,11 @@ delta form (switch ``form: delta``, feddle.md A16): ``ω ← ω + α_t Δ_j``.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import numpy as np
-from pydantic import Field
 
-from ..base import Method, MethodParams, Strategy, Update
+from ..base import Method, Strategy, Update
 from ..registry import register
-
-
-class FedAsyncParams(MethodParams):
-    mixing: float = Field(0.4, gt=0, le=1, description="α, the mixing hyper-parameter")
-    staleness: Literal["constant", "polynomial", "hinge"] = "polynomial"
-    a: float = Field(0.5, ge=0, description="decay exponent (polynomial) or slope (hinge)")
-    b: float = Field(4.0, ge=0, description="hinge threshold")
-    form: Literal["model_mixing", "delta"] = "model_mixing"
-    staleness_unit: Literal["versions", "rounds"] = Field(
-        "versions",
-        description="τ in s(τ): versions elapsed since the download (feddle.md §4.3, one per "
-        "arrival, so about S a round) or rounds elapsed (Xie et al.'s epochs, one per round)",
-    )
+from .params import METHODS, FedAsyncParams
 
 
 def staleness_weight(tau: int, p: FedAsyncParams) -> float:
@@ -64,11 +49,4 @@ class FedAsync(Strategy):
         return {"fedasync_alpha": self.last_alpha}
 
 
-METHOD = register(
-    Method(
-        name="fedasync",
-        strategy=FedAsync,
-        params=FedAsyncParams,
-        reference="Xie et al. 2019; feddle.md §4.3",
-    )
-)
+METHOD = register(Method.of(METHODS["fedasync"], strategy=FedAsync))

@@ -11,6 +11,7 @@ import numpy as np
 
 from ..base import Method, Strategy, Update, WeightedMean
 from ..registry import register
+from .params import METHODS
 
 
 class RoundBuffer(Strategy):
@@ -44,6 +45,4 @@ class FedAvg(RoundBuffer):
         return True
 
 
-METHOD = register(
-    Method(name="fedavg", strategy=FedAvg, reference="McMahan et al. 2017; feddle.md §4.2")
-)
+METHOD = register(Method.of(METHODS["fedavg"], strategy=FedAvg))

@@ -10,26 +10,15 @@ A partial buffer left when the run ends is dropped (feddle.md §2.2).
 from __future__ import annotations
 
 import math
-from typing import Literal
 
-from pydantic import Field
-
-from ..base import Method, MethodParams, Strategy, Update, WeightedMean
+from ..base import Method, Strategy, Update, WeightedMean
 from ..registry import register
-
-StalenessWeight = Literal["none", "inv_sqrt"]
+from .params import METHODS, FedBuffParams, StalenessWeight
 
 
 def staleness_weight(rule: StalenessWeight, update: Update) -> float:
     """FedBuff's ``w(τ)``: 1, or ``1/√(1+τ_versions)`` (feddle.md A9)."""
     return 1.0 / math.sqrt(1.0 + update.tau_versions) if rule == "inv_sqrt" else 1.0
-
-
-class FedBuffParams(MethodParams):
-    buffer_size: int = Field(10, ge=1, description="K, updates per flush")
-    server_lr: float = Field(1.0, gt=0, description="η")
-    staleness_weight: StalenessWeight = "none"
-    per_round: bool = False
 
 
 class FedBuff(Strategy):
@@ -66,25 +55,7 @@ class FedBuff(Strategy):
         return {"fedbuff_flushes": float(self.flushes), "fedbuff_buffered": float(len(self.buffer))}
 
 
-METHOD = register(
-    Method(
-        name="fedbuff",
-        strategy=FedBuff,
-        params=FedBuffParams,
-        reference="Nguyen et al. 2022; feddle.md §4.4",
-    )
-)
+METHOD = register(Method.of(METHODS["fedbuff"], strategy=FedBuff))
 
 
-class FedBuffPerRoundParams(FedBuffParams):
-    per_round: bool = True
-
-
-METHOD_PER_ROUND = register(
-    Method(
-        name="fedbuff_per_round",
-        strategy=FedBuff,
-        params=FedBuffPerRoundParams,
-        reference="FedBuff flushed at every round end (K := |R_k|); feddle.md §4.4, I-4, I-6",
-    )
-)
+METHOD_PER_ROUND = register(Method.of(METHODS["fedbuff_per_round"], strategy=FedBuff))

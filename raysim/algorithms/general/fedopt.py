@@ -10,17 +10,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from pydantic import Field
 
-from ..base import MethodParams
 from .fedavg import RoundBuffer
-
-
-class FedOptParams(MethodParams):
-    server_lr: float = Field(0.01, gt=0, description="server learning rate η")
-    beta1: float = Field(0.9, ge=0, lt=1)
-    beta2: float = Field(0.99, ge=0, lt=1)
-    tau: float = Field(1e-3, gt=0, description="adaptivity ε (τ in Reddi et al.)")
+from .params import FedOptParams
 
 
 class FedOpt(RoundBuffer):

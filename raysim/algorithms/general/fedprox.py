@@ -5,15 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from pydantic import Field
 
-from ..base import ClientAlgorithm, Method, MethodParams, PenaltyFn
+from ..base import ClientAlgorithm, Method, PenaltyFn
 from ..registry import register
 from .fedavg import FedAvg
-
-
-class FedProxParams(MethodParams):
-    mu: float = Field(0.01, ge=0, description="proximal coefficient μ")
+from .params import METHODS, FedProxParams
 
 
 class FedProxClient(ClientAlgorithm):
@@ -36,12 +32,4 @@ class FedProxClient(ClientAlgorithm):
         return proximal
 
 
-METHOD = register(
-    Method(
-        name="fedprox",
-        strategy=FedAvg,
-        params=FedProxParams,
-        client=FedProxClient,
-        reference="Li et al. 2020 (FedProx)",
-    )
-)
+METHOD = register(Method.of(METHODS["fedprox"], strategy=FedAvg, client=FedProxClient))

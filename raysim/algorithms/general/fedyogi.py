@@ -6,7 +6,8 @@ import numpy as np
 
 from ..base import Method
 from ..registry import register
-from .fedopt import FedOpt, FedOptParams
+from .fedopt import FedOpt
+from .params import METHODS
 
 
 class FedYogi(FedOpt):
@@ -15,6 +16,4 @@ class FedYogi(FedOpt):
         return v - (1 - self.params.beta2) * sq * np.sign(v - sq)
 
 
-METHOD = register(
-    Method(name="fedyogi", strategy=FedYogi, params=FedOptParams, reference="Reddi et al. 2021")
-)
+METHOD = register(Method.of(METHODS["fedyogi"], strategy=FedYogi))

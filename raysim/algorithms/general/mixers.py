@@ -9,14 +9,10 @@
 from __future__ import annotations
 
 import numpy as np
-from pydantic import Field
 
-from ..hooks import HookParams, Mixer
+from ..hooks import Mixer
 from ..registry import MIXERS, Hook
-
-
-class DampParams(HookParams):
-    mu: float = Field(0.01, ge=0, le=1, description="μ, the weight kept on the previous model")
+from .params import HOOKS, ClipStepParams, DampParams
 
 
 class Damp(Mixer):
@@ -25,10 +21,6 @@ class Damp(Mixer):
     def mix(self, round_index: int, previous: np.ndarray, aggregated: np.ndarray) -> np.ndarray:
         mu = np.float32(self.params.mu)
         return (np.float32(1) - mu) * aggregated + mu * previous
-
-
-class ClipStepParams(HookParams):
-    max_norm: float = Field(1.0, gt=0, description="C, the largest L2 norm of one server step")
 
 
 class ClipStep(Mixer):
@@ -50,5 +42,5 @@ class ClipStep(Mixer):
         return {"clip_step_clipped": float(self.clipped)}
 
 
-MIXERS.register(Hook("damp", Damp, DampParams, "fedbaf.md §2.6 (paper_damped FedProx server)"))
-MIXERS.register(Hook("clip_step", ClipStep, ClipStepParams, "norm bounding of the server step"))
+MIXERS.register(Hook.of(HOOKS["damp"], Damp))
+MIXERS.register(Hook.of(HOOKS["clip_step"], ClipStep))

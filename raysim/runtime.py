@@ -1,21 +1,26 @@
-"""Small helpers shared by the coordinator and workers (no Ray, no MLflow)."""
+"""Small helpers shared by the coordinator and workers (no Ray, no MLflow). Loads without torch:
+a coordinator whose method computes in numpy never imports it."""
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from raysim.algorithms.context import ServerContext, ServerData, ServerPool
 from raysim.algorithms.registry import get_method
 from raysim.config import RunConfig
 from raysim.data import FederatedDataset
-from raysim.models import DataSpec, ModelConfig, ModelHandle, build_handle
 from raysim.models.layout import DEFAULT_GROUPS, Layout, ParamGroup
-from raysim.training.tasks import Task, task_for
+from raysim.models.registry import DataSpec, ModelConfig, build_handle
+
+if TYPE_CHECKING:
+    import torch
+
+    from raysim.models.handle import ModelHandle
+    from raysim.training.tasks import Task
 
 INIT_STREAM = 0x1417
 
@@ -44,6 +49,8 @@ def build_resident(
 ) -> ModelHandle:
     """Build the model under the run's init stream, so every process holds the same weights
     (``wrap``: the method's ``wrap_model`` with its params bound)."""
+    import torch
+
     with torch.random.fork_rng():
         torch.manual_seed(init_seed(seed))
         return build_handle(cfg, spec, groups, wrap)
@@ -60,6 +67,8 @@ def method_resident(cfg: RunConfig, spec: DataSpec) -> ModelHandle:
 def server_model(cfg: RunConfig, spec: DataSpec) -> tuple[ModelHandle, Task]:
     """A resident model and its task for the server's own computation (its device: ``auto``
     picks the coordinator's GPU when ``coordinator.num_gpus`` gives it one)."""
+    from raysim.training.tasks import task_for
+
     handle = method_resident(cfg, spec)
     return handle, task_for(spec, next(handle.module.parameters()).device)
 
@@ -69,12 +78,18 @@ def server_data(dataset: FederatedDataset) -> ServerData:
     id_pool = None
     if getattr(dataset, "server_id", None) is not None:
         x, y = dataset.server_id
-        id_pool = ServerPool((torch.tensor(x), torch.tensor(y)), dataset.num_classes)
+        id_pool = ServerPool(_tensors(x, y), dataset.num_classes)
     ood = {
-        name: ServerPool((torch.tensor(x), torch.tensor(y)), int(c))
+        name: ServerPool(_tensors(x, y), int(c))
         for name, (x, y, c) in (getattr(dataset, "server_ood", None) or {}).items()
     }
     return ServerData(id_pool, ood)
+
+
+def _tensors(x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    import torch  # only a run with server data needs it here
+
+    return torch.tensor(x), torch.tensor(y)
 
 
 def run_dataset(cfg: RunConfig) -> Any:

@@ -136,6 +136,24 @@ def test_the_driver_of_a_run_never_imports_torch(tmp_path):
     assert out.strip().splitlines()[-1] in {"exit 0", "exit None"}
 
 
+def test_a_coordinator_that_aggregates_in_numpy_never_imports_torch():
+    """The coordinator (and a Tune trial, which runs it in its own process) imports torch only
+    for a method whose server computes in torch, or for the leak auditor: FedAvg's, FedOpt's,
+    FedAsync's, FedBuff's and CA2FL's servers are numpy. The control: FedProx's module, whose
+    client half is torch, is stopped by the same guard."""
+    numpy_servers = ["fedavg", "fedadam", "fedyogi", "fedasync", "fedbuff", "ca2fl", "fedit"]
+    out = probe(
+        NO_TORCH + "import numpy as np\n"
+        "import raysim.actors.coordinator_actor, raysim.actors.coordinator_core\n"
+        "import raysim.checkpoint, raysim.runtime, raysim.tracking, raysim.actors.evaluation\n"
+        "from raysim.algorithms.registry import get_method\n"
+        f"for name in {numpy_servers!r}:\n"
+        "    s = get_method(name).build_strategy({}, np.zeros(4, np.float32), 3)\n"
+        "try:\n    get_method('fedprox')\nexcept ImportError as e:\n    print(e)\n"
+    )
+    assert out.strip().splitlines()[-1] == "torch imported"
+
+
 def test_the_command_exits_as_python_would_only_sooner(tmp_path):
     """``raysim`` (``cli.entry``) ends with ``os._exit`` once its work is done: before that, a
     thread still writing is joined, every atexit handler runs, and the output is flushed; the

@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 
-from raysim.actors.audit import LeakAuditor, LeakError
 from raysim.actors.executor import Executor
 from raysim.actors.jobs import ClientJob, job_groups
 from raysim.algorithms.base import Diverged, Downlink, Strategy, Update
@@ -26,6 +25,7 @@ from raysim.algorithms.registry import MIXERS, get_method
 from raysim.clock import ArrivalQueue, PendingJob, Schedule
 from raysim.config import RunConfig
 from raysim.delays import build_delay_model
+from raysim.errors import LeakError
 from raysim.runtime import weights_digest
 
 #: ``evaluator(global weights, client personal states, is_final_eval, round) -> metrics``; one
@@ -113,13 +113,12 @@ class CoordinatorCore:
         self.server._log = self._server_metric
         self._log = RoundLog()
         self.strategy: Strategy = self._build_strategy(initial)
-        self.auditor = (
-            LeakAuditor(
-                self.strategy.secrets(), len(initial), self.server.device, cfg.audit.windows
-            )
-            if cfg.audit.leaks
-            else None
-        )
+        self.auditor = None
+        if cfg.audit.leaks:  # in torch: imported only where it runs
+            from raysim.actors.audit import LeakAuditor
+
+            secrets = self.strategy.secrets()
+            self.auditor = LeakAuditor(secrets, len(initial), self.server.device, cfg.audit.windows)
         delay_model = build_delay_model(cfg.delays, cfg.clients.num, cfg.seed)
         self.schedule = Schedule(cfg.clients.num, cfg.clients.per_round, delay_model, cfg.seed)
         self.queue = ArrivalQueue()

@@ -12,27 +12,29 @@ from __future__ import annotations
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from ..errors import Diverged as Diverged  # re-exported: a strategy raises it
-from ..models.handle import ModelHandle
 from ..models.layout import DEFAULT_GROUPS, ParamGroup, check_groups
 from ..models.registry import ModelWrapper
-from ..training.backends import PenaltyFn
-from ..training.batched import train_batched, unbatchable
-from ..training.loop import LocalTrainingConfig, train_local
-from ..training.tasks import Task
 from .context import ServerContext
 from .private import PrivateTensors
 from .spec import MethodParams as MethodParams  # re-exported: the torch-free half lives in spec
 from .spec import MethodSpec
 from .spec import Needs as Needs
 
+if TYPE_CHECKING:  # the server half loads without torch; the client half imports it where it runs
+    import torch
+
+    from ..models.handle import ModelHandle
+    from ..training.backends import PenaltyFn
+    from ..training.settings import LocalTrainingConfig
+    from ..training.tasks import Task
+
 #: one client's parameter groups as tensors: group name → its tensors in group order
-Snapshot = dict[str, list[torch.Tensor]]
+Snapshot = dict[str, list["torch.Tensor"]]
 
 
 @dataclass(frozen=True)
@@ -216,6 +218,8 @@ class ClientContext:
 
     def upload(self, name: str, value: np.ndarray | torch.Tensor) -> None:
         """Send a named extra tensor up with this job's update (``Update.extras``)."""
+        import torch
+
         if isinstance(value, torch.Tensor):
             value = value.detach().float().cpu().numpy()
         self.uplink[name] = np.array(value, copy=True)
@@ -231,6 +235,8 @@ class ClientContext:
             seed = int(
                 np.random.SeedSequence([self.seed, zlib.crc32(name.encode())]).generate_state(1)[0]
             )
+        import torch
+
         torch.default_generator.manual_seed(seed)
         return torch.Generator().manual_seed(seed)
 
@@ -279,6 +285,8 @@ class ClientAlgorithm:
         parameter group as loaded (group name → tensors); returns, per client, the groups it
         trained (the rest stay as loaded) and its metrics. The default is the default ``train``:
         the global group on the task loss plus an optional ``penalty``."""
+        from ..training.batched import train_batched
+
         group = model.groups[0].name
         first = starts[0][group]
         penalty = None
@@ -309,9 +317,13 @@ class ClientAlgorithm:
         one after another."""
         if type(self).train is not ClientAlgorithm.train:
             return f"{type(self).__name__} trains its own way (it overrides train)"
+        from ..training.batched import unbatchable
+
         return unbatchable(ctxs[0].model, ctxs[0].task, [c.config for c in ctxs])
 
     def train(self, ctx: ClientContext) -> dict[str, float]:
+        from ..training.loop import train_local
+
         params = ctx.model.global_parameters()
         penalty = None
         if type(self).penalty is not ClientAlgorithm.penalty:  # snapshot only when needed

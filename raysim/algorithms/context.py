@@ -11,15 +11,18 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
-from ..models.handle import ModelHandle
 from ..models.layout import SHARED, Layout
-from ..training.loop import LocalTrainingConfig
-from ..training.tasks import Task
+from ..training.settings import LocalTrainingConfig
+
+if TYPE_CHECKING:  # a server that computes in numpy loads no torch
+    import torch
+
+    from ..models.handle import ModelHandle
+    from ..training.tasks import Task
 
 SERVER_STREAM = 0x5E7E
 
@@ -91,6 +94,8 @@ class ServerContext:
         return np.random.default_rng(self.stream_seed(name))
 
     def torch_generator(self, name: str) -> torch.Generator:
+        import torch
+
         return torch.Generator().manual_seed(self.stream_seed(name))
 
     # ----------------------------------------------------------------- compute
@@ -98,6 +103,8 @@ class ServerContext:
     def device(self) -> torch.device:
         """Where server-side vector work runs: the coordinator's GPU when it has one
         (``coordinator.num_gpus``), else the CPU."""
+        import torch
+
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
     @property

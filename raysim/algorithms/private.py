@@ -10,9 +10,12 @@ default ``Strategy.state_dict`` leaves it out of checkpoints: a strategy rebuild
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 
 class PrivateStateError(RuntimeError):

@@ -6,7 +6,8 @@ from collections.abc import Sequence
 
 import torch
 
-from ..base import ClientAlgorithm, Method, PenaltyFn
+from ...training.backends import PenaltyFn
+from ..base import ClientAlgorithm, Method
 from ..registry import register
 from .fedavg import FedAvg
 from .params import METHODS, FedProxParams

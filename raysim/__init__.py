@@ -6,7 +6,7 @@ needs neither) does not wait for torch and the config's validation to import.
 
 from __future__ import annotations
 
-from typing import Any
+from raysim.lazy import lazy_getattr
 
 _LAZY = {
     "Result": "raysim.api",
@@ -18,15 +18,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'raysim' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY)
 
 
 def tune(*args, **kwargs):  # noqa: ANN002, ANN003 - see raysim.sweeps.tuner.tune

@@ -7,8 +7,7 @@ below load on first use, so that a config can be checked (``spec``, ``registry``
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from raysim.lazy import lazy_getattr
 
 _EXPORTS = {
     "Layout": "raysim.models.layout",
@@ -43,7 +42,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name], __name__), name)
-    raise AttributeError(f"module 'raysim.algorithms' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _EXPORTS)

@@ -7,8 +7,7 @@ use.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from raysim.lazy import lazy_getattr
 
 _EXPORTS = {
     "DataSpec": "raysim.models.registry",
@@ -22,7 +21,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'raysim.models' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _EXPORTS)

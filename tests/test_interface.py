@@ -451,6 +451,23 @@ def test_a_spec_that_misstates_its_client_is_refused():
     assert Method.of(MethodSpec("mine", "m", batchable=False), FedAvg, client=FedOAClient)
 
 
+def test_a_client_that_says_trains_together_itself_is_refused():
+    """``trains_together`` is read from the params, before any model loads; a client class that
+    overrides it (the earlier interface) would be coupled on the workers but not planned as one
+    batch, so its method is refused at registration, with where to say it."""
+    from raysim.algorithms import ClientAlgorithm, Method
+    from raysim.algorithms.general.fedavg import FedAvg
+
+    class Coupled(ClientAlgorithm):
+        @property
+        def trains_together(self) -> bool:
+            return True
+
+    with pytest.raises(ValueError, match="say it on the params class"):
+        Method(name="coupled", strategy=FedAvg, client=Coupled)
+    assert Method(name="coupled", strategy=FedAvg, client=ClientAlgorithm)
+
+
 def test_a_plugin_cannot_take_a_builtin_name_whose_module_is_not_loaded():
     """Built-in implementations load lazily; a plugin registering ``pfedme`` first is still
     refused, since the name is the built-in spec's."""

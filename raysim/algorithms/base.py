@@ -404,6 +404,12 @@ class Method:
         check_groups(self.groups)
         if self.evaluate_with not in {g.name for g in self.groups}:
             raise ValueError(f"{self.name}: evaluate_with={self.evaluate_with!r} is not a group")
+        if self.client.trains_together is not ClientAlgorithm.trains_together:
+            raise ValueError(
+                f"{self.name}: {self.client.__name__} overrides trains_together; say it on the "
+                f"params class ({self.params.__name__}), where the config reads it before any "
+                "model loads"
+            )
 
     @property
     def personal(self) -> bool:

@@ -101,3 +101,24 @@ def test_multi_lora_clients_on_the_gpu_end_where_peft_passes_do():
         for p, q in zip(mine, theirs, strict=True):
             assert q.device.type == "cuda"
             torch.testing.assert_close(q, p, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["mlp", "vit"])
+def test_a_small_or_vision_model_trains_on_the_gpu_it_is_given(name):
+    """``model.device: auto`` on a process that sees a GPU: the model and its local training are
+    on CUDA (they stayed on the CPU before, whatever ``workers.num_gpus`` reserved)."""
+    from raysim.models import build_handle
+
+    vit = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+           "intermediate_size": 64, "patch_size": 8}  # fmt: skip
+    cfg = ModelConfig(name=name, image={"size": 32}, vit=vit)
+    spec = DataSpec("dense", (3, 32, 32) if name == "vit" else (8,), 3)
+    handle = build_handle(cfg, spec)
+    assert {p.device.type for p in handle.module.parameters()} == {"cuda"}
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand((16, *spec.feature_shape), generator=g).to(CUDA)
+    y = torch.randint(0, 3, (16,), generator=g).to(CUDA)
+    params = handle.global_parameters()
+    out = train_local(handle.module, params, ClassificationTask(), (x, y),
+                      LocalTrainingConfig(batch_size=4, epochs=1, lr=0.1), g)  # fmt: skip
+    assert out["local_steps"] == 4 and all(p.device.type == "cuda" for p in params)

@@ -159,3 +159,22 @@ def test_pretrained_weights_load_from_a_local_path_with_a_new_head(tmp_path):
 def test_a_vision_model_refuses_non_image_inputs():
     with pytest.raises(ValueError, match="image inputs"):
         build_model(ModelConfig(name="resnet"), DataSpec("dense", (40,), 10))
+
+
+@pytest.mark.parametrize("name", ["mlp", "vit"])
+def test_every_model_is_moved_to_model_device(monkeypatch, name):
+    """``model.device`` (``auto``: the GPU a worker with ``workers.num_gpus`` sees) reaches every
+    model, not only the causal LMs that are built there: a ViT or an MLP on a GPU worker used
+    to stay on the CPU. Here the device is the meta device; ``tests/test_gpu.py`` checks CUDA."""
+    import raysim.models.registry as registry
+
+    monkeypatch.setattr(registry, "resolve_device", lambda _: torch.device("meta"))
+    vit = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+           "intermediate_size": 64, "patch_size": 8}  # fmt: skip
+    cfg = ModelConfig(name=name, image={"size": 32}, vit=vit)
+    spec = DataSpec("dense", (3, 32, 32) if name == "vit" else (8,), 3)
+    handle = build_handle(cfg, spec)
+    assert {p.device.type for p in handle.module.parameters()} == {"meta"}
+    monkeypatch.undo()  # the control: the CPU, where model.device says cpu
+    cpu = build_handle(cfg.model_copy(update={"device": "cpu"}), spec)
+    assert {p.device.type for p in cpu.module.parameters()} == {"cpu"}

@@ -18,15 +18,15 @@ import torch
 from raysim.data.smollm2 import smollm2_dir
 from raysim.models.handle import ModelHandle
 from raysim.models.layout import ParamGroup, check_groups
-from raysim.models.registry import DataSpec, LlamaShape, ModelConfig, register_model
+from raysim.models.registry import (
+    DataSpec,
+    LlamaShape,
+    ModelConfig,
+    register_model,
+    resolve_device,
+)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 class LoraHandle(ModelHandle):

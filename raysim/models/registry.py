@@ -204,7 +204,19 @@ def build_handle(
         return built
     if wrap is not None:
         built = wrap(built, spec)
-    return ModelHandle(built, groups)
+    # ``model.device``: a causal LM is built there; any other module (and what the method
+    # wrapped around it) is built on the CPU, under the run's init stream, and moved
+    return ModelHandle(built.to(resolve_device(cfg.device)), groups)
+
+
+def resolve_device(name: str) -> torch.device:
+    """``model.device``: ``auto`` is CUDA where this process sees a GPU (a worker with
+    ``workers.num_gpus``), else the CPU."""
+    import torch
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
 
 
 def build_model(

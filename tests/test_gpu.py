@@ -108,11 +108,9 @@ def test_a_small_or_vision_model_trains_on_the_gpu_it_is_given(name):
     """``model.device: auto`` on a process that sees a GPU: the model and its local training are
     on CUDA (they stayed on the CPU before, whatever ``workers.num_gpus`` reserved)."""
     from raysim.models import build_handle
+    from tests.test_vision_models import tiny_model
 
-    vit = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
-           "intermediate_size": 64, "patch_size": 8}  # fmt: skip
-    cfg = ModelConfig(name=name, image={"size": 32}, vit=vit)
-    spec = DataSpec("dense", (3, 32, 32) if name == "vit" else (8,), 3)
+    cfg, spec = tiny_model(name)
     handle = build_handle(cfg, spec)
     assert {p.device.type for p in handle.module.parameters()} == {"cuda"}
     g = torch.Generator().manual_seed(0)

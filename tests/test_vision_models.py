@@ -169,12 +169,17 @@ def test_every_model_is_moved_to_model_device(monkeypatch, name):
     import raysim.models.registry as registry
 
     monkeypatch.setattr(registry, "resolve_device", lambda _: torch.device("meta"))
-    vit = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
-           "intermediate_size": 64, "patch_size": 8}  # fmt: skip
-    cfg = ModelConfig(name=name, image={"size": 32}, vit=vit)
-    spec = DataSpec("dense", (3, 32, 32) if name == "vit" else (8,), 3)
+    cfg, spec = tiny_model(name)
     handle = build_handle(cfg, spec)
     assert {p.device.type for p in handle.module.parameters()} == {"meta"}
     monkeypatch.undo()  # the control: the CPU, where model.device says cpu
     cpu = build_handle(cfg.model_copy(update={"device": "cpu"}), spec)
     assert {p.device.type for p in cpu.module.parameters()} == {"cpu"}
+
+
+def tiny_model(name: str) -> tuple[ModelConfig, DataSpec]:
+    """A small ``mlp`` or ``vit`` (32×32 images, one layer) and its data spec, 3 classes."""
+    vit = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+           "intermediate_size": 64, "patch_size": 8}  # fmt: skip
+    cfg = ModelConfig(name=name, image={"size": 32}, vit=vit)
+    return cfg, DataSpec("dense", (3, 32, 32) if name == "vit" else (8,), 3)

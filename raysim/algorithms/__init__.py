@@ -7,11 +7,11 @@ below load on first use, so that a config can be checked (``spec``, ``registry``
 
 from __future__ import annotations
 
-from raysim.lazy import lazy_getattr
+from ..lazy import lazy_getattr
 
 _EXPORTS = {
-    "Layout": "raysim.models.layout",
-    "ParamGroup": "raysim.models.layout",
+    "Layout": "..models.layout",
+    "ParamGroup": "..models.layout",
     "ClientAlgorithm": ".base",
     "ClientContext": ".base",
     "Downlink": ".base",
@@ -32,6 +32,7 @@ _EXPORTS = {
     "BEHAVIOURS": ".registry",
     "MIXERS": ".registry",
     "Hook": ".registry",
+    "Registry": ".registry",
     "get_method": ".registry",
     "load_plugin": ".registry",
     "method_names": ".registry",

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..models.layout import SHARED, Layout
+from ..models.registry import resolve_device
 from ..training.settings import LocalTrainingConfig
 
 if TYPE_CHECKING:  # a server that computes in numpy loads no torch
@@ -103,9 +104,7 @@ class ServerContext:
     def device(self) -> torch.device:
         """Where server-side vector work runs: the coordinator's GPU when it has one
         (``coordinator.num_gpus``), else the CPU."""
-        import torch
-
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return resolve_device("auto")
 
     @property
     def has_model(self) -> bool:

@@ -1,9 +1,9 @@
 """Every registry of the package: methods (``register``), server mixers (``MIXERS``) and client
 behaviours (``BEHAVIOURS``), and the one list of built-in modules that fills them.
 
-Each lookup has two halves. The torch-free half (``method_spec``, ``HookRegistry.spec``: params,
+Each lookup has two halves. The torch-free half (``method_spec``, ``MIXERS.spec``: params,
 needs, where the implementation lives) is what a config is checked against, in the driver and in
-each Tune trial before any model loads. The implementation (``get_method``, ``HookRegistry.get``)
+each Tune trial before any model loads. The implementation (``get_method``, ``MIXERS.get``)
 is imported where a method or hook is built: the coordinator and the workers.
 
 Where they come from, in every process that looks one up:
@@ -22,13 +22,14 @@ No interface module imports an implementation: the built-in list is strings, imp
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import hashlib
 import importlib
 import importlib.util
 import inspect
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -40,8 +41,6 @@ if TYPE_CHECKING:
     from .base import Method
     from .hooks import ClientBehaviour, Mixer
 
-_METHODS: dict[str, Method] = {}
-_SPECS: dict[str, MethodSpec] = {}
 ENTRY_POINT_GROUP = "raysim.methods"
 
 #: The built-in specs, imported on first lookup: one torch-free module per paper package, plus
@@ -54,45 +53,14 @@ BUILTIN_SPECS = (
     "raysim.algorithms.fedoa.params",
     "raysim.algorithms.fedot.params",
 )
+#: kind ("algorithm", "server hook", "client behaviour") → name → the built-in's spec
+_BUILTIN: dict[str, dict[str, Any]] = {}
 _specs_loaded = False
 _entry_points_loaded = False
 
 
 class PluginError(ValueError):
     """A method module named in the config (or by an entry point) could not be imported."""
-
-
-def _file(obj: type) -> str | None:
-    try:
-        return inspect.getsourcefile(obj) or None
-    except TypeError:
-        return None
-
-
-def _source(method: Method) -> str | None:
-    return _file(method.strategy)
-
-
-def register(method: Method) -> Method:
-    """Add a method under ``method.name``; a second registration of the same name from another
-    source is an error (re-importing the same file, e.g. as a plugin and by hand, is not). A
-    built-in name must be registered from its spec (``Method.of``)."""
-    _load_specs()
-    builtin = _BUILTIN_METHODS.get(method.name)
-    if builtin is not None and (method.params, method.needs) != (builtin.params, builtin.needs):
-        raise ValueError(f"method {method.name!r} is registered twice (it is a built-in method)")
-    old = _METHODS.get(method.name)
-    if old is not None and old is not method:
-        same = (
-            old.strategy.__qualname__ == method.strategy.__qualname__
-            and old.client.__qualname__ == method.client.__qualname__
-            and _source(old) == _source(method)
-        )
-        if not same:
-            raise ValueError(f"method {method.name!r} is registered twice")
-    _METHODS[method.name] = method
-    _SPECS[method.name] = builtin or method.spec
-    return method
 
 
 def load_plugin(spec: str) -> str:
@@ -126,10 +94,6 @@ def load_plugin(spec: str) -> str:
     return spec
 
 
-_BUILTIN_METHODS: dict[str, MethodSpec] = {}
-_BUILTIN_HOOKS: dict[str, dict[str, HookSpec]] = {}
-
-
 def _load_specs() -> None:
     """Import the built-in spec modules (torch-free) once."""
     global _specs_loaded
@@ -138,11 +102,7 @@ def _load_specs() -> None:
     _specs_loaded = True
     for module in BUILTIN_SPECS:
         for spec in importlib.import_module(module).SPECS:
-            if isinstance(spec, MethodSpec):
-                _BUILTIN_METHODS[spec.name] = spec
-                _SPECS[spec.name] = spec
-            else:
-                _BUILTIN_HOOKS.setdefault(spec.kind, {})[spec.name] = spec
+            _BUILTIN.setdefault(spec.kind, {})[spec.name] = spec
 
 
 def _load_entry_points() -> None:
@@ -158,13 +118,74 @@ def _load_entry_points() -> None:
             raise PluginError(f"entry point {ep.name!r} ({ep.value}) failed to load: {e}") from e
 
 
-def _unknown(kind: str, name: str, known: list[str]) -> KeyError:
-    close = difflib.get_close_matches(name, known, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    return KeyError(f"unknown {kind} {name!r}{hint}; known: {', '.join(sorted(known))}")
+def _file(obj: type) -> str | None:
+    try:
+        return inspect.getsourcefile(obj) or None
+    except TypeError:
+        return None
 
 
 T = TypeVar("T")
+S = TypeVar("S", MethodSpec, HookSpec)
+
+
+class Registry(Generic[T, S]):
+    """Name → implementation for one kind (methods, server hooks or client behaviours), each with
+    its torch-free spec. A built-in is known by its spec from the start and its implementation's
+    module is imported on ``get``; a plugin is known once it registers."""
+
+    def __init__(
+        self, kind: str, spec_of: Callable[[T], S], source: Callable[[T], Hashable]
+    ) -> None:
+        self.kind = kind
+        self._spec_of = spec_of  # a registered implementation's spec
+        self._source = source  # what tells two registrations of one name apart
+        self._registered: dict[str, T] = {}
+        self._plugin_specs: dict[str, S] = {}
+
+    def _builtin(self) -> dict[str, S]:
+        _load_specs()
+        return _BUILTIN.get(self.kind, {})
+
+    def register(self, entry: T) -> T:
+        """Add ``entry`` under its name. A built-in name takes only the implementation built from
+        its spec (``Method.of``, ``Hook.of``); another source under a taken name is an error
+        (re-importing the same file, e.g. as a plugin and by hand, is not)."""
+        spec = self._spec_of(entry)
+        builtin = self._builtin().get(spec.name)
+        if builtin is not None and dataclasses.replace(spec, module=builtin.module) != builtin:
+            raise ValueError(f"{self.kind} {spec.name!r} is registered twice (it is built in)")
+        old = self._registered.get(spec.name)
+        if old is not None and old is not entry and self._source(old) != self._source(entry):
+            raise ValueError(f"{self.kind} {spec.name!r} is registered twice")
+        self._registered[spec.name] = entry
+        if builtin is None:
+            self._plugin_specs[spec.name] = spec
+        return entry
+
+    def spec(self, name: str) -> S:
+        """The torch-free half (params, needs, reference), without importing the implementation;
+        the error names the closest known name."""
+        found = self._builtin().get(name) or self._plugin_specs.get(name)
+        if found is None:
+            _load_entry_points()
+            found = self._plugin_specs.get(name)
+        if found is None:
+            close = difflib.get_close_matches(name, self.names(), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise KeyError(f"unknown {self.kind} {name!r}{hint}; known: {', '.join(self.names())}")
+        return found
+
+    def get(self, name: str) -> T:
+        """The implementation, its module imported."""
+        spec = self.spec(name)
+        if name not in self._registered:
+            importlib.import_module(spec.module)
+        return self._registered[name]
+
+    def names(self) -> list[str]:
+        _load_entry_points()
+        return sorted(set(self._builtin()) | set(self._plugin_specs))
 
 
 @dataclass(frozen=True)
@@ -187,81 +208,23 @@ class Hook(Generic[T]):
         return self.cls(params)
 
 
-class HookRegistry(Generic[T]):
-    """Name → ``Hook`` for one kind of hook (``spec`` for its torch-free half)."""
-
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
-        self._hooks: dict[str, Hook[T]] = {}
-        self._specs: dict[str, HookSpec] = {}
-
-    def _builtin(self) -> dict[str, HookSpec]:
-        _load_specs()
-        return _BUILTIN_HOOKS.get(self.kind, {})
-
-    def register(self, hook: Hook[T]) -> Hook[T]:
-        builtin = self._builtin().get(hook.name)
-        if builtin is not None and hook.params is not builtin.params:
-            raise ValueError(f"{self.kind} {hook.name!r} is registered twice (it is built in)")
-        old = self._hooks.get(hook.name)
-        if old is not None and old is not hook:
-            same = old.cls.__qualname__ == hook.cls.__qualname__ and _file(old.cls) == _file(
-                hook.cls
-            )
-            if not same:
-                raise ValueError(f"{self.kind} {hook.name!r} is registered twice")
-        self._hooks[hook.name] = hook
-        self._specs[hook.name] = builtin or HookSpec(
-            self.kind, hook.name, hook.cls.__module__, hook.params, hook.reference
-        )
-        return hook
-
-    def spec(self, name: str) -> HookSpec:
-        """The hook's params and reference, without importing its implementation."""
-        found = self._builtin().get(name) or self._specs.get(name)
-        if found is None:
-            _load_entry_points()
-            found = self._specs.get(name)
-        if found is None:
-            raise _unknown(self.kind, name, self.names())
-        return found
-
-    def get(self, name: str) -> Hook[T]:
-        """The hook, its implementation imported."""
-        spec = self.spec(name)
-        if name not in self._hooks:
-            importlib.import_module(spec.module)
-        return self._hooks[name]
-
-    def names(self) -> list[str]:
-        _load_entry_points()
-        return sorted(set(self._builtin()) | set(self._specs))
+def _hooks(kind: str) -> Registry[Any, HookSpec]:
+    return Registry(
+        kind,
+        lambda h: HookSpec(kind, h.name, h.cls.__module__, h.params, h.reference),
+        lambda h: (h.cls.__qualname__, _file(h.cls)),
+    )
 
 
-MIXERS: HookRegistry[Mixer] = HookRegistry("server hook")
-BEHAVIOURS: HookRegistry[ClientBehaviour] = HookRegistry("client behaviour")
-
-
-def method_spec(name: str) -> MethodSpec:
-    """A method's params, needs and reference, without importing its implementation; the error
-    names the closest known method."""
-    _load_specs()
-    if name not in _SPECS:
-        _load_entry_points()
-    if name not in _SPECS:
-        raise _unknown("algorithm", name, method_names())
-    return _SPECS[name]
-
-
-def get_method(name: str) -> Method:
-    """A method, its implementation imported; the error names the closest known one."""
-    spec = method_spec(name)
-    if name not in _METHODS:
-        importlib.import_module(spec.module)
-    return _METHODS[name]
-
-
-def method_names() -> list[str]:
-    _load_specs()
-    _load_entry_points()
-    return sorted(_SPECS)
+ALGORITHMS: Registry[Method, MethodSpec] = Registry(
+    MethodSpec.kind,
+    lambda m: m.spec,
+    lambda m: (m.strategy.__qualname__, m.client.__qualname__, _file(m.strategy)),
+)
+MIXERS: Registry[Mixer, HookSpec] = _hooks("server hook")
+BEHAVIOURS: Registry[ClientBehaviour, HookSpec] = _hooks("client behaviour")
+# the method registry's operations, by the names methods and docs use
+register = ALGORITHMS.register
+method_spec = ALGORITHMS.spec
+get_method = ALGORITHMS.get
+method_names = ALGORITHMS.names

@@ -4,13 +4,13 @@ where their implementation lives.
 A config is checked against these before Ray starts, in the driver and in every Tune trial, so
 this module and every built-in ``params`` module (one per paper package) load without torch. The
 implementation modules, which do import torch, are imported only where a method or hook is
-built (``registry.get_method``, ``HookRegistry.get``).
+built (``registry.get_method``, ``Registry.get``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -133,6 +133,7 @@ class MethodSpec:
     method registers).
     """
 
+    kind: ClassVar[str] = "algorithm"  # the registry's word for a method, as in its errors
     name: str
     module: str
     params: type[MethodParams] = MethodParams

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -168,14 +169,12 @@ class RayWorkerPool:
             del self._remaining[ref], self._fetched[ref]
         return out
 
-    def _note_pid(self, worker: int, pid: int) -> None:
+    def _note_pid(self, worker: int, pid: int, why: str = "its jobs ran again") -> None:
         """A process not seen before for this worker is a restart. (Results of jobs the old
         process finished may still arrive after the new one's: they are no second restart.)"""
         seen = self._pids.setdefault(worker, set())
         if pid and seen and pid not in seen:
-            self._events.append(
-                f"worker {worker} restarted (now process {pid}); its jobs ran again"
-            )
+            self._events.append(f"worker {worker} restarted (now process {pid}); {why}")
         if pid:
             seen.add(pid)
 
@@ -202,7 +201,22 @@ class RayWorkerPool:
         return ray.get(self.workers[0].initial_global.remote(self.data))
 
     def kill_worker(self, index: int) -> None:
-        ray.kill(self.workers[index % len(self.workers)], no_restart=False)
+        """Fault injection: kill a worker while its batch runs, and wait until its restarted
+        process answers. Ray's kill lands when it lands: during the batch (the batch runs again
+        on the new process) or after it, when only a later call would have met the new process,
+        perhaps on a coordinator that no longer knew the old one. Either way the restart is
+        seen here, in the round the fault names."""
+        worker = index % len(self.workers)
+        handle = self.workers[worker]
+        ray.kill(handle, no_restart=False)
+        old = self._pids.get(worker, set())
+        deadline = time.monotonic() + 120
+        while old and time.monotonic() < deadline:
+            pid = ray.get(handle.info.remote(self.data))["pid"]
+            if pid not in old:
+                self._note_pid(worker, pid, "killed by faults.kill_worker")
+                return
+            time.sleep(0.02)
 
     def describe(self) -> list[dict[str, Any]]:
         infos = ray.get([w.info.remote(self.data) for w in self.workers])

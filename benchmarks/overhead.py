@@ -128,7 +128,9 @@ def main() -> None:
         "--batches",
         action="store_true",
         help="also run raysim's rounds as `raysim run` does (in batches per driver call), with "
-        "and without each round's evaluation overlapping the next round's dispatch",
+        "and without each round's evaluation overlapping the next round's dispatch, and the "
+        "overlapped way again with plain actor calls instead of compiled graphs "
+        "(workers.transport=calls)",
     )
     parser.add_argument(
         "--tracking",
@@ -173,7 +175,10 @@ def main() -> None:
     # Repeats interleave plain and raysim runs so that drift in this VM's speed hits both alike.
     walls: dict[str, list[list[float]]] = {"plain_1thread": [], "plain_2thread": [], "raysim": []}
     if args.batches:
-        walls.update({"raysim_batches": [], "raysim_batches_overlap": []})
+        walls.update(
+            {"raysim_batches": [], "raysim_batches_overlap": [], "raysim_batches_overlap_calls": []}
+        )
+    calls = load_config(args.config, [*overrides, "workers.transport=calls"])
     digests: dict[str, set[str]] = {name: set() for name in walls}
     starts = []
     try:
@@ -187,8 +192,13 @@ def main() -> None:
             digests["raysim"].add(digest)
             starts.append(start)
             if args.batches:
-                for name, overlap in (("raysim_batches", False), ("raysim_batches_overlap", True)):
-                    w, digest, _ = run_raysim(cfg, advance=overlap)
+                sides = (
+                    ("raysim_batches", cfg, False),
+                    ("raysim_batches_overlap", cfg, True),
+                    ("raysim_batches_overlap_calls", calls, True),
+                )
+                for name, side_cfg, overlap in sides:
+                    w, digest, _ = run_raysim(side_cfg, advance=overlap)
                     walls[name].append(w)
                     digests[name].add(digest)
     finally:
@@ -208,7 +218,7 @@ def main() -> None:
     report(same_weights=same["plain_1thread"] and len(digests["raysim"]) == 1)
     report(overhead_ratio_vs_2threads=med["raysim"] / med["plain_2thread"])
     if args.batches:
-        for name in ("raysim_batches", "raysim_batches_overlap"):
+        for name in ("raysim_batches", "raysim_batches_overlap", "raysim_batches_overlap_calls"):
             report(**{f"{name}_ratio": med[name] / med["plain_1thread"]})
     report(overhead_ratio=med["raysim"] / med["plain_1thread"])
 

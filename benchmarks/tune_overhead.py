@@ -58,12 +58,12 @@ class ActorWatch(threading.Thread):
             time.sleep(POLL_S)
 
 
-def base_config(rounds: int) -> dict:
+def base_config(rounds: int, transport: str = "auto") -> dict:
     import yaml
 
     cfg = yaml.safe_load((ROOT / "examples/tune-async.yaml").read_text())
     cfg.update(rounds=rounds, eval={"every": 1})
-    cfg["workers"] = {"count": 1, "num_cpus": 0.5}
+    cfg["workers"] = {"count": 1, "num_cpus": 0.5, "transport": transport}
     cfg["tracking"]["experiment"] = "bench-tune-overhead"
     cfg["tune"].update(num_samples=1, scheduler="fifo")
     cfg["tune"]["space"] = {"algorithm.buffer_size": {"grid": [10]}}
@@ -143,12 +143,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--trials", type=int, default=3, help="for next_start_s; 1: skip it")
+    parser.add_argument("--transport", default="auto", help="workers.transport of both sides")
     args = parser.parse_args()
     print(f"machine: {machine()}")
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp}/mlflow.db"
         ray.init(include_dashboard=False, logging_level="ERROR")
-        cfg = base_config(args.rounds)
+        cfg = base_config(args.rounds, args.transport)
         sweep(cfg, Path(tmp) / "warm")  # first-use costs (imports, store schema) out of the way
         sides: dict[str, list[dict[str, float]]] = {"plain": [], "sweep": []}
         for i in range(args.repeats):

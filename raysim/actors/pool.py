@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import logging
 import math
+import pickle
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -12,11 +14,24 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import ray
 
+from raysim.actors.compiled import MAX_IN_FLIGHT, WorkerLink
 from raysim.actors.jobs import ClientJob, ClientResult, EvalJob, job_groups
 from raysim.actors.worker_actor import Worker
 
 if TYPE_CHECKING:
     from raysim.config import RunConfig
+
+
+#: ``workers.transport: auto`` links the workers of models whose global vector is at most this
+#: large: a round of a small model is short, so an actor call's fixed cost (~3 ms) is a visible
+#: share of it, and a channel's buffers (each as large as the largest message it carried) stay
+#: small. A larger model's workers take plain calls.
+LINK_MAX_BYTES = 1 << 20
+
+#: links are built once a run has sent batches for this long: each compiled graph starts a
+#: process of its own (Ray's driver proxy actor, about 1 s of CPU on 2 vCPUs), which a short run
+#: would not win back at ~3 ms a round
+LINK_AFTER_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -61,7 +76,10 @@ def _worker_class() -> Any:
 class RayWorkerPool:
     """Owns the worker actors. A dead actor is restarted by Ray and its batch re-run.
 
-    Each global version is ``ray.put`` once as numpy (zero-copy reads on every worker of a node).
+    A batch reaches a worker through its compiled graph once that is up (``workers.transport:
+    auto``; ``raysim.actors.compiled``), by a plain actor call otherwise; the worker runs the same
+    code either way. Each global version is ``ray.put`` once as numpy (zero-copy reads on every
+    worker of a node), or, once every worker is linked, carried inside each request.
     A round's jobs are split into one contiguous batch per worker (one call per worker per round);
     in ``per_client`` mode every client has its own actor and a batch is that client's job; jobs
     that train together (``workers.execution: batched``, or a method whose round trains together)
@@ -90,15 +108,27 @@ class RayWorkerPool:
         self._launch = launch or WorkerLaunch.for_config(cfg, size)
         self.data = [dataset_ref]  # sent with every call; see ``Worker``
         self._size = size
-        self.workers: list[Any] = list(started or [])
+        #: compiled graphs to the workers (``raysim.actors.compiled``), by worker index
+        self._links: dict[int, WorkerLink] = {}
+        self._use_links = w.transport == "auto" and not self.per_client
+        self._node = ray.get_runtime_context().get_node_id() if self._use_links else ""
+        self._linking = False  # links are built (``_start_links``)
+        self._first_send: float | None = None
+        #: batches sent and not yet read, per worker: through its link, and as plain calls
+        self._linked: dict[int, list[_Sent]] = {}
+        self._called: dict[int, list[_Sent]] = {}
+        #: batches sent through a link and by a plain call (a batch sent again counts again)
+        self.sent = {"link": 0, "call": 0}
+        self.workers: list[Any] = []
+        for handle in started or []:
+            self._add(handle)
         self._grow(self._launch.count)
         if self.group_size > 1 and w.execution == "auto":  # the built model may not batch
             if ray.get(self.workers[0].sequential_reason.remote(self.data)):
                 self.group_size = 1
                 self._grow(size)
-        self._where: dict[int, tuple[Any, int]] = {}
-        self._fetched: dict[Any, list[ClientResult]] = {}
-        self._remaining: dict[Any, int] = {}
+        self._where: dict[int, tuple[_Sent, int, int]] = {}
+        self._remaining: dict[_Sent, int] = {}
         self._sizes = client_sizes
         self._pids: dict[int, set[int]] = {}
         self._events: list[str] = []
@@ -106,9 +136,34 @@ class RayWorkerPool:
     def _grow(self, n: int) -> None:
         """Start workers until ``n`` run (at most the pool's reserved size)."""
         while len(self.workers) < min(n, self._size):
-            self.workers.append(self._launch.start())
+            self._add(self._launch.start())
 
-    def put(self, weights: np.ndarray) -> Any:
+    def _add(self, handle: Any) -> None:
+        w = len(self.workers)
+        self.workers.append(handle)
+        self._linked[w], self._called[w] = [], []
+        if self._linking:
+            self._links[w] = WorkerLink(handle, self._node)
+
+    def _start_links(self) -> None:
+        """Build a link to every worker (in the background; see ``LINK_AFTER_S``)."""
+        self._linking = True
+        for w, handle in enumerate(self.workers):
+            if w not in self._links:
+                self._links[w] = WorkerLink(handle, self._node)
+
+    def put(self, weights: Any) -> Any:
+        """A handle to ``weights`` for the workers: the object ref of one copy in the object
+        store, or, where every worker is reached through its compiled graph, an immutable
+        (read-only) array itself, which each request then carries (a ``ray.put`` costs about 1 ms
+        on 2 vCPUs, a copy into a request's channel a few µs per 100 KB). A plain call takes
+        either."""
+        small = isinstance(weights, np.ndarray) and weights.nbytes <= LINK_MAX_BYTES
+        if small and not weights.flags.writeable and self._links:
+            if len(self._links) == len(self.workers) and all(
+                link.ready for link in self._links.values()
+            ):
+                return weights
         return ray.put(weights)
 
     def get(self, handle: Any) -> Any:
@@ -149,25 +204,123 @@ class RayWorkerPool:
 
     def submit(self, handle: Any, jobs: list[ClientJob]) -> None:
         for worker, batch in self._batches(jobs):
-            call = self.workers[worker].run_batch.options(num_returns=len(batch) + 1)
-            ref, *states = call.remote(handle, batch, self.data)
-            self._remaining[ref] = len(batch)
+            sent = self._send(worker, "train", handle, batch)
+            self._remaining[sent] = len(batch)
             for i, job in enumerate(batch):
-                self._where[job.job_id] = (ref, i, states[i], worker)
+                self._where[job.job_id] = (sent, i, worker)
 
     def result(self, job_id: int) -> ClientResult:
-        """A job's result; its personal state stays in the object store, by reference."""
-        ref, i, state, worker = self._where.pop(job_id)
-        if ref not in self._fetched:
-            self._fetched[ref] = ray.get(ref)
-        out = self._fetched[ref][i]
+        """A job's result; its personal state comes as an object ref, or as a value (``_read``)."""
+        sent, i, worker = self._where.pop(job_id)
+        out = self._read(sent)[i]
         self._note_pid(worker, out.worker_pid)
-        if out.state is None:
-            out.state = state
-        self._remaining[ref] -= 1
-        if self._remaining[ref] == 0:
-            del self._remaining[ref], self._fetched[ref]
+        self._remaining[sent] -= 1
+        if self._remaining[sent] == 0:
+            del self._remaining[sent]
+            sent.answer = None
         return out
+
+    # ------------------------------------------------------------ how a batch reaches a worker
+    def _send(self, worker: int, kind: str, handle: Any, batch: list) -> _Sent:
+        """A batch to a worker: through its compiled graph where that is up and no plain call
+        still runs there (a worker runs one batch at a time), else by a plain call."""
+        sent = _Sent(worker, kind, handle, batch)
+        if self._use_links and not self._linking:
+            now = time.monotonic()
+            self._first_send = self._first_send or now
+            if now - self._first_send >= LINK_AFTER_S:
+                self._start_links()
+        link = self._link(worker)
+        if link is not None and link.in_flight >= MAX_IN_FLIGHT:
+            self._read(self._linked[worker][0])
+            link = self._link(worker)  # None if that read found the link broken
+        if link is not None:
+            try:
+                sent.ref = link.execute((kind, handle, batch, self.data))
+                sent.link = link
+                self._linked[worker].append(sent)
+                self.sent["link"] += 1
+                return sent
+            except Exception as e:  # noqa: BLE001 - Ray closed the graph (its worker died)
+                self._unlink(worker, f"{type(e).__name__}: {e}")
+        self._call(sent)
+        return sent
+
+    def _link(self, worker: int) -> WorkerLink | None:
+        link = self._links.get(worker)
+        if link is None or not link.ready:
+            return None
+        called = self._called[worker]
+        if called:  # plain calls that have finished no longer count
+            done, _ = ray.wait([c.ref for c in called], num_returns=len(called), timeout=0)
+            ready = set(done)
+            self._called[worker] = called = [c for c in called if c.ref not in ready]
+        return None if called else link
+
+    def _call(self, sent: _Sent) -> None:
+        handle = self.workers[sent.worker]
+        if sent.kind == "train":
+            call = handle.run_batch.options(num_returns=len(sent.batch) + 1)
+            sent.ref, *sent.states = call.remote(sent.handle, sent.batch, self.data)
+        else:
+            sent.ref = handle.evaluate_batch.remote(sent.handle, sent.batch, self.data)
+        sent.link = None
+        self._called[sent.worker].append(sent)
+        self.sent["call"] += 1
+
+    def _read(self, sent: _Sent) -> list[Any]:
+        """A batch's answer (read once, then kept until its last job is taken). A training
+        result gets its personal state as an object ref from a plain call, as a value (which the
+        client's next job carries back) through a link: a ``ray.put`` per state would cost
+        about 1 ms each, against the link's 0.1 ms for the whole batch."""
+        if sent.answer is not None:
+            return sent.answer
+        if sent.link is None:
+            answer = ray.get(sent.ref)
+            if sent in self._called[sent.worker]:
+                self._called[sent.worker].remove(sent)
+            states = sent.states
+        else:
+            try:
+                answer = pickle.loads(sent.link.fetch(sent.ref))
+            except Exception as e:  # noqa: BLE001 - the same batch goes again as a plain call
+                self._unlink(sent.worker, f"{type(e).__name__}: {e}")
+                return self._read(sent)
+            self._linked[sent.worker].remove(sent)
+            if sent.kind == "train":  # the states come back as values, kept as they are
+                answer, *states = answer
+        if sent.kind == "train":
+            for r, state in zip(answer, states, strict=True):
+                if r.state is None:
+                    r.state = state
+        sent.answer = answer
+        return answer
+
+    def wait_for_links(self, timeout_s: float = 60.0) -> bool:
+        """Build the links now and wait until each is up or failed; True if all are up."""
+        if self._use_links and not self._linking:
+            self._start_links()
+        deadline = time.monotonic() + timeout_s
+        links = list(self._links.values())
+        while time.monotonic() < deadline:
+            if all(link.ready or link.failed for link in links):
+                break
+            time.sleep(0.02)
+        return bool(self._use_links) and all(link.ready for link in links)
+
+    def _unlink(self, worker: int, why: str) -> None:
+        """Give up a worker's compiled graph (the worker died, or its batch failed): the batches
+        sent through it and not yet read go again, in order, as plain calls, which Ray retries
+        on the worker's restarted process, or which raise the batch's own error."""
+        link = self._links.pop(worker, None)
+        if link is None:
+            return
+        logging.getLogger("raysim").debug("worker %d: plain calls from now on (%s)", worker, why)
+        if not link.close():  # its loop may still be running a batch: never two at once
+            ray.kill(self.workers[worker], no_restart=False)
+        pending, self._linked[worker] = self._linked[worker], []
+        for sent in pending:
+            self._call(sent)
 
     def _note_pid(self, worker: int, pid: int, why: str = "its jobs ran again") -> None:
         """A process not seen before for this worker is a restart. (Results of jobs the old
@@ -189,16 +342,17 @@ class RayWorkerPool:
         self._grow(len(jobs))
         n = min(len(self.workers), len(jobs))
         bounds = np.linspace(0, len(jobs), n + 1).round().astype(int)
-        refs = [
-            self.workers[w].evaluate_batch.remote(
-                handle, jobs[bounds[w] : bounds[w + 1]], self.data
-            )
-            for w in range(n)
-        ]
-        return lambda: [r for chunk in ray.get(refs) for r in chunk]
+        chunks = [jobs[bounds[w] : bounds[w + 1]] for w in range(n)]
+        sent = [self._send(w, "evaluate", handle, chunk) for w, chunk in enumerate(chunks)]
+        return lambda: [r for s in sent for r in self._read(s)]
 
     def initial_global(self) -> tuple[np.ndarray, Any]:
-        return ray.get(self.workers[0].initial_global.remote(self.data))
+        weights, layout = ray.get(self.workers[0].initial_global.remote(self.data))
+        if weights.nbytes > LINK_MAX_BYTES:  # a round's fixed costs are a small share there
+            for worker in list(self._links):
+                self._unlink(worker, f"the global vector is {weights.nbytes} bytes")
+            self._use_links = False
+        return weights, layout
 
     def kill_worker(self, index: int) -> None:
         """Fault injection: kill a worker while its batch runs, and wait until its restarted
@@ -209,6 +363,7 @@ class RayWorkerPool:
         worker = index % len(self.workers)
         handle = self.workers[worker]
         ray.kill(handle, no_restart=False)
+        self._unlink(worker, "killed by faults.kill_worker")
         old = self._pids.get(worker, set())
         deadline = time.monotonic() + 120
         while old and time.monotonic() < deadline:
@@ -223,6 +378,9 @@ class RayWorkerPool:
         return [{"worker": i, **info} for i, info in enumerate(infos)]
 
     def close(self) -> None:
+        for link in self._links.values():
+            link.close()
+        self._links = {}
         for w in self.workers:
             ray.kill(w)
         self.workers = []
@@ -235,3 +393,15 @@ def busy_workers(cfg: RunConfig, size: int, group: int) -> int:
     if cfg.workers.count != "auto" or group == 1 or cfg.delays.kind != "none":
         return size
     return max(1, min(size, math.ceil(cfg.clients.per_round / group)))
+
+
+class _Sent:
+    """One batch sent to one worker, through its link (``ref`` a ``CompiledDAGRef``) or by a
+    plain call (``ref`` an object ref; ``states``: the jobs' personal states, by reference)."""
+
+    def __init__(self, worker: int, kind: str, handle: Any, batch: list) -> None:
+        self.worker, self.kind, self.handle, self.batch = worker, kind, handle, batch
+        self.link: WorkerLink | None = None
+        self.ref: Any = None
+        self.states: list[Any] = []
+        self.answer: list[Any] | None = None

@@ -69,6 +69,42 @@ class Worker:
     ) -> list[dict[str, dict[str, float]]]:
         return self._attached(data).evaluate_batch(weights, jobs)
 
+    def serve(self, request: tuple[Any, ...] | None) -> bytes | None:
+        """A request through the worker's compiled graph (``raysim.actors.compiled``): ``(kind,
+        weights, jobs, data)`` with kind ``train`` or ``evaluate``, answered as ``run_batch`` or
+        ``evaluate_batch`` would be, pickled; None (the link's first request) gets None.
+
+        Arrays that arrive through a compiled graph are views of its channel's shared memory,
+        which the coordinator cannot write again while a view is alive, so the request's arrays
+        are copied first, and the answer goes back as bytes (the coordinator's copy is its own).
+        ``weights`` may arrive as the version's object ref, which a call would have resolved."""
+        if request is None:
+            return None
+        import dataclasses
+        import pickle
+
+        import numpy as np
+        import ray
+
+        kind, weights, jobs, data = request
+        weights = ray.get(weights) if isinstance(weights, ray.ObjectRef) else np.array(weights)
+        jobs = [
+            dataclasses.replace(j, own={k: np.array(v) for k, v in j.own.items()})
+            if getattr(j, "own", None)
+            else j
+            for j in jobs
+        ]
+        if kind == "train":
+            answer = self.run_batch(weights, jobs, data)
+        else:
+            answer = self.evaluate_batch(weights, jobs, data)
+        return pickle.dumps(answer, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def node_id(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
     def sequential_reason(self, data: list[Any]) -> str:
         return self._attached(data).sequential_reason()
 

@@ -1,0 +1,120 @@
+"""A worker's work through a Ray Compiled Graph instead of one actor call per batch.
+
+An actor call costs about 1 ms on a 2-vCPU machine before any work, and its ~1 MB of results
+another 2 ms through the object store. A compiled graph (``InputNode → Worker.serve``) keeps a
+loop running on the worker that reads each request from a shared-memory channel and writes the
+answer back to another: about 0.1 ms a request (``benchmarks/RESULTS.md``). The pool
+(``raysim.actors.pool``) sends a worker's batches this way once its link is up, and through
+plain calls otherwise; both run the same code on the worker and give the same results.
+
+Each worker has its own graph, so a worker that dies breaks only its own link. Compiled graphs
+reach only workers on this process's node (a channel to another node waits forever), and they
+are built in a background thread: the first request waits for the worker's loop to start (about
+1 s), which then overlaps the run's first round.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import ray
+
+#: longest pause between two looks at an answer that is not there yet (see ``WorkerLink.fetch``)
+POLL_MAX_S = 5e-4
+
+#: requests a link may hold unanswered; the pool reads the oldest before sending more. Each is a
+#: shared-memory buffer per channel, kept as large as the largest message it carried.
+MAX_IN_FLIGHT = 2
+
+
+class WorkerLink:
+    """A compiled graph from this process to one worker actor, built and warmed in a thread.
+
+    ``ready`` is false until a first (empty) request came back; ``failed`` says why a link will
+    never be ready (the worker is on another node, Ray refused the graph)."""
+
+    def __init__(self, handle: Any, node_id: str) -> None:
+        for name in ("ray.dag", "ray.experimental.channel"):  # "Tearing down compiled DAG", ...
+            logging.getLogger(name).setLevel(logging.WARNING)
+        self._handle = handle
+        self._dag: Any = None
+        self._lock = threading.Lock()
+        self._up = threading.Event()
+        self._closed = False
+        self.failed: str | None = None
+        self.in_flight = 0
+        self._thread = threading.Thread(
+            target=self._build, args=(node_id,), name="raysim-worker-link", daemon=True
+        )
+        self._thread.start()
+
+    def _build(self, node_id: str) -> None:
+        from ray.dag import InputNode
+
+        try:
+            if ray.get(self._handle.node_id.remote()) != node_id:
+                self.failed = "the worker runs on another node"
+                return
+            with InputNode() as request:
+                graph = self._handle.serve.bind(request)
+            with self._lock:
+                if self._closed:
+                    return
+                self._dag = graph.experimental_compile(
+                    _submit_timeout=-1, _max_inflight_executions=MAX_IN_FLIGHT
+                )
+            self._answer(self._dag.execute(None))  # the worker's loop is up
+            self._up.set()
+        except Exception as e:  # noqa: BLE001 - the pool then uses plain calls
+            self.failed = f"{type(e).__name__}: {e}"
+            logging.getLogger("raysim").debug("no compiled graph to a worker: %s", self.failed)
+
+    @property
+    def ready(self) -> bool:
+        return self._up.is_set() and self.failed is None and not self._closed
+
+    def execute(self, request: tuple[Any, ...]) -> Any:
+        """Send one request; its ``CompiledDAGRef`` is read with ``fetch``."""
+        self.in_flight += 1
+        return self._dag.execute(request)
+
+    def fetch(self, ref: Any) -> Any:
+        """The answer to a request (waits as long as the work takes)."""
+        self.in_flight -= 1
+        return self._answer(ref)
+
+    def _answer(self, ref: Any) -> Any:
+        """``ref``'s answer, waited for by looking at the channel with growing pauses (50 µs to
+        ``POLL_MAX_S``). Ray 2.60's blocking read spins on a core for as long as it waits
+        (ray-project/ray#55128, not merged): a 30 ms batch cost the coordinator 30 ms of CPU,
+        looked at this way 2 ms, for about 0.5 ms more latency."""
+        from ray.exceptions import RayChannelTimeoutError
+
+        look = getattr(self._dag, "_execute_until", None)  # private in Ray 2.60; else block
+        pause = 5e-5
+        while look is not None:
+            try:
+                look(ref._execution_index, ref._channel_index, 0)
+                break
+            except RayChannelTimeoutError:
+                time.sleep(pause)
+                pause = min(2 * pause, POLL_MAX_S)
+        return ref.get(timeout=-1)
+
+    def close(self) -> bool:
+        """Stop the worker's loop; the worker stays up for plain calls. False if the loop may
+        still be running (Ray's teardown failed or timed out)."""
+        with self._lock:
+            self._closed = True
+            dag, self._dag = self._dag, None
+        if dag is None:
+            return True
+        try:
+            dag.teardown()
+        except Exception as e:  # noqa: BLE001 - reported by the caller's choice
+            logging.getLogger("raysim").debug("compiled graph teardown: %s", e)
+            return False
+        return True

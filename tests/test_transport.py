@@ -1,0 +1,106 @@
+"""Workers reached through Ray Compiled Graphs (``workers.transport: auto``) give the runs that
+plain actor calls give (``calls``), bit for bit, on every path a batch can take: training and
+evaluation, results kept for later rounds (async), more batches in flight than a link holds,
+personal client state, and a worker killed while its link is up."""
+
+from __future__ import annotations
+
+import pytest
+
+import raysim
+from raysim.config import load_config
+from tests.conftest import tiny
+
+pytestmark = pytest.mark.slow
+
+
+def _run(
+    cfg: dict, transport: str, overrides: list[str] = (), linked: bool | None = None
+) -> tuple[object, list, dict]:
+    """The run in this process's coordinator, its links up before the first round (``linked``:
+    whether they come up; by default, where ``transport`` is ``auto``)."""
+    session = raysim.RunSession(
+        load_config(cfg, [f"workers.transport={transport}", *overrides]), coordinator_here=True
+    )
+    try:
+        pool = session.here.pool
+        assert pool.wait_for_links() == (transport == "auto" if linked is None else linked)
+        metrics = list(session.rounds())
+        result = session.finish()
+        return result, metrics, dict(pool.sent)
+    finally:
+        session.close()
+
+
+def _same(a: tuple, b: tuple) -> None:
+    (ra, ma, _), (rb, mb, _) = a, b
+    assert ra.weights_digest == rb.weights_digest
+    keys = ("accuracy", "train_loss", "clients_arrived")
+    assert [[m.get(k) for k in keys] for m in ma] == [[m.get(k) for k in keys] for m in mb]
+
+
+CASES = {
+    "sync, 2 workers": tiny(rounds=4, workers={"count": 2, "num_cpus": 0.5}),
+    "async, results kept for later rounds": tiny(
+        rounds=5,
+        algorithm={"name": "fedbuff", "buffer_size": 3},
+        delays={"kind": "half_normal", "sigma": 3.0},
+        workers={"count": 2, "num_cpus": 0.5},
+    ),
+    "personal state (Ditto)": tiny(
+        rounds=4, algorithm={"name": "ditto"}, workers={"count": 1, "execution": "sequential"}
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_links_give_the_runs_that_calls_give(ray_cluster, case):
+    cfg = {**CASES[case], "tracking": {"enabled": False}}
+    linked, called = _run(cfg, "auto"), _run(cfg, "calls")
+    _same(linked, called)
+    assert linked[2]["link"] > 0 and linked[2]["call"] == 0, linked[2]
+    assert called[2]["link"] == 0
+
+
+def test_more_batches_in_flight_than_a_link_holds(ray_cluster, monkeypatch):
+    """The async case with a link that holds 1 request: each send first reads the oldest."""
+    import raysim.actors.pool as pool
+
+    monkeypatch.setattr(pool, "MAX_IN_FLIGHT", 1)
+    cfg = {**CASES["async, results kept for later rounds"], "tracking": {"enabled": False}}
+    _same(_run(cfg, "auto"), _run(cfg, "calls"))
+
+
+def test_a_worker_killed_while_linked_is_replaced_and_the_run_unchanged(ray_cluster):
+    """Its batch goes again as a plain call on the restarted process; the other worker keeps
+    its link."""
+    cfg = {**CASES["sync, 2 workers"], "tracking": {"enabled": False}}
+    clean = _run(cfg, "auto")
+    faulty = _run(cfg, "auto", ["faults.kill_worker.round=1", "faults.kill_worker.worker=0"])
+    _same(faulty, clean)
+    assert sum(m["worker_restarts"] for m in faulty[1]) == 1
+    assert faulty[2]["call"] > 0 and faulty[2]["link"] > 0, faulty[2]
+
+
+def test_a_larger_model_takes_plain_calls(ray_cluster, monkeypatch):
+    """Only a global vector up to ``LINK_MAX_BYTES`` is linked (here lowered below the tiny
+    MLP's 9 KB)."""
+    import raysim.actors.pool as pool
+
+    monkeypatch.setattr(pool, "LINK_MAX_BYTES", 1000)
+    cfg = {**CASES["sync, 2 workers"], "tracking": {"enabled": False}}
+    _, _, sent = _run(cfg, "auto", linked=False)
+    assert sent["link"] == 0 and sent["call"] > 0
+
+
+def test_a_short_run_builds_no_graph(ray_cluster):
+    """A run that ends within ``LINK_AFTER_S`` of its first batch starts no compiled graph
+    (each would start a process of its own) and takes plain calls throughout."""
+    cfg = load_config({**CASES["sync, 2 workers"], "tracking": {"enabled": False}})
+    session = raysim.RunSession(cfg, coordinator_here=True)
+    try:
+        list(session.rounds())
+        pool = session.here.pool
+        assert pool._links == {} and pool.sent["link"] == 0 and pool.sent["call"] > 0
+    finally:
+        session.close()

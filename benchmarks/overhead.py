@@ -178,7 +178,7 @@ def main() -> None:
         walls.update(
             {"raysim_batches": [], "raysim_batches_overlap": [], "raysim_batches_overlap_calls": []}
         )
-    calls = load_config(args.config, [*overrides, "workers.transport=calls"])
+        calls = load_config(args.config, [*overrides, "workers.transport=calls"])
     digests: dict[str, set[str]] = {name: set() for name in walls}
     starts = []
     try:

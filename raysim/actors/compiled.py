@@ -45,7 +45,6 @@ class WorkerLink:
         self._up = threading.Event()
         self._closed = False
         self.failed: str | None = None
-        self.in_flight = 0
         self._thread = threading.Thread(
             target=self._build, args=(node_id,), name="raysim-worker-link", daemon=True
         )
@@ -78,12 +77,10 @@ class WorkerLink:
 
     def execute(self, request: tuple[Any, ...]) -> Any:
         """Send one request; its ``CompiledDAGRef`` is read with ``fetch``."""
-        self.in_flight += 1
         return self._dag.execute(request)
 
     def fetch(self, ref: Any) -> Any:
         """The answer to a request (waits as long as the work takes)."""
-        self.in_flight -= 1
         return self._answer(ref)
 
     def _answer(self, ref: Any) -> Any:

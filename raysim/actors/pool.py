@@ -231,7 +231,7 @@ class RayWorkerPool:
             if now - self._first_send >= LINK_AFTER_S:
                 self._start_links()
         link = self._link(worker)
-        if link is not None and link.in_flight >= MAX_IN_FLIGHT:
+        if link is not None and len(self._linked[worker]) >= MAX_IN_FLIGHT:
             self._read(self._linked[worker][0])
             link = self._link(worker)  # None if that read found the link broken
         if link is not None:
@@ -348,10 +348,8 @@ class RayWorkerPool:
 
     def initial_global(self) -> tuple[np.ndarray, Any]:
         weights, layout = ray.get(self.workers[0].initial_global.remote(self.data))
-        if weights.nbytes > LINK_MAX_BYTES:  # a round's fixed costs are a small share there
-            for worker in list(self._links):
-                self._unlink(worker, f"the global vector is {weights.nbytes} bytes")
-            self._use_links = False
+        if weights.nbytes > LINK_MAX_BYTES:  # before any link is built (``LINK_AFTER_S``)
+            self._use_links = False  # a round's fixed costs are a small share there
         return weights, layout
 
     def kill_worker(self, index: int) -> None:

@@ -4,7 +4,10 @@ Both sides run the same config (``examples/tune-async.yaml`` cut to a few rounds
 one private Ray that stays up throughout, interleaved, ``--repeats`` times:
 
 - the plain run: ``raysim.RunSession`` stepped to the end, then ``close()``;
-- the sweep: ``raysim.tune`` with a one-point space (one trial, the same values).
+- the sweep: ``raysim.tune`` with a one-point space (one trial, the same values), its one worker
+  with ``tune.worker=auto`` (one trial: the worker is a Ray actor, as in the plain run);
+- with ``--here``, a third side: the same sweep with ``tune.worker=here`` (the worker trained in
+  the trial's own process).
 
 Measured on each side:
 
@@ -18,7 +21,13 @@ Measured on each side:
   from a trial's last report to the next trial's first, the start a trial pays when Tune hands
   it the previous trial's process (``reuse_actors``).
 
-Last lines: ``ratio.start`` and ``ratio.release`` = sweep / plain (medians over repeats).
+``--wall N`` (after the rest): whole sweeps of ``N`` trials, two side by side, with
+``tune.worker=auto`` (trials train in the processes Tune hands on) and ``tune.worker=actor``,
+interleaved ``--repeats`` times: ``wall.auto_s``, ``wall.actor_s`` (medians) and their ratio.
+
+Last lines: ``ratio.start`` and ``ratio.release`` = sweep / plain (medians over repeats), and
+``ratio_here.*`` for the third side. The series (``--trials``) runs with ``tune.worker=auto``:
+more trials than run at once, so each trial trains in the process Tune hands on.
 """
 
 from __future__ import annotations
@@ -58,14 +67,14 @@ class ActorWatch(threading.Thread):
             time.sleep(POLL_S)
 
 
-def base_config(rounds: int, transport: str = "auto") -> dict:
+def base_config(rounds: int, transport: str = "auto", worker: str = "auto") -> dict:
     import yaml
 
     cfg = yaml.safe_load((ROOT / "examples/tune-async.yaml").read_text())
     cfg.update(rounds=rounds, eval={"every": 1})
     cfg["workers"] = {"count": 1, "num_cpus": 0.5, "transport": transport}
     cfg["tracking"]["experiment"] = "bench-tune-overhead"
-    cfg["tune"].update(num_samples=1, scheduler="fifo")
+    cfg["tune"].update(num_samples=1, scheduler="fifo", worker=worker)
     cfg["tune"]["space"] = {"algorithm.buffer_size": {"grid": [10]}}
     return cfg
 
@@ -122,6 +131,16 @@ def series(cfg: dict, storage: Path, trials: int) -> float:
     return statistics.median(b[0] - a[-1] for a, b in zip(runs, runs[1:], strict=False))
 
 
+def sweep_wall(cfg: dict, storage: Path, trials: int) -> float:
+    """Seconds for a whole sweep of ``trials`` identical trials, two side by side."""
+    import raysim
+
+    cfg = {**cfg, "tune": {**cfg["tune"], "num_samples": trials, "max_concurrent_trials": 2}}
+    t0 = time.perf_counter()
+    raysim.tune(cfg, storage=storage)
+    return time.perf_counter() - t0
+
+
 def _measures(
     t0: float, marks: list[float], finished_at: float, watch: ActorWatch
 ) -> dict[str, float]:
@@ -144,6 +163,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--trials", type=int, default=3, help="for next_start_s; 1: skip it")
     parser.add_argument("--transport", default="auto", help="workers.transport of both sides")
+    parser.add_argument("--here", action="store_true", help="also sweep with tune.worker=here")
+    parser.add_argument("--wall", type=int, default=0, help="whole sweeps of N trials; 0: skip")
     args = parser.parse_args()
     print(f"machine: {machine()}")
     with tempfile.TemporaryDirectory() as tmp:
@@ -151,12 +172,22 @@ def main() -> None:
         ray.init(include_dashboard=False, logging_level="ERROR")
         cfg = base_config(args.rounds, args.transport)
         sweep(cfg, Path(tmp) / "warm")  # first-use costs (imports, store schema) out of the way
+        here = base_config(args.rounds, args.transport, worker="here")
         sides: dict[str, list[dict[str, float]]] = {"plain": [], "sweep": []}
+        if args.here:
+            sides["sweep_here"] = []
         for i in range(args.repeats):
             sides["plain"].append(plain(cfg))
             sides["sweep"].append(sweep(cfg, Path(tmp) / f"tune{i}"))
+            if args.here:
+                sides["sweep_here"].append(sweep(here, Path(tmp) / f"here{i}"))
         if args.trials > 1:
             next_start = series(cfg, Path(tmp) / "series", args.trials)
+        walls: dict[str, list[float]] = {"auto": [], "actor": []}
+        for i in range(args.repeats if args.wall else 0):
+            for worker in walls:
+                side = base_config(args.rounds, args.transport, worker=worker)
+                walls[worker].append(sweep_wall(side, Path(tmp) / f"wall-{worker}{i}", args.wall))
         ray.shutdown()
     medians = {
         side: {k: statistics.median(r[k] for r in runs) for k in runs[0]}
@@ -165,15 +196,22 @@ def main() -> None:
     for side, values in medians.items():
         report(side, **values)
     report("watch", poll_s=POLL_S)  # release_s below this is "at once"
-    report(
-        "ratio",
-        start=medians["sweep"]["start_s"] / medians["plain"]["start_s"],
-        release=medians["sweep"]["release_s"] / max(medians["plain"]["release_s"], 1e-3),
-        steady=medians["sweep"]["steady_s"] / medians["plain"]["steady_s"],
-    )
+    for side, name in (("sweep", "ratio"), ("sweep_here", "ratio_here")):
+        if side not in medians:
+            continue
+        report(
+            name,
+            start=medians[side]["start_s"] / medians["plain"]["start_s"],
+            release=medians[side]["release_s"] / max(medians["plain"]["release_s"], 1e-3),
+            steady=medians[side]["steady_s"] / medians["plain"]["steady_s"],
+        )
     if args.trials > 1:
         report("series", trials=args.trials, next_start_s=next_start)
         report("ratio", next_start=next_start / medians["plain"]["start_s"])
+    if args.wall:
+        auto, actor = (statistics.median(walls[w]) for w in ("auto", "actor"))
+        report("wall", trials=args.wall, rounds=args.rounds, auto_s=auto, actor_s=actor)
+        report("ratio", wall_auto_over_actor=auto / actor)
 
 
 if __name__ == "__main__":

@@ -102,6 +102,20 @@ def can_host_coordinator(cfg: RunConfig) -> bool:
     return not cfg.coordinator.num_gpus and cfg.faults.kill_coordinator is None
 
 
+def can_host_worker(cfg: RunConfig, num_workers: int) -> bool:
+    """Whether the process that runs ``cfg``'s coordinator (``can_host_coordinator``) may also
+    train its clients (``worker_here``): one pooled worker, on CPUs, that no fault is set to
+    kill."""
+    w = cfg.workers
+    return (
+        num_workers == 1
+        and w.count != "per_client"
+        and not w.num_gpus
+        and cfg.faults.kill_worker is None
+        and can_host_coordinator(cfg)
+    )
+
+
 class CoordinatorLost(RuntimeError):
     """The coordinator died more often than ``MAX_COORDINATOR_RESTARTS``."""
 
@@ -118,7 +132,10 @@ class RunSession:
     of its own actor, where this process is itself a Ray actor with nothing else to do (a Tune
     trial): one process fewer to start, one hop fewer per round. It needs a coordinator without
     GPUs and no ``faults.kill_coordinator`` (the run then uses an actor as usual); a coordinator
-    that fails here fails its caller, which is not replaced.
+    that fails here fails its caller, which is not replaced. ``worker_here`` (with
+    ``coordinator_here``) also trains the clients in this process, where ``can_host_worker``
+    allows (a Tune trial that asks for it has no worker bundle to start an actor in: a config
+    that cannot is refused).
     """
 
     def __init__(
@@ -130,6 +147,7 @@ class RunSession:
         force: bool = False,
         resources: Mapping[str, float] | None = None,
         coordinator_here: bool = False,
+        worker_here: bool = False,
     ) -> None:
         import ray
 
@@ -168,7 +186,15 @@ class RunSession:
         try:
             self.plan = plan_resources(cfg, dict(resources or ray.cluster_resources()))
             self.pool_size = self.plan.num_workers
-            self._launch = WorkerLaunch.for_config(cfg, self.pool_size)
+            self._worker_here = worker_here
+            if worker_here and not (self._in_process and can_host_worker(cfg, self.pool_size)):
+                raise ConfigError(
+                    "tune.worker=here trains a trial's one worker in the trial's process: every "
+                    "trial needs workers.count=1 on CPUs (workers.num_gpus=0), no "
+                    "faults.kill_worker or kill_coordinator and coordinator.num_gpus=0; set "
+                    "tune.worker=actor to sweep this config"
+                )
+            self._launch = None if worker_here else WorkerLaunch.for_config(cfg, self.pool_size)
             if not self._in_process:
                 self._coordinator = ray.remote(Coordinator).options(
                     **coordinator_options(cfg, self.tracking_uri)
@@ -187,11 +213,11 @@ class RunSession:
         import ray
 
         args = (self.cfg.to_dict(), self.pool_size, self.tracking_uri, source)
-        kwargs = {"session": self._session, "launch": self._launch}
+        kwargs: dict[str, Any] = {"session": self._session, "launch": self._launch}
         if self._in_process:
             from raysim.actors.coordinator_actor import Coordinator
 
-            self.here = Coordinator(*args, **kwargs)
+            self.here = Coordinator(*args, workers_here=self._worker_here, **kwargs)
             info = self.here.ready()
         else:
             restarts = self.coordinator_restarts

@@ -148,6 +148,75 @@ def test_a_trial_that_cannot_fit_is_refused_saying_what_it_needs():
     assert "1 side by side" in describe_sweep(cfg, space, bundles, {"CPU": 4.0})
 
 
+@pytest.mark.parametrize(
+    ("worker", "overrides", "samples", "here"),
+    [
+        ("auto", {}, 2, True),  # 4 trials, 3 side by side: processes are reused
+        ("auto", {}, 1, False),  # 2 trials, each in a fresh process: the worker an actor
+        ("auto", {"max_concurrent_trials": 1}, 1, True),
+        ("here", {}, 1, True),
+        ("actor", {}, 2, False),
+        ("here", {"workers": {"count": 2, "num_cpus": 0.5}}, 2, False),
+        ("here", {"workers": {"count": 1, "num_cpus": 0.5, "num_gpus": 0.25}}, 2, False),
+        ("here", {"faults": {"kill_worker": {"round": 1, "worker": 0}}}, 2, False),
+        ("here", {"faults": {"kill_coordinator": {"round": 1}}}, 2, False),
+    ],
+)
+def test_which_sweeps_train_the_worker_in_the_trial_process(worker, overrides, samples, here):
+    from raysim.sweeps.tuner import trains_here
+
+    tune = {"max_concurrent_trials": overrides.pop("max_concurrent_trials", None)}
+    cfg = load_config(tiny(**{"workers": {"count": 1, "num_cpus": 0.5}, **overrides}))
+    space = TuneSection.model_validate(
+        {"space": {"local.lr": {"grid": [0.1, 0.2]}}, "worker": worker, "num_samples": samples}
+        | tune
+    )
+    assert trains_here(cfg, space, {"CPU": 2.0, "GPU": 1.0}) is here
+
+
+def test_a_trial_that_trains_its_worker_holds_the_worker_share_in_its_own_bundle():
+    from raysim.sweeps.tuner import TRIAL_CPU, trial_bundles
+
+    cfg = load_config(tiny(workers={"count": 1, "num_cpus": 0.5}))
+    assert trial_bundles(cfg, {"CPU": 2.0}) == [{"CPU": TRIAL_CPU}, {"CPU": 0.001}, {"CPU": 0.5}]
+    assert trial_bundles(cfg, {"CPU": 2.0}, here=True) == [
+        {"CPU": pytest.approx(TRIAL_CPU + 0.5)},
+        {"CPU": 0.001},
+    ]
+
+
+@pytest.mark.slow
+def test_trials_that_train_their_worker_in_process_match_raysim_run(ray_cluster, tmp_path):
+    """Two trials one at a time (``tune.worker=auto``: the second reuses the first's process):
+    no worker actor starts, each trial's placement says its worker is in process, and each
+    trial's weights equal ``raysim run``'s with the same values."""
+    import json
+
+    import ray._private.state as ray_state
+
+    def workers_started() -> int:
+        return sum(a["ActorClassName"] == "Worker" for a in ray_state.actors().values())
+
+    cfg = tiny(
+        rounds=2,
+        clients={"num": 10, "per_round": 4},
+        workers={"count": 1, "num_cpus": 0.5},
+        tracking={"experiment": "tune-here"},
+        tune={"space": {"local.lr": {"grid": [0.05, 0.1]}}, "max_concurrent_trials": 1},
+    )
+    before = workers_started()
+    out = raysim.tune(cfg, storage=tmp_path / "tune")
+    assert workers_started() == before
+    client = MlflowClient()
+    for row in out.table:
+        path = client.download_artifacts(row["run_id"], "placement.json", str(tmp_path))
+        assert [w["mode"] for w in json.loads(open(path).read())["workers"]] == ["in_process"]
+        alone = raysim.run(load_config(cfg, [f"local.lr={row['local.lr']}"]))
+        assert row["weights_digest"] == alone.weights_digest
+    with pytest.raises(ConfigError, match="set tune.worker=actor"):
+        raysim.RunSession(load_config(tiny()), coordinator_here=True, worker_here=True)
+
+
 def test_resuming_what_is_not_a_sweep_is_a_one_line_error(tmp_path, capsys):
     from raysim.cli import main
 

@@ -7,12 +7,14 @@ the last one into a freshly built run before the first step (``raysim/checkpoint
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from typing import TYPE_CHECKING, Any
 
 import ray
 
+from raysim.actors.executor import InProcessExecutor
 from raysim.actors.pool import RayWorkerPool, WorkerLaunch
 from raysim.errors import Diverged, RunSetupError
 from raysim.tracking import NODE_TAG, SESSION_TAG, Tracker, open_store
@@ -35,9 +37,12 @@ class Coordinator:
         session: str | None = None,
         restarts: int = 0,
         launch: WorkerLaunch | None = None,
+        workers_here: bool = False,
     ) -> None:
         """``launch``: the workers to start first, before this process imports torch and the
-        methods (``WorkerLaunch``; None: started once the config is read).
+        methods (``WorkerLaunch``; None: started once the config is read). ``workers_here``:
+        no worker actor; the clients train in this process (``InProcessExecutor``), one pooled
+        worker's way (``RunSession``'s ``worker_here``).
         ``session`` tags the MLflow run (the driver's ``SESSION_TAG``); ``restarts``: how many
         coordinators of this run died before this one. An exception while setting up (data
         that cannot be loaded, a missing file) is kept and raised by ``ready`` as a
@@ -49,7 +54,7 @@ class Coordinator:
         prefer_huge_pages()  # before torch is imported: the server's model-sized arithmetic
         quiet_libraries()
         self._setup_error: RunSetupError | None = None
-        self.pool: RayWorkerPool | None = None
+        self.pool: RayWorkerPool | InProcessExecutor | None = None
         self.tracker: Tracker | None = None
         self._started = [launch.start() for _ in range(launch.count)] if launch else []
         self._opening = None  # a fresh store's schema (~2 s) is made while the workers start
@@ -59,7 +64,9 @@ class Coordinator:
             )
             self._opening.start()
         try:
-            self._setup(config, pool_size, tracking_uri, resume, session, restarts, launch)
+            self._setup(
+                config, pool_size, tracking_uri, resume, session, restarts, launch, workers_here
+            )
         except Exception as e:  # noqa: BLE001 - reported by ready(), in one line
             self._setup_error = RunSetupError(f"the run could not start: {type(e).__name__}: {e}")
 
@@ -72,6 +79,7 @@ class Coordinator:
         session: str | None,
         restarts: int,
         launch: WorkerLaunch | None,
+        workers_here: bool = False,
     ) -> None:
         from raysim import checkpoint
         from raysim.actors.coordinator_core import CoordinatorCore
@@ -92,10 +100,23 @@ class Coordinator:
                 if not resume.get("or_from_start"):
                     raise
         dataset = run_dataset(cfg)
-        self.dataset_ref = ray.put(dataset)  # held for the whole run: restarted workers re-read it
-        self.pool = RayWorkerPool(
-            cfg, self.dataset_ref, pool_size, dataset.client_sizes(), launch, self._started
-        )
+        if workers_here:
+            from raysim.actors.worker import ClientRunner
+
+            runner = ClientRunner(cfg, dataset, cfg.workers.threads)
+            where = {
+                "node_id": _node(),
+                "pid": os.getpid(),
+                "gpu_ids": [],  # a worker here has no GPUs (``can_host_worker``)
+                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+            }
+            self.pool = InProcessExecutor(runner, where=where)
+        else:
+            # held for the whole run: restarted workers re-read it
+            self.dataset_ref = ray.put(dataset)
+            self.pool = RayWorkerPool(
+                cfg, self.dataset_ref, pool_size, dataset.client_sizes(), launch, self._started
+            )
         self._started = []  # the pool's now
         method = get_method(cfg.algorithm.name)
         # the model lives on the workers; the server builds its own only if a strategy asks
@@ -111,7 +132,7 @@ class Coordinator:
         )
         if saved is not None:
             self.core.load_state_dict({**saved["core"], "strategy_private": saved["private"]})
-        node = ray.get_runtime_context().get_node_id()
+        node = _node()
         if self._opening is not None:
             self._opening.join()
         if cfg.tracking.enabled and tracking_uri:
@@ -288,6 +309,10 @@ class Coordinator:
                 self.pool.close()
             for worker in self._started:  # started before a setup that failed
                 ray.kill(worker)
+
+
+def _node() -> str:
+    return ray.get_runtime_context().get_node_id()
 
 
 def _open_quietly(uri: str) -> None:

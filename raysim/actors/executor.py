@@ -50,8 +50,10 @@ class Executor(Protocol):
 class InProcessExecutor:
     """Runs jobs lazily in the calling process with one ``ClientRunner`` (no Ray)."""
 
-    def __init__(self, runner: Any) -> None:
+    def __init__(self, runner: Any, where: dict[str, Any] | None = None) -> None:
+        """``where``: what ``describe`` adds about this process (its node, its pid)."""
         self.runner = runner
+        self.where = dict(where or {})
         self._pending: dict[int, tuple[np.ndarray, ClientJob]] = {}
         self._together: dict[int, list[ClientJob]] = {}  # job id → the group it trains in
         self._done: dict[int, ClientResult] = {}
@@ -59,6 +61,10 @@ class InProcessExecutor:
     @property
     def group_size(self) -> int:
         return self.runner.group_size
+
+    def initial_global(self) -> tuple[np.ndarray, Any]:
+        """The model's initial global vector and its layout (``ClientRunner.initial_global``)."""
+        return self.runner.initial_global()
 
     def put(self, weights: np.ndarray) -> np.ndarray:
         return weights
@@ -102,7 +108,7 @@ class InProcessExecutor:
         pass
 
     def describe(self) -> list[dict[str, Any]]:
-        return [{"worker": 0, "jobs_run": self.runner.jobs_run, "mode": "in_process"}]
+        return [{"worker": 0, "jobs_run": self.runner.jobs_run, "mode": "in_process", **self.where}]
 
     def close(self) -> None:
         self._pending.clear()

@@ -23,7 +23,7 @@ def local_core(
     ds = dataset or run_dataset(cfg)
     runner = ClientRunner(cfg, ds)
     executor = InProcessExecutor(runner)
-    initial, layout = runner.initial_global()
+    initial, layout = executor.initial_global()
     return CoordinatorCore(
         cfg,
         initial,

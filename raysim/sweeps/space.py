@@ -97,6 +97,16 @@ class TuneSection(StrictModel):
     search: Literal["random", "grid"] = Field(
         "random", description="random samples the non-grid domains; grid needs only grid ones"
     )
+    worker: Literal["auto", "here", "actor"] = Field(
+        "auto",
+        description="here: a trial whose run has one worker on CPUs (and no faults.kill_worker) "
+        "trains its clients in the trial's own process, beside its coordinator: a later trial "
+        "in that process starts without a new process or fresh imports, and no round has a "
+        "round trip; actor: the worker is a Ray actor of its own, as in raysim run, whose "
+        "imports run beside the trial's on another core; auto: here where the sweep has more "
+        "trials than run side by side (trial processes are reused), else actor. The weights "
+        "are the same either way",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> TuneSection:

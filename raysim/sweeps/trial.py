@@ -42,16 +42,19 @@ def trial_config(
     return cfg.model_copy(update={"tracking": tracking})
 
 
-def placement_share() -> dict[str, float] | None:
-    """What the run inside this trial may use: its placement group's bundles after the first,
-    which Tune gives the trial's own process (None outside a placement group)."""
+def placement_share(trial_cpu: float) -> dict[str, float] | None:
+    """What the run inside this trial may use: its placement group's bundles, less the
+    ``trial_cpu`` that the trial's own process takes from the first (None outside a placement
+    group). The first bundle also holds the worker's share where the trial trains it
+    (``tune.worker=here``)."""
     from ray.util import get_current_placement_group
 
     pg = get_current_placement_group()
     if pg is None:
         return None
-    rest = pg.bundle_specs[1:]
-    return {key: float(sum(b.get(key, 0.0) for b in rest)) for key in ("CPU", "GPU")}
+    share = {key: float(sum(b.get(key, 0.0) for b in pg.bundle_specs)) for key in ("CPU", "GPU")}
+    share["CPU"] = max(0.0, share["CPU"] - trial_cpu)
+    return share
 
 
 class RunTrial(tune.Trainable):
@@ -63,7 +66,9 @@ class RunTrial(tune.Trainable):
     sweep's directory where this node has it, so relative paths in the config mean what they
     mean to ``raysim run`` (Tune starts trials in their own directories). With Tune's
     ``reuse_actors`` the process goes on to the next trial (``reset_config``): the old run is
-    closed, and the new one starts in the same placement group without a new process."""
+    closed, and the new one starts in the same placement group without a new process. With
+    ``worker_here`` (``tune.worker=here``, where the sweep found it possible) the run's one
+    worker trains in this process too."""
 
     def setup(
         self,
@@ -73,6 +78,8 @@ class RunTrial(tune.Trainable):
         parent_run_id: str | None,
         metric: str,
         cwd: str | None = None,
+        worker_here: bool = False,
+        trial_cpu: float = 0.0,
     ) -> None:
         import logging
         import os
@@ -83,6 +90,7 @@ class RunTrial(tune.Trainable):
         if cwd and os.path.isdir(cwd):
             os.chdir(cwd)
         self.metric, self.base, self.parent_run_id = metric, base, parent_run_id
+        self.worker_here, self.trial_cpu = worker_here, trial_cpu
         self._start(config)
 
     def _start(self, config: dict[str, Any]) -> None:
@@ -98,7 +106,12 @@ class RunTrial(tune.Trainable):
 
             cfg = trial_config(self.base, self._config, self.parent_run_id, self.trial_name)
             # the coordinator runs in this process, which Tune started for the trial anyway
-            self.session = RunSession(cfg, resources=placement_share(), coordinator_here=True)
+            self.session = RunSession(
+                cfg,
+                resources=placement_share(self.trial_cpu),
+                coordinator_here=True,
+                worker_here=self.worker_here,
+            )
         return self.session
 
     def reset_config(self, new_config: dict[str, Any]) -> bool:

@@ -146,9 +146,10 @@ def tune(
     else:
         ensure_ray(address)
         total = {k: float(v) for k, v in ray.cluster_resources().items()}
-    bundles = trial_bundles(cfg, total)
+    here = trains_here(cfg, section, total)
+    bundles = trial_bundles(cfg, total, here)
     if dry_run:
-        return describe_sweep(cfg, section, bundles, total)
+        return describe_sweep(cfg, section, bundles, total, here)
     pin = trial_pin(cfg, base["tracking"]["uri"])  # the trial and its coordinator: by the store
     bundles = [{**b, **pin} if i < 2 else b for i, b in enumerate(bundles)]
     trainable_params: dict[str, Any] = {
@@ -156,6 +157,8 @@ def tune(
         "parent_run_id": None,
         "metric": section.metric,
         "cwd": os.getcwd(),
+        "worker_here": here,
+        "trial_cpu": TRIAL_CPU,
     }
     name = f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     tracker = _SweepRun(cfg, section) if cfg.tracking.enabled else None
@@ -236,16 +239,47 @@ def tune(
     return summary
 
 
-def trial_bundles(cfg: RunConfig, total: Mapping[str, float]) -> list[dict[str, float]]:
-    """One trial's placement group: its own process (Tune runs the trial on the first bundle
-    with all of it), then the run's plan (the coordinator's bundle, one per worker). Refused,
-    saying why, when one trial does not fit ``total``."""
-    from raysim.resources import ResourceError, plan_resources
+def trial_plan(cfg: RunConfig, total: Mapping[str, float]) -> Any:
+    """The run's plan inside one trial: what ``total`` leaves after the trial's own process
+    (and the coordinator's minimum)."""
+    from raysim.resources import plan_resources
 
-    # what the run may plan on: all but the trial's own bundle (and the coordinator's minimum)
     share = {**total, "CPU": max(0.0, total.get("CPU", 0.0) - TRIAL_CPU - 0.001)}
-    plan = plan_resources(cfg, share)
+    return plan_resources(cfg, share)
+
+
+def trains_here(cfg: RunConfig, section: TuneSection, total: Mapping[str, float]) -> bool:
+    """Whether each trial trains its run's one worker in its own process (``tune.worker``).
+
+    ``auto`` does where a trial's process will serve a later trial (more trials than run side
+    by side, Tune's ``reuse_actors``): the later trials then start without a new process or
+    fresh imports. Where every trial has a fresh process, ``auto`` keeps the worker actor, whose
+    imports run beside the trial process's on another core."""
+    from raysim.api import can_host_worker
+
+    if section.worker == "actor" or not can_host_worker(cfg, trial_plan(cfg, total).num_workers):
+        return False
+    if section.worker == "here":
+        return True
+    trials, side_by_side = sweep_counts(section, trial_bundles(cfg, total), total)
+    return trials > side_by_side
+
+
+def trial_bundles(
+    cfg: RunConfig, total: Mapping[str, float], here: bool = False
+) -> list[dict[str, float]]:
+    """One trial's placement group: its own process (Tune runs the trial on the first bundle
+    with all of it), then the run's plan (the coordinator's bundle, one per worker). ``here``
+    (``trains_here``): the worker's share joins the first bundle, the process that trains it.
+    Refused, saying why, when one trial does not fit ``total``."""
+    from raysim.resources import ResourceError
+
+    plan = trial_plan(cfg, total)
     bundles = [{"CPU": TRIAL_CPU}, *plan.bundles()]
+    if here:  # [trial, coordinator, worker]: the worker's share goes to the trial's bundle
+        worker = bundles.pop()
+        for key, amount in worker.items():
+            bundles[0][key] = bundles[0].get(key, 0.0) + amount
     need = {r: sum(b.get(r, 0.0) for b in bundles) for r in ("CPU", "GPU")}
     if any(need[r] > total.get(r, 0.0) + 1e-9 for r in need):
         raise ResourceError(
@@ -257,9 +291,29 @@ def trial_bundles(cfg: RunConfig, total: Mapping[str, float]) -> list[dict[str, 
 
 
 def describe_sweep(
-    cfg: RunConfig, section: TuneSection, bundles: list[dict[str, float]], total: Mapping
+    cfg: RunConfig,
+    section: TuneSection,
+    bundles: list[dict[str, float]],
+    total: Mapping,
+    here: bool = False,
 ) -> str:
-    """One line: how many trials, what each takes, how many fit side by side."""
+    """One line: how many trials, what each takes, how many fit side by side, and where a
+    trial's worker trains (``here``: ``trains_here``)."""
+    trials, side_by_side = sweep_counts(section, bundles, total)
+    cpu = sum(b.get("CPU", 0.0) for b in bundles)
+    gpu = sum(b.get("GPU", 0.0) for b in bundles)
+    where = "its worker in its own process" if here else "its workers as actors"
+    return (
+        f"dry run: {trials} trial(s) over {', '.join(section.space)} ({section.scheduler}, "
+        f"{section.metric} {section.mode}); each takes {cpu:g} CPUs / {gpu:g} GPUs in "
+        f"{len(bundles)} bundles, {where}, {side_by_side} side by side; nothing started"
+    )
+
+
+def sweep_counts(
+    section: TuneSection, bundles: list[dict[str, float]], total: Mapping
+) -> tuple[int, int]:
+    """How many trials the sweep has, and how many of them run side by side on ``total``."""
     grid = 1
     for domain in section.space.values():
         grid *= len(domain.args) if domain.kind == "grid" else 1
@@ -271,11 +325,7 @@ def describe_sweep(
         fit = min(fit, int(total.get("GPU", 0.0) // gpu))
     if section.max_concurrent_trials:
         fit = min(fit, section.max_concurrent_trials)
-    return (
-        f"dry run: {trials} trial(s) over {', '.join(section.space)} ({section.scheduler}, "
-        f"{section.metric} {section.mode}); each takes {cpu:g} CPUs / {gpu:g} GPUs in "
-        f"{len(bundles)} bundles, {max(1, min(fit, trials))} side by side; nothing started"
-    )
+    return trials, max(1, min(fit, trials))
 
 
 def _unfinished(path: str) -> bool:

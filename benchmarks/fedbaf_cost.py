@@ -12,7 +12,8 @@ process, the same round:
   ``mixer.mix_float64``), timed in the same run;
 * ``audit_s``: the leak auditor's check of one broadcast (each matched tensor fitted at its own
   coordinates as ``a·s + b``, in order, reversed and reordered, and the float32 byte search), in
-  torch on the server's device (docs/leak-auditor.md).
+  torch on the server's device (docs/leak-auditor.md); ``audit_first_s``: the first check, which
+  builds the auditor's indexes (with the 2-D blocks' transposes, unless ``--no-transposes``).
 
 The process asks torch for huge pages first, as the coordinator does (``prefer_huge_pages``;
 ``THP_MEM_ALLOC_ENABLE=0`` in the environment measures without). Last lines: ``mix_fraction``
@@ -67,6 +68,9 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=10, help="clients of one round (m)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--profile", action="store_true", help="cProfile one more mix and check")
+    ap.add_argument(
+        "--no-transposes", action="store_true", help="the auditor without 2-D blocks' transposes"
+    )
     args = ap.parse_args()
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
@@ -125,7 +129,9 @@ def main() -> None:
         mixer.setup(ServerContext(0, layout, args.clients))
     aggregated = (flat + rng.normal(0, 1e-3, n)).astype(np.float32)
     mix_times, mix64_times, audit_times = [], [], []
-    auditor = LeakAuditor(mixer.secrets(), n, "cuda" if cuda else "cpu")
+    auditor = LeakAuditor(
+        mixer.secrets(), n, "cuda" if cuda else "cpu", transposes=not args.no_transposes
+    )
     for t in range(args.repeats):
         t0 = time.perf_counter()
         mixed = mixer.mix(t, flat, aggregated)
@@ -164,6 +170,9 @@ def main() -> None:
         mix_s=min(mix_times),
         mix64_s=min(mix64_times),
         audit_s=min(audit_times),
+        audit_first_s=audit_times[0],  # builds the auditor's indexes
+        transposes=not args.no_transposes,
+        transposed_blocks=len(auditor.shapes_2d),
     )
     report(mix_fraction=min(mix_times) / round_s, audit_fraction=min(audit_times) / round_s)
     report(mix_vs_float64=min(mix_times) / min(mix64_times))

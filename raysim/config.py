@@ -317,6 +317,12 @@ class AuditConfig(StrictModel):
         "coordinates (an index of about 26 bytes per private value, built at the first check; "
         "docs/leak-auditor.md)",
     )
+    transposes: bool = Field(
+        True,
+        description="the search inside larger arrays (windows) also looks for each 2-D block's "
+        "transpose, in any precision and after any a·s + b (their keys double the index for "
+        "those blocks)",
+    )
     on_leak: Literal["stop", "report"] = Field(
         "stop",
         description="stop: a leak ends the run before the payload goes out; report: each "

@@ -47,6 +47,11 @@ CAUGHT = {
     "permuted_half": r"\(values 0–255\) \(as 1·x \+ 0, reordered\)",
     "permuted_inside": r"\(values 100–299\) \(as 1·x \+ 0, reordered\) at positions 1000–1199",
     "scattered_inside": r"\(128 of its values\) \(as 1·x \+ 0, reordered\) at positions 1000–1127",
+    "transposed_bf16": r"private.block \(as 1·x \+ 0, transposed\)",
+    "transposed_inside": r"\(as 0.5·x \+ 0.1, transposed\) at positions 1000–1511",
+    "transposed_bf16_inside": (
+        r"\(values 0–199 of its transpose\) \(as 1·x \+ 0, transposed\) at positions 1000–1199"
+    ),
 }
 
 
@@ -296,3 +301,20 @@ def test_a_reordered_float32_copy_at_its_own_coordinates_passes_the_screen(a, b)
         auditor.check(payload, "a broadcast")
     payload[where[17]] += np.float32(0.01 * copy.std())  # not a copy any more
     auditor.check(payload, "a broadcast")
+
+
+def test_a_transposed_matrix_is_caught_at_its_own_coordinates_in_bfloat16():
+    """A square block sent transposed where it sits (``W.T`` for ``W``), rounded to bfloat16: the
+    sorted comparison cannot tell 4096 bfloat16 values from chance (``GATE``), the transpose's
+    own keys can (``audit.transposes``, on by default)."""
+    s = block(64 * 64, seed=5)
+    payload = np.zeros(10_000, np.float32)
+    payload[:4096] = torch.from_numpy(s.reshape(64, 64).T.copy().reshape(-1)).bfloat16().float()
+    shaped = LeakAuditor([Secret("w", np.arange(4096), s, (64, 64))], size=10_000)
+    with pytest.raises(LeakError, match=r"stopped: a broadcast carries the server-private w \("
+                       r"as 1·x \+ 0, transposed\) at positions 0–4095"):  # fmt: skip
+        shaped.check(payload, "a broadcast")
+    off = LeakAuditor([Secret("w", np.arange(4096), s, (64, 64))], size=10_000, transposes=False)
+    off.check(payload, "a broadcast")
+    unrelated = block(64 * 64, seed=6)
+    shaped.check(unrelated.reshape(64, 64).T.copy(), "a broadcast")  # another matrix's transpose

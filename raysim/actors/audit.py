@@ -63,7 +63,7 @@ class Match:
 
     a: float
     b: float
-    order: str  # "in order" | "reversed" | "reordered"
+    order: str  # "in order" | "reversed" | "reordered" | "transposed"
     spread: float = 0.0  # the payload's standard deviation
 
     def describe(self) -> str:
@@ -206,12 +206,14 @@ class LeakAuditor:
         size: int,
         device: torch.device | str = "cpu",
         windows: bool = True,
+        transposes: bool = True,
     ) -> None:
         self.secrets = [s for s in secrets if s.values.size and np.any(s.values != 0)]
         self.size = size
         self.device = torch.device(device)
         self.buffers = Buffers(self.device)  # working memory kept between payloads
         self.windows = windows  # the search inside larger arrays (``_windows``)
+        self.transposes = transposes  # which also looks for 2-D blocks' transposes
         self.checked = 0
         #: small blocks: checked exactly at their own coordinates, as before §6.3's threshold
         self.small = [
@@ -246,6 +248,13 @@ class LeakAuditor:
             np.repeat(np.arange(len(big)), sizes), device=self.device, dtype=torch.int64
         )
         self.longest = int(max(sizes, default=0))
+        #: (block, rows, columns) of each 2-D block whose transpose ``_windows`` also looks for
+        self.shapes_2d = [
+            (i, int(s.shape[0]), int(s.shape[1]))
+            for i, s in enumerate(big)
+            if transposes and _matrix(s.shape, s.values.size)
+        ]
+        self._sequences: _Sequences | None = None  # built with the index
         self._sums: list[torch.Tensor] | None = None
         self._index: WindowIndex | None = None  # built at the first array long enough
         self._value_index: ValueIndex | None = None  # likewise
@@ -390,29 +399,32 @@ class LeakAuditor:
         its key's span and followed as far as it holds. ``own``: ``t`` is shaped like the
         global vector, whose blocks at their own coordinates were checked already."""
         if self._index is None:
-            spans = zip(self.starts.tolist(), self.ends.tolist(), strict=True)
-            self._index = WindowIndex([self.values[lo:hi] for lo, hi in spans])
-        at, blk, start = self._index.candidates(t, self._own_keys() if own else None)
+            self._sequences = _Sequences.of(self)
+            self._index = WindowIndex(self._sequences.parts)
+        seqs = self._sequences
+        at, seq, start = self._index.candidates(t, self._own_keys() if own else None)
         if not len(at):
             return
-        first = self.starts_t[blk] + start
+        first = seqs.starts[seq] + start
         span = torch.arange(SPAN + 1, device=self.device)
         x = None  # the payload in host memory, read only to grow a fit that holds
         for lo in range(0, len(at), 1 << 14):  # candidates fitted in chunks, many at a time
             rows_t = t[at[lo : lo + (1 << 14), None] + span]
-            rows_s = self.values[first[lo : lo + (1 << 14), None] + span]
+            rows_s = seqs.values[first[lo : lo + (1 << 14), None] + span]
             u = 2.0 ** -_row_bits(rows_t)
             ok, slope, shift_b = _pairs_fit(rows_s, rows_t, u)
             for r in torch.nonzero(ok).flatten().tolist():
                 i = lo + r
                 ab = (float(slope[r]), float(shift_b[r]))
-                b = int(blk[i])
-                values = self._index.values[b]
+                q = int(seq[i])
+                values = self._index.values[q]
                 x = t.cpu().numpy() if x is None else x
                 shift, length = extent(x, values, int(at[i]), int(start[i]), *ab, float(u[r]))
                 if length >= MIN_VALUES:
-                    hit = Match(*ab, "in order", float(rows_t[r].std()))
-                    sub = (int(first[i]) + shift, length)
+                    b, transposed = seqs.block[q], q >= len(self.names)
+                    order = "transposed" if transposed else "in order"
+                    hit = Match(*ab, order, float(rows_t[r].std()))
+                    sub = (int(self.starts[b]) + int(start[i]) + shift, length)
                     self._raise(b, hit, where, sub=sub, at=int(at[i]) + shift)
 
     def _reordered_inside(self, t: torch.Tensor, where: str) -> None:
@@ -501,9 +513,39 @@ class LeakAuditor:
         what = self.names[i]
         if sub is not None and sub[1] < self.ends[i] - self.starts[i]:
             lo = sub[0] - int(self.starts[i])
-            what += f" (values {lo}–{lo + sub[1] - 1})"
+            of = " of its transpose" if m.order == "transposed" else ""
+            what += f" (values {lo}–{lo + sub[1] - 1}{of})"
         place = f" at positions {at}–{at + sub[1] - 1}" if at is not None and sub else ""
         raise LeakError(f"stopped: {where} carries the server-private {what}{m.describe()}{place}")
+
+
+@dataclass(frozen=True)
+class _Sequences:
+    """What the in-order search (``_windows``) indexes: each block's values, then each 2-D
+    block's transpose (``LeakAuditor.shapes_2d``), one after another in ``values``, starting at
+    ``starts``; ``block``: the block each sequence is."""
+
+    parts: list[torch.Tensor]
+    values: torch.Tensor
+    starts: torch.Tensor
+    block: list[int]
+
+    @classmethod
+    def of(cls, auditor: LeakAuditor) -> _Sequences:
+        spans = zip(auditor.starts.tolist(), auditor.ends.tolist(), strict=True)
+        parts = [auditor.values[lo:hi] for lo, hi in spans]
+        block = list(range(len(parts)))
+        for i, rows, cols in auditor.shapes_2d:
+            parts.append(parts[i].reshape(rows, cols).T.contiguous().reshape(-1))
+            block.append(i)
+        values = torch.cat(parts) if len(parts) > len(auditor.names) else auditor.values
+        sizes = torch.tensor([len(p) for p in parts], dtype=torch.int64, device=auditor.device)
+        return cls(parts, values, torch.cumsum(sizes, 0) - sizes, block)
+
+
+def _matrix(shape: tuple[int, ...] | None, size: int) -> bool:
+    """Whether ``shape`` is a matrix of ``size`` values whose transpose is another order."""
+    return shape is not None and len(shape) == 2 and min(shape) > 1 and shape[0] * shape[1] == size
 
 
 def _stats(x: torch.Tensor) -> torch.Tensor:

@@ -118,7 +118,13 @@ class CoordinatorCore:
             from raysim.actors.audit import LeakAuditor
 
             secrets = self.strategy.secrets()
-            self.auditor = LeakAuditor(secrets, len(initial), self.server.device, cfg.audit.windows)
+            self.auditor = LeakAuditor(
+                secrets,
+                len(initial),
+                self.server.device,
+                cfg.audit.windows,
+                transposes=cfg.audit.transposes,
+            )
         delay_model = build_delay_model(cfg.delays, cfg.clients.num, cfg.seed)
         self.schedule = Schedule(cfg.clients.num, cfg.clients.per_round, delay_model, cfg.seed)
         self.queue = ArrivalQueue()

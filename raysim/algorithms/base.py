@@ -72,11 +72,14 @@ class Update:
 @dataclass(frozen=True)
 class Secret:
     """Values of one tensor block the server must never send: their flat indices in the global
-    vector and the values. Held by the coordinator's auditor, in the server's process only."""
+    vector and the values. Held by the coordinator's auditor, in the server's process only.
+    ``shape``: the block's shape, its values in row-major order (the auditor then also looks for
+    a 2-D block's transpose); None where the values are no tensor of their own."""
 
     name: str
     indices: np.ndarray
     values: np.ndarray
+    shape: tuple[int, ...] | None = None
 
 
 class Stateful:

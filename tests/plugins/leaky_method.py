@@ -18,6 +18,8 @@ from raysim.algorithms.general.fedavg import FedAvg
 from raysim.algorithms.private import PrivateTensors
 
 SIZE = 512
+#: the block as a matrix (its values in row-major order), for the transposed leaks
+SHAPE = (16, 32)
 #: ``transform: cycle`` sends these in turn, one a round, an unrelated draw between any two
 CYCLE = [
     name
@@ -25,6 +27,7 @@ CYCLE = [
         "exact", "fp16", "bf16", "fp16_own", "bf16_own", "fp64", "scaled", "shifted", "reversed",
         "permuted", "split", "window", "fp16_of_scaled", "window_scaled", "window_bf16",
         "elsewhere_fp16", "permuted_half", "permuted_inside", "scattered_inside",
+        "transposed_bf16", "transposed_inside", "transposed_bf16_inside",
     )
     for name in (leak, "none")
 ]  # fmt: skip
@@ -50,7 +53,7 @@ class Leaky(FedAvg):
         self.noise = ctx.rng("leaky/noise")
 
     def secrets(self) -> list[Secret]:
-        return [Secret("private.block", np.arange(SIZE), np.array(self.secret["w"]))]
+        return [Secret("private.block", np.arange(SIZE), np.array(self.secret["w"]), SHAPE)]
 
     def own(self, values: np.ndarray) -> np.ndarray:
         """The global weights with ``values`` at the block's coordinates."""
@@ -61,6 +64,7 @@ class Leaky(FedAvg):
     def configure(self, round_index, clients):
         s = np.array(self.secret["w"])
         half = SIZE // 2
+        t = s.reshape(SHAPE).T.reshape(-1)  # the block's transpose, flat
         sends = {
             "exact": lambda: {"x": s.copy()},
             "fp16": lambda: {"x": s.astype(np.float16)},
@@ -81,6 +85,9 @@ class Leaky(FedAvg):
             "permuted_half": lambda: {"x": self.noise.permutation(s[:half])},
             "permuted_inside": lambda: {"x": self.inside(self.noise.permutation(s[100:300]))},
             "scattered_inside": lambda: {"x": self.inside(self.noise.choice(s, 128, False))},
+            "transposed_bf16": lambda: {"x": bf16(t)},
+            "transposed_inside": lambda: {"x": self.inside(t * np.float32(0.5) + np.float32(0.1))},
+            "transposed_bf16_inside": lambda: {"x": self.inside(bf16(t[:200]).float().numpy())},
             "none": lambda: self.unrelated(),
         }
         name = self.params.transform

@@ -82,13 +82,14 @@ def how_to_make(path: Path) -> str:
 class MatchedFoundation:
     """The foundation on the global vector: the matched coordinates, their values (float64), one
     (tensor name, start, end) block per matched tensor, the foundation tensors they came from,
-    and the matching report (§2.4)."""
+    the matching report (§2.4), and each block's shape (its values are in row-major order)."""
 
     indices: np.ndarray
     values: np.ndarray
     blocks: list[tuple[str, int, int]]
     sources: tuple[str, ...]
     report: str
+    shapes: tuple[tuple[int, ...], ...] = ()
 
 
 def matched_foundation(
@@ -107,7 +108,8 @@ def matched_foundation(
     values = [m.foundation_values(weights[m.foundation]) for m in matches]
     pre = np.concatenate(values).astype(np.float64) if values else np.zeros(0)
     sources = tuple(m.foundation for m in matches)
-    return MatchedFoundation(indices, pre, blocks, sources, report)
+    shapes = tuple(tuple(int(n) for n in m.block) for m in matches)
+    return MatchedFoundation(indices, pre, blocks, sources, report, shapes)
 
 
 def unit(x: np.ndarray) -> np.ndarray:
@@ -166,6 +168,7 @@ class FedBaF(Mixer):
         "scope",
         "report",
         "blocks",
+        "shapes",
         "device",
         "on_device",
         "runs",
@@ -184,6 +187,7 @@ class FedBaF(Mixer):
         p = self.params
         found = matched_foundation(ctx.layout, p.foundation, p.match, p.exclude)
         self.report, self.blocks, self.indices = found.report, found.blocks, found.indices
+        self.shapes = found.shapes
         log.info("FedBaF layer matching:\n%s", self.report)
         self.pre = PrivateTensors({"w_pre": found.values})
         if p.tau_scope == "matched":
@@ -236,7 +240,11 @@ class FedBaF(Mixer):
 
     def secrets(self) -> list[Secret]:
         pre = self.pre["w_pre"].astype(np.float32)
-        return [Secret(n, self.indices[a:b], pre[a:b]) for n, a, b in self.blocks if b > a]
+        return [
+            Secret(n, self.indices[a:b], pre[a:b], shape)
+            for (n, a, b), shape in zip(self.blocks, self.shapes, strict=True)
+            if b > a
+        ]
 
     def private_artifacts(self) -> list[Secret]:
         return self.secrets() if self.params.log_private else []

@@ -172,6 +172,10 @@ def test_which_sweeps_train_the_worker_in_the_trial_process(worker, overrides, s
         | tune
     )
     assert trains_here(cfg, space, {"CPU": 2.0, "GPU": 1.0}) is here
+    # pinned to the head (a node-local store on a cluster): auto keeps worker actors
+    assert trains_here(cfg, space, {"CPU": 2.0, "GPU": 1.0}, pinned=True) is (
+        here and worker == "here"
+    )
 
 
 def test_a_trial_that_trains_its_worker_holds_the_worker_share_in_its_own_bundle():

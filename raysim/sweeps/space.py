@@ -104,8 +104,8 @@ class TuneSection(StrictModel):
         "in that process starts without a new process or fresh imports, and no round has a "
         "round trip; actor: the worker is a Ray actor of its own, as in raysim run, whose "
         "imports run beside the trial's on another core; auto: here where the sweep has more "
-        "trials than run side by side (trial processes are reused), else actor. The weights "
-        "are the same either way",
+        "trials than run side by side (trial processes are reused) and no node-local store "
+        "pins trials to a cluster's head, else actor. The weights are the same either way",
     )
 
     @model_validator(mode="after")

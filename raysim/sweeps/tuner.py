@@ -146,11 +146,12 @@ def tune(
     else:
         ensure_ray(address)
         total = {k: float(v) for k, v in ray.cluster_resources().items()}
-    here = trains_here(cfg, section, total)
+    # the trial and its coordinator: by the store (nothing on one node, as without Ray yet)
+    pin = {} if dry_run and private else trial_pin(cfg, base["tracking"]["uri"])
+    here = trains_here(cfg, section, total, pinned=bool(pin))
     bundles = trial_bundles(cfg, total, here)
     if dry_run:
         return describe_sweep(cfg, section, bundles, total, here)
-    pin = trial_pin(cfg, base["tracking"]["uri"])  # the trial and its coordinator: by the store
     bundles = [{**b, **pin} if i < 2 else b for i, b in enumerate(bundles)]
     trainable_params: dict[str, Any] = {
         "base": base,
@@ -248,13 +249,17 @@ def trial_plan(cfg: RunConfig, total: Mapping[str, float]) -> Any:
     return plan_resources(cfg, share)
 
 
-def trains_here(cfg: RunConfig, section: TuneSection, total: Mapping[str, float]) -> bool:
+def trains_here(
+    cfg: RunConfig, section: TuneSection, total: Mapping[str, float], pinned: bool = False
+) -> bool:
     """Whether each trial trains its run's one worker in its own process (``tune.worker``).
 
     ``auto`` does where a trial's process will serve a later trial (more trials than run side
     by side, Tune's ``reuse_actors``): the later trials then start without a new process or
     fresh imports. Where every trial has a fresh process, ``auto`` keeps the worker actor, whose
-    imports run beside the trial process's on another core."""
+    imports run beside the trial process's on another core. Nor does it where the trial's own
+    bundle is ``pinned`` to the head (``trial_pin``: a node-local store on a cluster): every
+    trial would then train on the head, where worker actors go to any node."""
     from raysim.api import can_host_worker
 
     if section.worker == "actor" or not can_host_worker(cfg, trial_plan(cfg, total).num_workers):
@@ -262,7 +267,7 @@ def trains_here(cfg: RunConfig, section: TuneSection, total: Mapping[str, float]
     if section.worker == "here":
         return True
     trials, side_by_side = sweep_counts(section, trial_bundles(cfg, total), total)
-    return trials > side_by_side
+    return trials > side_by_side and not pinned
 
 
 def trial_bundles(

@@ -65,7 +65,12 @@ class WorkerLink:
                 self._dag = graph.experimental_compile(
                     _submit_timeout=-1, _max_inflight_executions=MAX_IN_FLIGHT
                 )
-            self._answer(self._dag.execute(None))  # the worker's loop is up
+            ref = self._dag.execute(None)
+            try:
+                self._answer(ref)  # the worker's loop is up
+            except BaseException:
+                self.forget(ref)  # the worker died while its link was being built
+                raise
             self._up.set()
         except Exception as e:  # noqa: BLE001 - the pool then uses plain calls
             self.failed = f"{type(e).__name__}: {e}"
@@ -100,6 +105,15 @@ class WorkerLink:
                 time.sleep(pause)
                 pause = min(2 * pause, POLL_MAX_S)
         return ref.get(timeout=-1)
+
+    @staticmethod
+    def forget(ref: Any) -> None:
+        """Give up a request whose answer will not be read (its link failed). Collected unread,
+        Ray's ``CompiledDAGRef`` would read its channel to free the buffer; where the graph
+        failed, that raises inside ``__del__``, and Ray prints the traceback from the
+        coordinator's process to the driver's console."""
+        if hasattr(ref, "_ray_get_called"):  # private in Ray 2.60, as ``_execute_until``
+            ref._ray_get_called = True
 
     def close(self) -> bool:
         """Stop the worker's loop; the worker stays up for plain calls. False if the loop may

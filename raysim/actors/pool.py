@@ -320,6 +320,7 @@ class RayWorkerPool:
             ray.kill(self.workers[worker], no_restart=False)
         pending, self._linked[worker] = self._linked[worker], []
         for sent in pending:
+            link.forget(sent.ref)
             self._call(sent)
 
     def _note_pid(self, worker: int, pid: int, why: str = "its jobs ran again") -> None:
@@ -376,7 +377,9 @@ class RayWorkerPool:
         return [{"worker": i, **info} for i, info in enumerate(infos)]
 
     def close(self) -> None:
-        for link in self._links.values():
+        for worker, link in self._links.items():
+            for sent in self._linked[worker]:  # unread at the run's end
+                link.forget(sent.ref)
             link.close()
         self._links = {}
         for w in self.workers:

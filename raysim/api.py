@@ -217,7 +217,7 @@ class RunSession:
         if self._in_process:
             from raysim.actors.coordinator_actor import Coordinator
 
-            self.here = Coordinator(*args, workers_here=self._worker_here, **kwargs)
+            self.here = Coordinator(*args, worker_here=self._worker_here, **kwargs)
             info = self.here.ready()
         else:
             restarts = self.coordinator_restarts

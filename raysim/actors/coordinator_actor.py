@@ -37,10 +37,10 @@ class Coordinator:
         session: str | None = None,
         restarts: int = 0,
         launch: WorkerLaunch | None = None,
-        workers_here: bool = False,
+        worker_here: bool = False,
     ) -> None:
         """``launch``: the workers to start first, before this process imports torch and the
-        methods (``WorkerLaunch``; None: started once the config is read). ``workers_here``:
+        methods (``WorkerLaunch``; None: started once the config is read). ``worker_here``:
         no worker actor; the clients train in this process (``InProcessExecutor``), one pooled
         worker's way (``RunSession``'s ``worker_here``).
         ``session`` tags the MLflow run (the driver's ``SESSION_TAG``); ``restarts``: how many
@@ -65,7 +65,7 @@ class Coordinator:
             self._opening.start()
         try:
             self._setup(
-                config, pool_size, tracking_uri, resume, session, restarts, launch, workers_here
+                config, pool_size, tracking_uri, resume, session, restarts, launch, worker_here
             )
         except Exception as e:  # noqa: BLE001 - reported by ready(), in one line
             self._setup_error = RunSetupError(f"the run could not start: {type(e).__name__}: {e}")
@@ -79,7 +79,7 @@ class Coordinator:
         session: str | None,
         restarts: int,
         launch: WorkerLaunch | None,
-        workers_here: bool = False,
+        worker_here: bool = False,
     ) -> None:
         from raysim import checkpoint
         from raysim.actors.coordinator_core import CoordinatorCore
@@ -100,7 +100,7 @@ class Coordinator:
                 if not resume.get("or_from_start"):
                     raise
         dataset = run_dataset(cfg)
-        if workers_here:
+        if worker_here:
             from raysim.actors.worker import ClientRunner
 
             runner = ClientRunner(cfg, dataset, cfg.workers.threads)

@@ -163,7 +163,7 @@ def test_a_trial_that_cannot_fit_is_refused_saying_what_it_needs():
     ],
 )
 def test_which_sweeps_train_the_worker_in_the_trial_process(worker, overrides, samples, here):
-    from raysim.sweeps.tuner import trains_here
+    from raysim.sweeps.tuner import trains_here, trial_bundles
 
     tune = {"max_concurrent_trials": overrides.pop("max_concurrent_trials", None)}
     cfg = load_config(tiny(**{"workers": {"count": 1, "num_cpus": 0.5}, **overrides}))
@@ -171,19 +171,19 @@ def test_which_sweeps_train_the_worker_in_the_trial_process(worker, overrides, s
         {"space": {"local.lr": {"grid": [0.1, 0.2]}}, "worker": worker, "num_samples": samples}
         | tune
     )
-    assert trains_here(cfg, space, {"CPU": 2.0, "GPU": 1.0}) is here
+    total = {"CPU": 2.0, "GPU": 1.0}
+    bundles = trial_bundles(cfg, total)
+    assert trains_here(cfg, space, bundles, total) is here
     # pinned to the head (a node-local store on a cluster): auto keeps worker actors
-    assert trains_here(cfg, space, {"CPU": 2.0, "GPU": 1.0}, pinned=True) is (
-        here and worker == "here"
-    )
+    assert trains_here(cfg, space, bundles, total, pinned=True) is (here and worker == "here")
 
 
 def test_a_trial_that_trains_its_worker_holds_the_worker_share_in_its_own_bundle():
-    from raysim.sweeps.tuner import TRIAL_CPU, trial_bundles
+    from raysim.sweeps.tuner import TRIAL_CPU, trial_bundles, worker_in_trial
 
     cfg = load_config(tiny(workers={"count": 1, "num_cpus": 0.5}))
     assert trial_bundles(cfg, {"CPU": 2.0}) == [{"CPU": TRIAL_CPU}, {"CPU": 0.001}, {"CPU": 0.5}]
-    assert trial_bundles(cfg, {"CPU": 2.0}, here=True) == [
+    assert worker_in_trial(trial_bundles(cfg, {"CPU": 2.0})) == [
         {"CPU": pytest.approx(TRIAL_CPU + 0.5)},
         {"CPU": 0.001},
     ]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import ray
@@ -115,9 +116,12 @@ class WorkerLink:
         if hasattr(ref, "_ray_get_called"):  # private in Ray 2.60, as ``_execute_until``
             ref._ray_get_called = True
 
-    def close(self) -> bool:
-        """Stop the worker's loop; the worker stays up for plain calls. False if the loop may
-        still be running (Ray's teardown failed or timed out)."""
+    def close(self, unread: Iterable[Any] = ()) -> bool:
+        """Stop the worker's loop; the worker stays up for plain calls. ``unread``: the requests
+        sent and not read, given up (``forget``). False if the loop may still be running (Ray's
+        teardown failed or timed out)."""
+        for ref in unread:
+            self.forget(ref)
         with self._lock:
             self._closed = True
             dag, self._dag = self._dag, None

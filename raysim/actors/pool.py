@@ -127,7 +127,7 @@ class RayWorkerPool:
             if ray.get(self.workers[0].sequential_reason.remote(self.data)):
                 self.group_size = 1
                 self._grow(size)
-        self._where: dict[int, tuple[_Sent, int, int]] = {}
+        self._where: dict[int, tuple[_Sent, int]] = {}
         self._remaining: dict[_Sent, int] = {}
         self._sizes = client_sizes
         self._pids: dict[int, set[int]] = {}
@@ -207,13 +207,13 @@ class RayWorkerPool:
             sent = self._send(worker, "train", handle, batch)
             self._remaining[sent] = len(batch)
             for i, job in enumerate(batch):
-                self._where[job.job_id] = (sent, i, worker)
+                self._where[job.job_id] = (sent, i)
 
     def result(self, job_id: int) -> ClientResult:
         """A job's result; its personal state comes as an object ref, or as a value (``_read``)."""
-        sent, i, worker = self._where.pop(job_id)
+        sent, i = self._where.pop(job_id)
         out = self._read(sent)[i]
-        self._note_pid(worker, out.worker_pid)
+        self._note_pid(sent.worker, out.worker_pid)
         self._remaining[sent] -= 1
         if self._remaining[sent] == 0:
             del self._remaining[sent]
@@ -316,11 +316,10 @@ class RayWorkerPool:
         if link is None:
             return
         logging.getLogger("raysim").debug("worker %d: plain calls from now on (%s)", worker, why)
-        if not link.close():  # its loop may still be running a batch: never two at once
-            ray.kill(self.workers[worker], no_restart=False)
         pending, self._linked[worker] = self._linked[worker], []
+        if not link.close(s.ref for s in pending):  # its loop may still run: never two at once
+            ray.kill(self.workers[worker], no_restart=False)
         for sent in pending:
-            link.forget(sent.ref)
             self._call(sent)
 
     def _note_pid(self, worker: int, pid: int, why: str = "its jobs ran again") -> None:
@@ -378,9 +377,7 @@ class RayWorkerPool:
 
     def close(self) -> None:
         for worker, link in self._links.items():
-            for sent in self._linked[worker]:  # unread at the run's end
-                link.forget(sent.ref)
-            link.close()
+            link.close(s.ref for s in self._linked[worker])  # unread at the run's end
         self._links = {}
         for w in self.workers:
             ray.kill(w)

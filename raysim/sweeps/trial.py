@@ -14,6 +14,9 @@ from ray import tune
 #: the digest and when the run's artifacts were written, as epoch seconds)
 ROUND, RUN_ID, DIGEST, FINISHED_AT = "round", "run_id", "weights_digest", "finished_at"
 
+#: CPUs of a trial's own process (the first bundle of its placement group)
+TRIAL_CPU = 0.1
+
 
 def trial_overrides(params: Mapping[str, Any]) -> list[str]:
     """``key=value`` overrides for sampled values (JSON is YAML, so types survive)."""
@@ -42,9 +45,9 @@ def trial_config(
     return cfg.model_copy(update={"tracking": tracking})
 
 
-def placement_share(trial_cpu: float) -> dict[str, float] | None:
+def placement_share() -> dict[str, float] | None:
     """What the run inside this trial may use: its placement group's bundles, less the
-    ``trial_cpu`` that the trial's own process takes from the first (None outside a placement
+    ``TRIAL_CPU`` that the trial's own process takes from the first (None outside a placement
     group). The first bundle also holds the worker's share where the trial trains it
     (``tune.worker=here``)."""
     from ray.util import get_current_placement_group
@@ -53,7 +56,7 @@ def placement_share(trial_cpu: float) -> dict[str, float] | None:
     if pg is None:
         return None
     share = {key: float(sum(b.get(key, 0.0) for b in pg.bundle_specs)) for key in ("CPU", "GPU")}
-    share["CPU"] = max(0.0, share["CPU"] - trial_cpu)
+    share["CPU"] = max(0.0, share["CPU"] - TRIAL_CPU)
     return share
 
 
@@ -79,7 +82,6 @@ class RunTrial(tune.Trainable):
         metric: str,
         cwd: str | None = None,
         worker_here: bool = False,
-        trial_cpu: float = 0.0,
     ) -> None:
         import logging
         import os
@@ -90,7 +92,7 @@ class RunTrial(tune.Trainable):
         if cwd and os.path.isdir(cwd):
             os.chdir(cwd)
         self.metric, self.base, self.parent_run_id = metric, base, parent_run_id
-        self.worker_here, self.trial_cpu = worker_here, trial_cpu
+        self.worker_here = worker_here
         self._start(config)
 
     def _start(self, config: dict[str, Any]) -> None:
@@ -108,7 +110,7 @@ class RunTrial(tune.Trainable):
             # the coordinator runs in this process, which Tune started for the trial anyway
             self.session = RunSession(
                 cfg,
-                resources=placement_share(self.trial_cpu),
+                resources=placement_share(),
                 coordinator_here=True,
                 worker_here=self.worker_here,
             )

@@ -20,10 +20,17 @@ from ray.tune import Callback
 
 from raysim.config import ConfigError, RunConfig, load_config
 from raysim.sweeps.space import TuneSection
-from raysim.sweeps.trial import DIGEST, FINISHED_AT, ROUND, RUN_ID, RunTrial, trial_overrides
+from raysim.sweeps.trial import (
+    DIGEST,
+    FINISHED_AT,
+    ROUND,
+    RUN_ID,
+    TRIAL_CPU,
+    RunTrial,
+    trial_overrides,
+)
 
 #: CPU of the trial's own process (it only steps the coordinator and reports)
-TRIAL_CPU = 0.1
 #: written next to Tune's experiment state so that ``--resume DIR`` finds its sweep again
 SWEEP_FILE = "raysim_sweep.json"
 #: the best trial's config, next to the sweep's state
@@ -148,8 +155,10 @@ def tune(
         total = {k: float(v) for k, v in ray.cluster_resources().items()}
     # the trial and its coordinator: by the store (nothing on one node, as without Ray yet)
     pin = {} if dry_run and private else trial_pin(cfg, base["tracking"]["uri"])
-    here = trains_here(cfg, section, total, pinned=bool(pin))
-    bundles = trial_bundles(cfg, total, here)
+    bundles = trial_bundles(cfg, total)
+    here = trains_here(cfg, section, bundles, total, pinned=bool(pin))
+    if here:
+        bundles = worker_in_trial(bundles)
     if dry_run:
         return describe_sweep(cfg, section, bundles, total, here)
     bundles = [{**b, **pin} if i < 2 else b for i, b in enumerate(bundles)]
@@ -159,7 +168,6 @@ def tune(
         "metric": section.metric,
         "cwd": os.getcwd(),
         "worker_here": here,
-        "trial_cpu": TRIAL_CPU,
     }
     name = f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     tracker = _SweepRun(cfg, section) if cfg.tracking.enabled else None
@@ -240,19 +248,15 @@ def tune(
     return summary
 
 
-def trial_plan(cfg: RunConfig, total: Mapping[str, float]) -> Any:
-    """The run's plan inside one trial: what ``total`` leaves after the trial's own process
-    (and the coordinator's minimum)."""
-    from raysim.resources import plan_resources
-
-    share = {**total, "CPU": max(0.0, total.get("CPU", 0.0) - TRIAL_CPU - 0.001)}
-    return plan_resources(cfg, share)
-
-
 def trains_here(
-    cfg: RunConfig, section: TuneSection, total: Mapping[str, float], pinned: bool = False
+    cfg: RunConfig,
+    section: TuneSection,
+    bundles: list[dict[str, float]],
+    total: Mapping[str, float],
+    pinned: bool = False,
 ) -> bool:
-    """Whether each trial trains its run's one worker in its own process (``tune.worker``).
+    """Whether each trial trains its run's one worker in its own process (``tune.worker``), for
+    a trial placed as ``bundles`` (``trial_bundles``: its process, the coordinator, the workers).
 
     ``auto`` does where a trial's process will serve a later trial (more trials than run side
     by side, Tune's ``reuse_actors``): the later trials then start without a new process or
@@ -262,29 +266,34 @@ def trains_here(
     trial would then train on the head, where worker actors go to any node."""
     from raysim.api import can_host_worker
 
-    if section.worker == "actor" or not can_host_worker(cfg, trial_plan(cfg, total).num_workers):
+    if section.worker == "actor" or not can_host_worker(cfg, len(bundles) - 2):
         return False
     if section.worker == "here":
         return True
-    trials, side_by_side = sweep_counts(section, trial_bundles(cfg, total), total)
+    trials, side_by_side = sweep_counts(section, bundles, total)
     return trials > side_by_side and not pinned
 
 
-def trial_bundles(
-    cfg: RunConfig, total: Mapping[str, float], here: bool = False
-) -> list[dict[str, float]]:
-    """One trial's placement group: its own process (Tune runs the trial on the first bundle
-    with all of it), then the run's plan (the coordinator's bundle, one per worker). ``here``
-    (``trains_here``): the worker's share joins the first bundle, the process that trains it.
-    Refused, saying why, when one trial does not fit ``total``."""
-    from raysim.resources import ResourceError
+def worker_in_trial(bundles: list[dict[str, float]]) -> list[dict[str, float]]:
+    """``bundles`` of a trial that trains its one worker itself (``trains_here``): the worker's
+    share joins the first bundle, the trial's process; the totals are the same."""
+    first, coordinator, worker = bundles
+    merged = {**first}
+    for key, amount in worker.items():
+        merged[key] = merged.get(key, 0.0) + amount
+    return [merged, coordinator]
 
-    plan = trial_plan(cfg, total)
+
+def trial_bundles(cfg: RunConfig, total: Mapping[str, float]) -> list[dict[str, float]]:
+    """One trial's placement group: its own process (Tune runs the trial on the first bundle
+    with all of it), then the run's plan (the coordinator's bundle, one per worker). Refused,
+    saying why, when one trial does not fit ``total``."""
+    from raysim.resources import ResourceError, plan_resources
+
+    # what the run may plan on: all but the trial's own bundle (and the coordinator's minimum)
+    share = {**total, "CPU": max(0.0, total.get("CPU", 0.0) - TRIAL_CPU - 0.001)}
+    plan = plan_resources(cfg, share)
     bundles = [{"CPU": TRIAL_CPU}, *plan.bundles()]
-    if here:  # [trial, coordinator, worker]: the worker's share goes to the trial's bundle
-        worker = bundles.pop()
-        for key, amount in worker.items():
-            bundles[0][key] = bundles[0].get(key, 0.0) + amount
     need = {r: sum(b.get(r, 0.0) for b in bundles) for r in ("CPU", "GPU")}
     if any(need[r] > total.get(r, 0.0) + 1e-9 for r in need):
         raise ResourceError(

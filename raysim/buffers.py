@@ -1,5 +1,4 @@
-"""Working memory kept between calls for the server's vector arithmetic (the FedBaF mix, the leak
-auditor).
+"""Working memory kept between calls for the server's vector arithmetic (the FedBaF mix).
 
 A large tensor made fresh on the CPU is mapped afresh, and its first write faults every page in:
 about 10 ms per 44 MB (11 M float32 values) on the 2-vCPU machine, as long as the arithmetic

@@ -231,7 +231,13 @@ def test_sign_keys_and_the_index_follow_their_definition():
     """``sign_keys``: bit t of the key at p is ``x[p + t + 1] > x[p + t]`` (checked from the
     definition at every key); the Bloom filter passes every indexed key (no false negative) and
     the lookup finds each block position from the block's own values, or from them negated."""
-    from raysim.actors.audit_windows import SPAN, WindowIndex, sign_keys
+    from raysim.actors.audit_windows import (
+        SPAN,
+        WindowIndex,
+        _packed_signs,
+        _packed_signs_torch,
+        sign_keys,
+    )
 
     rng = np.random.default_rng(5)
     x = torch.tensor(rng.normal(size=700).astype(np.float32))
@@ -242,10 +248,12 @@ def test_sign_keys_and_the_index_follow_their_definition():
             p = start + i * stride
             want = sum(1 << t for t in range(SPAN) if x[p + t + 1] > x[p + t])
             assert key == want, (start, stride, i)
+    for n in (9, 64, 701):  # numpy's packing on the CPU, torch's elsewhere: the same bytes
+        whole = (n - 1) // 8 * 8
+        assert torch.equal(_packed_signs(x[:n]), _packed_signs_torch(x[:n], whole))
     blocks = [torch.tensor(rng.normal(size=n).astype(np.float32)) for n in (500, 90, 3000)]
     index = WindowIndex(blocks)
-    everything = torch.arange(len(index.keys))
-    assert torch.equal(index._passing(index.keys, everything), everything)
+    assert index._passes(index.keys).all()
     for copy in (blocks[2][1000:1600], -blocks[2][1000:1600]):  # either sign of a: one lookup
         at, blk, pos = index.candidates(copy)
         found = set(zip(blk.tolist(), (pos - at).tolist(), strict=True))
@@ -283,6 +291,42 @@ def test_reordered_exact_copies_inside_larger_arrays_are_found_from_64_values():
         auditor.check(planted(rng.permutation(s[6000:16000]), at=1000), "a long copy")
     with pytest.raises(LeakError, match=r"\(100 of its values\)"):
         auditor.check(planted(rng.choice(s[1000:], 100, replace=False)), "scattered values")
+
+
+def test_exact_copies_and_private_values_follow_their_definitions():
+    """``ExactCopies`` finds a whole block's words at every alignment (one payload position in
+    ``HEAD`` is read), also a block that starts with repeated words, and not a copy one word
+    short; ``ValueIndex.holds`` is membership among the blocks' values that are within its
+    binades and not repeated ``COMMON`` times, both signs."""
+    from raysim.actors.audit_values import BINADES, COMMON, HEAD, ExactCopies, ValueIndex
+
+    rng = np.random.default_rng(11)
+    blocks = [rng.normal(0, 0.05, n).astype(np.float32) for n in (64, 300, 90)]
+    blocks[2][:20] = 0.0  # a head of zeros: every zero of a payload is a candidate
+    words = [torch.from_numpy(b.view(np.int32)) for b in blocks]
+    exact = ExactCopies(words)
+    noise = rng.normal(0, 0.05, 2000).astype(np.float32)
+    noise[:600] = 0.0
+    assert exact.find(torch.from_numpy(noise.view(np.int32))) is None
+    for k, b in enumerate(blocks):
+        for at in [*range(600, 600 + 2 * HEAD + 1), 2000 - len(b)]:
+            payload = noise.copy()
+            payload[at : at + len(b)] = b
+            assert exact.find(torch.from_numpy(payload.view(np.int32))) == k, (k, at)
+            payload[at + len(b) - 1] = 1.0  # one word short of the block
+            assert exact.find(torch.from_numpy(payload.view(np.int32))) is None, (k, at)
+
+    values = np.concatenate([blocks[1], -blocks[1][:50], np.full(COMMON, 0.25, np.float32),
+                             np.float32([1e-30, 3e4])])  # fmt: skip
+    index = ValueIndex(torch.from_numpy(values))
+    probe = np.concatenate([values, noise, np.float32([0.25, -0.25, 1e-30, 3e4])])
+    got = index.holds(torch.from_numpy(probe.view(np.int32))).numpy()
+    exponent = (probe.view(np.uint32) >> 23) & 0xFF
+    inside = (exponent >= index.lowest) & (exponent < index.lowest + BINADES)
+    unique, counts = np.unique(values, return_counts=True)
+    private = unique[(counts < COMMON) & (unique != 0)]
+    assert np.array_equal(got, np.isin(probe, private) & inside)
+    assert got[: len(blocks[1])].all() and not got[-4:].any()  # 0.25 common; 1e-30, 3e4 outside
 
 
 @pytest.mark.parametrize("a,b", [(2.0, 0.5), (-0.75, 0.1)])

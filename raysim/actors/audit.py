@@ -32,10 +32,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from raysim.actors.audit_values import ValueIndex, float32_words
+from raysim.actors.audit_values import ExactCopies, ValueIndex, float32_words
 from raysim.actors.audit_windows import SPAN, WindowIndex, extent, sign_keys
 from raysim.algorithms.base import Secret
-from raysim.buffers import Buffers
 from raysim.errors import LeakError
 
 MIN_VALUES = 64  # fedbaf.md §6.3: blocks of 64 values or more
@@ -211,7 +210,6 @@ class LeakAuditor:
         self.secrets = [s for s in secrets if s.values.size and np.any(s.values != 0)]
         self.size = size
         self.device = torch.device(device)
-        self.buffers = Buffers(self.device)  # working memory kept between payloads
         self.windows = windows  # the search inside larger arrays (``_windows``)
         self.transposes = transposes  # which also looks for 2-D blocks' transposes
         self.checked = 0
@@ -270,15 +268,10 @@ class LeakAuditor:
             np.ascontiguousarray(s.values, dtype=np.float32).view(np.uint32).reshape(-1)
             for s in big
         ]
-        #: the same words on the device, with each block's first word and a table of their low
-        #: 16 bits (``_float32_holds``)
-        self.words_t = [torch.as_tensor(w.view(np.int32), device=self.device) for w in self.words]
-        self.firsts = torch.as_tensor(
-            np.array([w[0] for w in self.words], dtype=np.uint32).view(np.int32),
-            device=self.device,
+        #: the same words on the device, indexed by their first words (``ExactCopies``)
+        self.exact = ExactCopies(
+            [torch.as_tensor(w.view(np.int32), device=self.device) for w in self.words]
         )
-        self.table = torch.zeros(1 << 16, dtype=torch.uint8, device=self.device)
-        self.table[self.firsts & 0xFFFF] = 1
 
     # ------------------------------------------------------------------------------- public
     def check(self, payload: Any, where: str) -> None:
@@ -303,9 +296,7 @@ class LeakAuditor:
         elif MIN_VALUES <= len(t) <= self.longest:
             self._whole(t, where)
         if isinstance(a, np.ndarray) and a.dtype == np.float32 and self.words:
-            k = _float32_holds(
-                t.view(torch.int32), self.words_t, self.firsts, self.table, self.buffers
-            )
+            k = self.exact.find(t.view(torch.int32))
             hit = None if k is None else self.names[k]
             if hit is not None:
                 raise LeakError(f"stopped: {where} carries the server-private {hit}'s bytes")
@@ -491,7 +482,7 @@ class LeakAuditor:
     # --------------------------------------------------------------- exact float32 bytes
     def _bytes_hit(self, a: np.ndarray) -> str | None:
         """Name of a block whose float32 bytes occur in ``a``, an array of no float dtype
-        (§6.3 (ii)), or None. A float32 array is searched on the device (``_float32_holds``)."""
+        (§6.3 (ii)), or None. A float32 array is searched on the device (``ExactCopies``)."""
         if not self.words:
             return None
         raw = np.ascontiguousarray(a).tobytes()  # a plain byte search
@@ -633,17 +624,6 @@ def _could_match(values: torch.Tensor, starts: torch.Tensor, t: torch.Tensor, bi
     return keep
 
 
-def _sparse_nonzero(marked: torch.Tensor) -> torch.Tensor:
-    """``torch.nonzero(marked).flatten()`` for a uint8 mask that is mostly zeros, 4 times as
-    fast on the CPU: its bytes are read 8 at a time as int64 words, and only the nonzero
-    words are looked into."""
-    whole = len(marked) // 8 * 8
-    words = torch.nonzero(marked[:whole].view(torch.int64)).flatten()
-    at = (words[:, None] * 8 + torch.arange(8, device=marked.device)).flatten()
-    tail = torch.nonzero(marked[whole:]).flatten() + whole
-    return torch.cat([at[marked[at] != 0], tail])
-
-
 def _span(indices: np.ndarray) -> tuple[int, int] | None:
     first = int(indices[0])
     if np.array_equal(indices, np.arange(first, first + len(indices))):
@@ -665,29 +645,3 @@ def _as_tensor(flat: np.ndarray | torch.Tensor, device: torch.device) -> torch.T
             flat = torch.from_numpy(np.ascontiguousarray(flat))
     wide = flat.dtype == torch.float64
     return flat.detach().to(device=device, dtype=torch.float64 if wide else torch.float32)
-
-
-def _float32_holds(
-    words: torch.Tensor,
-    blocks: list[torch.Tensor],
-    firsts: torch.Tensor,
-    table: torch.Tensor,
-    buffers: Buffers,
-) -> int | None:
-    """Index of a block (its float32 words as int32) whose values sit contiguously in ``words``.
-
-    Each value's low 16 bits index ``table`` (the blocks' first words' low bits), so only values
-    whose low bits match a block's start are compared further: about n·k/65536 candidates, each
-    checked on its whole first word (``firsts``) and then in full. O(n + k), on the device, in
-    kept working memory (``buffers``)."""
-    low = torch.bitwise_and(words, 0xFFFF, out=buffers.get("low", len(words), torch.int32))
-    marked = torch.index_select(table, 0, low, out=buffers.get("marked", len(words), torch.uint8))
-    candidates = _sparse_nonzero(marked)
-    candidates = candidates[torch.isin(words[candidates], firsts)]
-    for i in candidates.tolist():
-        for k in torch.nonzero(firsts == words[i]).flatten().tolist():
-            pattern = blocks[k]
-            end = i + len(pattern)
-            if end <= len(words) and torch.equal(words[i:end], pattern):
-                return int(k)
-    return None

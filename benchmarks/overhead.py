@@ -133,6 +133,12 @@ def main() -> None:
         "(workers.transport=calls)",
     )
     parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="with --batches and --workers 1: the overlapped way again with the worker trained "
+        "in the coordinator's process (workers.transport=in_process)",
+    )
+    parser.add_argument(
         "--tracking",
         action="store_true",
         help="raysim logs to a fresh MLflow store (a user's default) instead of not at all",
@@ -179,6 +185,11 @@ def main() -> None:
             {"raysim_batches": [], "raysim_batches_overlap": [], "raysim_batches_overlap_calls": []}
         )
         calls = load_config(args.config, [*overrides, "workers.transport=calls"])
+    batched_sides = ["raysim_batches", "raysim_batches_overlap", "raysim_batches_overlap_calls"]
+    if args.batches and args.in_process:
+        here = load_config(args.config, [*overrides, "workers.transport=in_process"])
+        walls["raysim_batches_overlap_in_process"] = []
+        batched_sides.append("raysim_batches_overlap_in_process")
     digests: dict[str, set[str]] = {name: set() for name in walls}
     starts = []
     try:
@@ -196,6 +207,8 @@ def main() -> None:
                     ("raysim_batches", cfg, False),
                     ("raysim_batches_overlap", cfg, True),
                     ("raysim_batches_overlap_calls", calls, True),
+                ) + (
+                    (("raysim_batches_overlap_in_process", here, True),) if args.in_process else ()
                 )
                 for name, side_cfg, overlap in sides:
                     w, digest, _ = run_raysim(side_cfg, advance=overlap)
@@ -218,7 +231,7 @@ def main() -> None:
     report(same_weights=same["plain_1thread"] and len(digests["raysim"]) == 1)
     report(overhead_ratio_vs_2threads=med["raysim"] / med["plain_2thread"])
     if args.batches:
-        for name in ("raysim_batches", "raysim_batches_overlap", "raysim_batches_overlap_calls"):
+        for name in batched_sides:
             report(**{f"{name}_ratio": med[name] / med["plain_1thread"]})
     report(overhead_ratio=med["raysim"] / med["plain_1thread"])
 

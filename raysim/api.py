@@ -102,17 +102,19 @@ def can_host_coordinator(cfg: RunConfig) -> bool:
     return not cfg.coordinator.num_gpus and cfg.faults.kill_coordinator is None
 
 
-def can_host_worker(cfg: RunConfig, num_workers: int) -> bool:
-    """Whether the process that runs ``cfg``'s coordinator (``can_host_coordinator``) may also
-    train its clients (``worker_here``): one pooled worker, on CPUs, that no fault is set to
-    kill."""
+def can_host_worker(cfg: RunConfig, num_workers: int, coordinator_here: bool = True) -> bool:
+    """Whether the process that runs ``cfg``'s coordinator may also train its clients
+    (``worker_here``, ``workers.transport: in_process``): one pooled worker, on CPUs, that no
+    fault is set to kill, beside a coordinator without GPUs. ``coordinator_here``: that process
+    is the caller's (``can_host_coordinator``), not the coordinator's own actor."""
     w = cfg.workers
     return (
         num_workers == 1
         and w.count != "per_client"
         and not w.num_gpus
+        and not cfg.coordinator.num_gpus
         and cfg.faults.kill_worker is None
-        and can_host_coordinator(cfg)
+        and (not coordinator_here or can_host_coordinator(cfg))
     )
 
 
@@ -186,7 +188,8 @@ class RunSession:
         try:
             self.plan = plan_resources(cfg, dict(resources or ray.cluster_resources()))
             self.pool_size = self.plan.num_workers
-            self._worker_here = worker_here
+            in_process = cfg.workers.transport == "in_process"
+            self._worker_here = worker_here or in_process
             if worker_here and not (self._in_process and can_host_worker(cfg, self.pool_size)):
                 raise ConfigError(
                     "tune.worker=here trains a trial's one worker in the trial's process: every "
@@ -194,11 +197,21 @@ class RunSession:
                     "faults.kill_worker or kill_coordinator and coordinator.num_gpus=0; set "
                     "tune.worker=actor to sweep this config"
                 )
-            self._launch = None if worker_here else WorkerLaunch.for_config(cfg, self.pool_size)
-            if not self._in_process:
-                self._coordinator = ray.remote(Coordinator).options(
-                    **coordinator_options(cfg, self.tracking_uri)
+            if in_process and not can_host_worker(cfg, self.pool_size, self._in_process):
+                raise ConfigError(
+                    "workers.transport=in_process trains the run's one worker in the "
+                    f"coordinator's process: it needs workers.count=1 (here {self.pool_size} "
+                    "workers) on CPUs (workers.num_gpus=0), coordinator.num_gpus=0 and no "
+                    "faults.kill_worker; set workers.transport=auto"
                 )
+            self._launch = (
+                None if self._worker_here else WorkerLaunch.for_config(cfg, self.pool_size)
+            )
+            if not self._in_process:
+                options = coordinator_options(cfg, self.tracking_uri)
+                if self._worker_here:  # the worker's share goes to the process it trains in
+                    options["num_cpus"] += cfg.workers.num_cpus
+                self._coordinator = ray.remote(Coordinator).options(**options)
             try:
                 self._start_coordinator(self._first_source)
             except ray.exceptions.ActorDiedError as died:
@@ -221,6 +234,7 @@ class RunSession:
             info = self.here.ready()
         else:
             restarts = self.coordinator_restarts
+            kwargs["worker_here"] = self._worker_here
             self.actor = self._coordinator.remote(*args, restarts=restarts, **kwargs)
             info = ray.get(self.actor.ready.remote())
         self.run_id, self.round = info["run_id"], int(info["round"])

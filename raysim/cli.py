@@ -188,6 +188,8 @@ def _dry_run(cfg: Any, address: str | None) -> int:
             f" · {plan.num_workers} worker(s) of {plan.worker} and a coordinator of "
             f"{plan.coordinator} on a private local Ray"
         )
+        if cfg.workers.transport == "in_process":
+            line += " (the worker trains in the coordinator's process)"
     else:
         line += f" · on the Ray cluster at {where} (it answers)"
     console.print(line, soft_wrap=True, highlight=False, markup=False)

@@ -104,3 +104,47 @@ def test_a_short_run_builds_no_graph(ray_cluster):
         assert pool._links == {} and pool.sent["link"] == 0 and pool.sent["call"] > 0
     finally:
         session.close()
+
+
+def test_in_process_trains_in_the_coordinator_actor_and_gives_the_same_run(ray_cluster):
+    """``workers.transport: in_process``: the coordinator's actor trains the one worker's
+    clients itself, with the weights and metrics a worker actor gives (Ditto's personal state
+    included), no Worker actor alive, and the worker's CPU share on the coordinator."""
+    import ray
+    import ray._private.state as state
+
+    cfg = {**CASES["personal state (Ditto)"], "tracking": {"enabled": False}}
+    runs = {}
+    for transport in ("in_process", "calls"):
+        session = raysim.RunSession(load_config(cfg, [f"workers.transport={transport}"]))
+        try:
+            metrics = list(session.rounds())
+            alive = [
+                a["ActorClassName"] for a in state.actors().values() if a["State"] == "ALIVE"
+            ]
+            free = ray.available_resources().get("CPU", 0.0)
+            runs[transport] = (session.finish(), metrics, {}), alive, session.workers(), free
+        finally:
+            session.close()
+    _same(runs["in_process"][0], runs["calls"][0])
+    (_, alive, workers, free), (_, alive_calls, _, free_calls) = runs.values()
+    assert "Coordinator" in alive and "Worker" not in alive, alive
+    assert "Worker" in alive_calls  # the control: the same listing sees a worker actor
+    assert [w["mode"] for w in workers] == ["in_process"]
+    assert workers[0]["pid"] != __import__("os").getpid()  # the coordinator's, not the driver's
+    assert free == free_calls < ray.cluster_resources()["CPU"]  # the same share, held
+
+
+def test_in_process_refuses_what_it_cannot_train(ray_cluster):
+    """Two workers, worker GPUs, or a worker-killing fault: one ConfigError naming the way out,
+    before anything starts."""
+    from raysim.config import ConfigError
+
+    base = {**CASES["sync, 2 workers"], "tracking": {"enabled": False}}
+    for extra in (
+        [],
+        ["workers.count=1", "faults.kill_worker.round=1", "faults.kill_worker.worker=0"],
+    ):
+        cfg = load_config(base, ["workers.transport=in_process", *extra])
+        with pytest.raises(ConfigError, match="workers.transport=auto"):
+            raysim.RunSession(cfg)

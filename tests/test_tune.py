@@ -178,6 +178,28 @@ def test_which_sweeps_train_the_worker_in_the_trial_process(worker, overrides, s
     assert trains_here(cfg, space, bundles, total, pinned=True) is (here and worker == "here")
 
 
+def test_workers_transport_in_process_trains_every_trial_in_its_process():
+    """``workers.transport: in_process``: every trial trains here, even where ``auto`` would
+    keep an actor (pinned to the head included); ``tune.worker=actor`` or a config that cannot
+    train in process is one ConfigError."""
+    from raysim.sweeps.tuner import trains_here, trial_bundles
+
+    def decide(worker: str, **overrides) -> bool:
+        workers = {"count": 1, "num_cpus": 0.5, "transport": "in_process"}
+        cfg = load_config(tiny(**{"workers": workers, **overrides}))
+        section = TuneSection.model_validate(
+            {"space": {"local.lr": {"grid": [0.1, 0.2]}}, "worker": worker}
+        )
+        total = {"CPU": 2.0}
+        return trains_here(cfg, section, trial_bundles(cfg, total), total, pinned=True)
+
+    assert decide("auto") and decide("here")
+    with pytest.raises(ConfigError, match="tune.worker auto or here"):
+        decide("actor")
+    with pytest.raises(ConfigError, match="workers.transport=in_process"):
+        decide("auto", faults={"kill_coordinator": {"round": 1}})
+
+
 def test_a_trial_that_trains_its_worker_holds_the_worker_share_in_its_own_bundle():
     from raysim.sweeps.tuner import TRIAL_CPU, trial_bundles, worker_in_trial
 

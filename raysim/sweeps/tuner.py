@@ -30,7 +30,6 @@ from raysim.sweeps.trial import (
     trial_overrides,
 )
 
-#: CPU of the trial's own process (it only steps the coordinator and reports)
 #: written next to Tune's experiment state so that ``--resume DIR`` finds its sweep again
 SWEEP_FILE = "raysim_sweep.json"
 #: the best trial's config, next to the sweep's state
@@ -266,6 +265,15 @@ def trains_here(
     trial would then train on the head, where worker actors go to any node."""
     from raysim.api import can_host_worker
 
+    if cfg.workers.transport == "in_process":  # the trial's process hosts its coordinator
+        if section.worker == "actor" or not can_host_worker(cfg, len(bundles) - 2):
+            raise ConfigError(
+                "workers.transport=in_process trains each trial's one worker in the trial's "
+                "process: every trial needs workers.count=1 on CPUs (workers.num_gpus=0), "
+                "coordinator.num_gpus=0, no faults.kill_worker or kill_coordinator, and "
+                "tune.worker auto or here"
+            )
+        return True
     if section.worker == "actor" or not can_host_worker(cfg, len(bundles) - 2):
         return False
     if section.worker == "here":

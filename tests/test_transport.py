@@ -119,9 +119,7 @@ def test_in_process_trains_in_the_coordinator_actor_and_gives_the_same_run(ray_c
         session = raysim.RunSession(load_config(cfg, [f"workers.transport={transport}"]))
         try:
             metrics = list(session.rounds())
-            alive = [
-                a["ActorClassName"] for a in state.actors().values() if a["State"] == "ALIVE"
-            ]
+            alive = [a["ActorClassName"] for a in state.actors().values() if a["State"] == "ALIVE"]
             free = ray.available_resources().get("CPU", 0.0)
             runs[transport] = (session.finish(), metrics, {}), alive, session.workers(), free
         finally:

@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -27,6 +27,9 @@ from raysim.ray_start import (  # noqa: F401  (re-exported: raysim.api is where 
     ray_address,
 )
 from raysim.tracking import SESSION_TAG, default_tracking_uri
+
+if TYPE_CHECKING:
+    from raysim.actors.pool import WorkerLaunch
 
 log = logging.getLogger("raysim")
 
@@ -150,6 +153,7 @@ class RunSession:
         resources: Mapping[str, float] | None = None,
         coordinator_here: bool = False,
         worker_here: bool = False,
+        started: Callable[[WorkerLaunch], list[Any]] | None = None,
     ) -> None:
         import ray
 
@@ -207,6 +211,8 @@ class RunSession:
             self._launch = (
                 None if self._worker_here else WorkerLaunch.for_config(cfg, self.pool_size)
             )
+            #: workers started from that launch already (a Tune trial's, ``started``)
+            self._started = started(self._launch) if started and self._launch else []
             if not self._in_process:
                 options = coordinator_options(cfg, self.tracking_uri)
                 if self._worker_here:  # the worker's share goes to the process it trains in
@@ -227,6 +233,8 @@ class RunSession:
 
         args = (self.cfg.to_dict(), self.pool_size, self.tracking_uri, source)
         kwargs: dict[str, Any] = {"session": self._session, "launch": self._launch}
+        if self._started:  # taken by the first coordinator only
+            kwargs["started"], self._started = self._started, []
         if self._in_process:
             from raysim.actors.coordinator_actor import Coordinator
 

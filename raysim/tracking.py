@@ -373,10 +373,14 @@ class Tracker:
     def log_placement(self, coordinator_node: str, workers: Sequence[Mapping[str, Any]]) -> None:
         """Where the run's actors are: ``placement.json`` (the coordinator's node; each worker's
         node and GPU ids, and its mode: ``actor``, or ``in_process`` for a worker that trains in
-        the coordinator's process) and a ``raysim.nodes`` tag, the number of nodes its workers
+        the coordinator's process; ``early``: an actor a Tune trial's process started as it
+        loaded, ``raysim.sweeps.early``) and a ``raysim.nodes`` tag, the number of nodes its workers
         use."""
         keys = ("worker", "node_id", "gpu_ids", "cuda_visible_devices")
-        rows = [{**{k: w.get(k) for k in keys}, "mode": w.get("mode", "actor")} for w in workers]
+        rows = [
+            {**{k: w.get(k) for k in keys}, "mode": w.get("mode", "actor"), "early": w.get("early")}
+            for w in workers
+        ]
         self.client.log_dict(
             self.run_id, {"coordinator_node": coordinator_node, "workers": rows}, "placement.json"
         )

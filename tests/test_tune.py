@@ -212,6 +212,41 @@ def test_a_trial_that_trains_its_worker_holds_the_worker_share_in_its_own_bundle
 
 
 @pytest.mark.slow
+def test_a_trials_workers_start_as_its_process_loads_and_train_what_raysim_run_does(
+    ray_cluster, tmp_path
+):
+    """Two trials side by side (``tune.worker=auto``: worker actors): each trial's process
+    starts its worker as it loads the trainable (``raysim.sweeps.early``), before Tune's own
+    import; the run takes that worker (placement says ``early``) and trains the weights
+    ``raysim run`` trains with the same values. A trial whose launch differs gets its own."""
+    import json
+
+    from raysim.actors.pool import WorkerLaunch
+    from raysim.sweeps import early
+
+    cfg = tiny(
+        rounds=2,
+        clients={"num": 10, "per_round": 4},
+        workers={"count": 1, "num_cpus": 0.5},
+        tracking={"experiment": "tune-early"},
+        tune={"space": {"local.lr": {"grid": [0.05, 0.1]}}, "worker": "actor"},
+    )
+    out = raysim.tune(cfg, storage=tmp_path / "tune")
+    client = MlflowClient()
+    for row in out.table:
+        path = client.download_artifacts(row["run_id"], "placement.json", str(tmp_path))
+        workers = json.loads(open(path).read())["workers"]
+        assert [(w["mode"], w["early"]) for w in workers] == [("actor", True)]
+        alone = raysim.run(load_config(cfg, [f"local.lr={row['local.lr']}"]))
+        assert row["weights_digest"] == alone.weights_digest
+    # a launch that is not the run's: its workers end, and the run starts its own
+    launch = WorkerLaunch.for_config(load_config(tiny()), 1)
+    other = WorkerLaunch(launch.options, launch.threads + 1, launch.count)
+    early._started = (other, [other.start()])
+    assert early.take(launch) == [] and early.take(launch) == []
+
+
+@pytest.mark.slow
 def test_trials_that_train_their_worker_in_process_match_raysim_run(ray_cluster, tmp_path):
     """Two trials one at a time (``tune.worker=auto``: the second reuses the first's process):
     no worker actor starts, each trial's placement says its worker is in process, and each

@@ -38,9 +38,11 @@ class Coordinator:
         restarts: int = 0,
         launch: WorkerLaunch | None = None,
         worker_here: bool = False,
+        started: list[Any] | None = None,
     ) -> None:
         """``launch``: the workers to start first, before this process imports torch and the
-        methods (``WorkerLaunch``; None: started once the config is read). ``worker_here``:
+        methods (``WorkerLaunch``; None: started once the config is read); ``started``: workers
+        started from it already (a Tune trial's, ``raysim.sweeps.early``). ``worker_here``:
         no worker actor; the clients train in this process (``InProcessExecutor``), one pooled
         worker's way (``RunSession``'s ``worker_here``).
         ``session`` tags the MLflow run (the driver's ``SESSION_TAG``); ``restarts``: how many
@@ -56,7 +58,7 @@ class Coordinator:
         self._setup_error: RunSetupError | None = None
         self.pool: RayWorkerPool | InProcessExecutor | None = None
         self.tracker: Tracker | None = None
-        self._started = [launch.start() for _ in range(launch.count)] if launch else []
+        self._started = started or ([launch.start() for _ in range(launch.count)] if launch else [])
         self._opening = None  # a fresh store's schema (~2 s) is made while the workers start
         if tracking_uri and config["tracking"]["enabled"]:
             self._opening = threading.Thread(

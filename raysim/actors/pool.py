@@ -36,12 +36,12 @@ LINK_AFTER_S = 2.0
 
 @dataclass(frozen=True)
 class WorkerLaunch:
-    """What starting a run's workers takes, as plain values: the config as sent, Ray's actor
-    options, the torch threads each, and how many to start at once (``busy_workers``). Made by
-    the driver (``for_config``), so that the coordinator starts its workers before its own
-    imports: their start-up runs alongside the coordinator's and the dataset's build."""
+    """What starting a run's workers takes, as plain values: Ray's actor options, the torch
+    threads each, and how many to start at once (``busy_workers``). Made by the driver
+    (``for_config``), so that the coordinator starts its workers before its own imports: their
+    start-up runs alongside the coordinator's and the dataset's build. The config reaches them
+    with their first call (``Worker``)."""
 
-    config: dict[str, Any]
     options: dict[str, Any]
     threads: int
     count: int
@@ -50,7 +50,6 @@ class WorkerLaunch:
     def for_config(cls, cfg: RunConfig, pool_size: int) -> WorkerLaunch:
         w = cfg.workers
         return cls(
-            config=cfg.to_dict(),
             options={
                 "num_cpus": w.num_cpus,
                 "num_gpus": w.num_gpus,
@@ -63,7 +62,7 @@ class WorkerLaunch:
 
     def start(self) -> Any:
         """One worker actor, starting now."""
-        return _worker_class().options(**self.options).remote(self.config, self.threads)
+        return _worker_class().options(**self.options).remote(self.threads)
 
 
 @functools.cache
@@ -106,7 +105,8 @@ class RayWorkerPool:
         #: together) go out as one batch per group (``job_groups``)
         self.group_size = cfg.group_size()
         self._launch = launch or WorkerLaunch.for_config(cfg, size)
-        self.data = [dataset_ref]  # sent with every call; see ``Worker``
+        #: sent with every call: the dataset's and the config's refs (``Worker``)
+        self.data = [dataset_ref, ray.put(cfg.to_dict())]
         self._size = size
         #: compiled graphs to the workers (``raysim.actors.compiled``), by worker index
         self._links: dict[int, WorkerLink] = {}
@@ -120,6 +120,9 @@ class RayWorkerPool:
         #: batches sent through a link and by a plain call (a batch sent again counts again)
         self.sent = {"link": 0, "call": 0}
         self.workers: list[Any] = []
+        #: workers started before this pool, by its caller (a Tune trial's, as its process
+        #: loaded: ``raysim.sweeps.early``); the first ones
+        self.early = len(started or [])
         for handle in started or []:
             self._add(handle)
         self._grow(self._launch.count)
@@ -373,7 +376,7 @@ class RayWorkerPool:
 
     def describe(self) -> list[dict[str, Any]]:
         infos = ray.get([w.info.remote(self.data) for w in self.workers])
-        return [{"worker": i, **info} for i, info in enumerate(infos)]
+        return [{"worker": i, **info, "early": i < self.early} for i, info in enumerate(infos)]
 
     def close(self) -> None:
         for worker, link in self._links.items():

@@ -21,13 +21,15 @@ class Worker:
     """Wrapped with ``ray.remote`` by the pool. The constructor only imports; the runner (the
     resident model) is built from the dataset on the first call.
 
-    The dataset is not a constructor argument (Ray cannot guarantee restarts for actors whose
-    constructor arguments live in the object store, ray-project/ray#53727): every call carries
-    its object ref, nested in a list so that Ray does not resolve it, and the worker fetches it
-    (zero-copy) on its first call, after a restart included.
+    Neither the dataset nor the config is a constructor argument (Ray cannot guarantee restarts
+    for actors whose constructor arguments live in the object store, ray-project/ray#53727): every
+    call carries their object refs (``data``: the dataset's, then the config's, nested in a list
+    so that Ray does not resolve them), and the worker fetches them (zero-copy) on its first
+    call, after a restart included. So a worker can start before its run's config is known (a
+    Tune trial's, ``raysim.sweeps.early``).
     """
 
-    def __init__(self, config: dict[str, Any], threads: int = 1) -> None:
+    def __init__(self, threads: int = 1) -> None:
         from raysim.quiet import quiet_libraries
 
         quiet_libraries()
@@ -35,7 +37,6 @@ class Worker:
 
         import raysim.actors.worker  # noqa: F401 - the runner, the models, the training loop
 
-        self._config = config
         self._threads = threads
         self._runner: ClientRunner | None = None
 
@@ -45,7 +46,8 @@ class Worker:
 
             from raysim.actors.worker import RayClientRunner
 
-            self._runner = RayClientRunner(self._config, ray.get(data[0]), self._threads)
+            dataset, config = ray.get(data[:2])
+            self._runner = RayClientRunner(config, dataset, self._threads)
         return self._runner
 
     def run_batch(

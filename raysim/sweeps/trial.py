@@ -8,7 +8,11 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from ray import tune
+from raysim.sweeps import early
+
+early.start()  # a trial's process: its workers start before Tune's import below (early.py)
+
+from ray import tune  # noqa: E402
 
 #: what every trial reports besides the run's per-round metrics (the last report also carries
 #: the digest and when the run's artifacts were written, as epoch seconds)
@@ -113,6 +117,7 @@ class RunTrial(tune.Trainable):
                 resources=placement_share(),
                 coordinator_here=True,
                 worker_here=self.worker_here,
+                started=early.take,
             )
         return self.session
 

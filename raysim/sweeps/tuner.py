@@ -19,6 +19,7 @@ import yaml
 from ray.tune import Callback
 
 from raysim.config import ConfigError, RunConfig, load_config
+from raysim.sweeps import early
 from raysim.sweeps.space import TuneSection
 from raysim.sweeps.trial import (
     DIGEST,
@@ -161,6 +162,7 @@ def tune(
     if dry_run:
         return describe_sweep(cfg, section, bundles, total, here)
     bundles = [{**b, **pin} if i < 2 else b for i, b in enumerate(bundles)]
+    early.publish(early_launch(cfg, bundles, here))
     trainable_params: dict[str, Any] = {
         "base": base,
         "parent_run_id": None,
@@ -235,6 +237,7 @@ def tune(
         raise
     finally:
         _TrialRuns.display = None
+        early.publish(None)
     if _unfinished(path):  # Ctrl-C: Tune saved its state and returned
         if tracker is not None:
             tracker.end("KILLED")
@@ -245,6 +248,18 @@ def tune(
     if tracker is not None:
         tracker.finish(summary, grid)
     return summary
+
+
+def early_launch(cfg: RunConfig, bundles: list[dict[str, float]], here: bool) -> Any:
+    """The ``WorkerLaunch`` each trial's process starts as it loads (``raysim.sweeps.early``):
+    the base config's, where a trial's coordinator runs in its process and its workers are
+    actors; else None."""
+    from raysim.actors.pool import WorkerLaunch
+    from raysim.api import can_host_coordinator
+
+    if here or not can_host_coordinator(cfg):
+        return None
+    return WorkerLaunch.for_config(cfg, len(bundles) - 2)
 
 
 def trains_here(

@@ -140,7 +140,10 @@ class RunSession:
     that fails here fails its caller, which is not replaced. ``worker_here`` (with
     ``coordinator_here``) also trains the clients in this process, where ``can_host_worker``
     allows (a Tune trial that asks for it has no worker bundle to start an actor in: a config
-    that cannot is refused).
+    that cannot is refused); ``workers.transport: in_process`` does the same in the
+    coordinator's own actor. ``started`` hands over workers started before the run (a Tune
+    trial's, ``raysim.sweeps.early.take``): given the run's ``WorkerLaunch``, it returns those
+    that came from the same launch, and the run starts the rest.
     """
 
     def __init__(

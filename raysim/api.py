@@ -142,8 +142,9 @@ class RunSession:
     allows (a Tune trial that asks for it has no worker bundle to start an actor in: a config
     that cannot is refused); ``workers.transport: in_process`` does the same in the
     coordinator's own actor. ``started`` hands over workers started before the run (a Tune
-    trial's, ``raysim.sweeps.early.take``): given the run's ``WorkerLaunch``, it returns those
-    that came from the same launch, and the run starts the rest.
+    trial's, ``raysim.sweeps.early.take``): given the run's ``WorkerLaunch`` (None where it
+    starts no worker actor), it returns those that came from the same launch, and the run starts
+    the rest.
     """
 
     def __init__(
@@ -156,7 +157,7 @@ class RunSession:
         resources: Mapping[str, float] | None = None,
         coordinator_here: bool = False,
         worker_here: bool = False,
-        started: Callable[[WorkerLaunch], list[Any]] | None = None,
+        started: Callable[[WorkerLaunch | None], list[Any]] | None = None,
     ) -> None:
         import ray
 
@@ -215,12 +216,11 @@ class RunSession:
                 None if self._worker_here else WorkerLaunch.for_config(cfg, self.pool_size)
             )
             #: workers started from that launch already (a Tune trial's, ``started``)
-            self._started = started(self._launch) if started and self._launch else []
+            self._started = started(self._launch) if started else []
             if not self._in_process:
-                options = coordinator_options(cfg, self.tracking_uri)
-                if self._worker_here:  # the worker's share goes to the process it trains in
-                    options["num_cpus"] += cfg.workers.num_cpus
-                self._coordinator = ray.remote(Coordinator).options(**options)
+                self._coordinator = ray.remote(Coordinator).options(
+                    **coordinator_options(cfg, self.tracking_uri)
+                )
             try:
                 self._start_coordinator(self._first_source)
             except ray.exceptions.ActorDiedError as died:

@@ -49,7 +49,9 @@ def coordinator_options(cfg: RunConfig, tracking_uri: str | None) -> dict[str, A
     """``.options()`` for the coordinator actor: its resources, and where it goes. Inside a
     placement group (a Tune trial) it takes the group's second bundle, the one planned for it,
     and its workers join the group; otherwise, with a node-local store, it is pinned to this
-    node. Raises ``StoreUnreachable`` for a placement that would write to another store."""
+    node. With ``workers.transport: in_process`` it also holds the worker's share, which trains
+    in its process. Raises ``StoreUnreachable`` for a placement that would write to another
+    store."""
     import ray
     from ray.util import get_current_placement_group, placement_group_table
     from ray.util.scheduling_strategies import (
@@ -57,8 +59,9 @@ def coordinator_options(cfg: RunConfig, tracking_uri: str | None) -> dict[str, A
         PlacementGroupSchedulingStrategy,
     )
 
+    in_process = cfg.workers.transport == "in_process"
     options: dict[str, Any] = {
-        "num_cpus": cfg.coordinator.num_cpus,
+        "num_cpus": cfg.coordinator.num_cpus + (cfg.workers.num_cpus if in_process else 0.0),
         "num_gpus": cfg.coordinator.num_gpus,
     }
     at = store_node(cfg, tracking_uri)
@@ -74,7 +77,7 @@ def coordinator_options(cfg: RunConfig, tracking_uri: str | None) -> dict[str, A
     elif at is not None:
         node = next((n for n in ray.nodes() if n["NodeID"] == at), {})
         have = node.get("Resources", {})
-        for key, need in (("CPU", cfg.coordinator.num_cpus), ("GPU", cfg.coordinator.num_gpus)):
+        for key, need in (("CPU", options["num_cpus"]), ("GPU", options["num_gpus"])):
             if need > have.get(key, 0.0):  # a pin the node cannot host would wait for ever
                 raise StoreUnreachable(
                     f"the tracking store {tracking_uri} is local to this node, so the "

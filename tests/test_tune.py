@@ -244,6 +244,8 @@ def test_a_trials_workers_start_as_its_process_loads_and_train_what_raysim_run_d
     other = WorkerLaunch(launch.options, launch.threads + 1, launch.count)
     early._started = (other, [other.start()])
     assert early.take(launch) == [] and early.take(launch) == []
+    early._started = (launch, [launch.start()])  # a run with no worker actors ends them too
+    assert early.take(None) == []
 
 
 @pytest.mark.slow

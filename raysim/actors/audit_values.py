@@ -75,7 +75,7 @@ class ExactCopies:
             start = chunk[pos] * HEAD - j
             inside = (start >= 0) & (start + self.lengths[k] <= len(words))
             start, k = start[inside], k[inside]
-            rows = words[(start[:, None] + span).clamp_max(len(words) - 1)]
+            rows = words[start[:, None] + span]  # inside: a block holds HEAD words or more
             same = (rows == self.heads[k]).all(1)
             for s, b in zip(start[same].tolist(), k[same].tolist(), strict=True):
                 if torch.equal(words[s : s + len(self.blocks[b])], self.blocks[b]):

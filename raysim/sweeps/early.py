@@ -61,9 +61,10 @@ def start() -> None:
     _started = (launch, [launch.start() for _ in range(launch.count)])
 
 
-def take(launch: Any) -> list[Any]:
+def take(launch: Any | None) -> list[Any]:
     """The workers ``start`` started, where they came from ``launch`` (each is taken once);
-    others are ended, and the caller starts its own."""
+    others are ended (all of them for None: the run starts no worker actor), and the caller
+    starts its own."""
     global _started
     started, handles = _started or (None, [])
     _started = (None, [])

@@ -162,7 +162,6 @@ def tune(
     if dry_run:
         return describe_sweep(cfg, section, bundles, total, here)
     bundles = [{**b, **pin} if i < 2 else b for i, b in enumerate(bundles)]
-    early.publish(early_launch(cfg, bundles, here))
     trainable_params: dict[str, Any] = {
         "base": base,
         "parent_run_id": None,
@@ -189,6 +188,7 @@ def tune(
     # loggers would add about 10 ms to every round (benchmarks/RESULTS.md) and nothing reads them
     callbacks = [_TrialRuns(tracker.uri if tracker else None, cfg.rounds), CSVLoggerCallback()]
     _TrialRuns.display = on_result  # not in the callback's state: Tune pickles that
+    early.publish(early_launch(cfg, bundles, here))  # withdrawn below, however the sweep ends
     try:
         if resume is not None:
             tuner = rtune.Tuner.restore(

@@ -6,6 +6,7 @@ personal client state, and a worker killed while its link is up."""
 from __future__ import annotations
 
 import pytest
+import ray
 
 import raysim
 from raysim.config import load_config
@@ -94,8 +95,9 @@ def test_a_larger_model_takes_plain_calls(ray_cluster, monkeypatch):
 
 
 def test_a_short_run_builds_no_graph(ray_cluster):
-    """A run that ends within ``LINK_AFTER_S`` of its first batch starts no compiled graph
-    (each would start a process of its own) and takes plain calls throughout."""
+    """A coordinator in a driver (here, the test's process) that ends within ``LINK_AFTER_S`` of
+    its first batch starts no compiled graph (each would start a process of its own there) and
+    takes plain calls throughout."""
     cfg = load_config({**CASES["sync, 2 workers"], "tracking": {"enabled": False}})
     session = raysim.RunSession(cfg, coordinator_here=True)
     try:
@@ -104,6 +106,36 @@ def test_a_short_run_builds_no_graph(ray_cluster):
         assert pool._links == {} and pool.sent["link"] == 0 and pool.sent["call"] > 0
     finally:
         session.close()
+
+
+def test_a_coordinator_actor_links_at_its_first_batch_and_starts_no_proxy(ray_cluster):
+    """In an actor, a link's graph takes the coordinator's own actor as its driver proxy
+    (``compiled._proxy_is_this_actor``), so the links are built at the first batch and the run
+    starts no ``DAGDriverProxyActor``; the linked run gives the run plain calls give."""
+    import ray._private.state as state
+
+    def proxies() -> set[str]:
+        return {k for k, a in state.actors().items() if a["ActorClassName"].endswith("ProxyActor")}
+
+    cfg = {**CASES["sync, 2 workers"], "tracking": {"enabled": False}}
+    before = proxies()
+    session = raysim.RunSession(load_config(cfg))
+
+    def pool(fn):  # ``fn`` of the pool inside the coordinator's actor
+        return ray.get(session.actor.__ray_call__.remote(lambda c: fn(c.pool)))
+
+    try:
+        session.step()
+        assert pool(lambda p: p._linking), "no link started at the first batch"
+        assert pool(lambda p: p.wait_for_links())
+        list(session.rounds())
+        linked = (session.finish(), [], pool(lambda p: dict(p.sent)))
+    finally:
+        session.close()
+    assert proxies() == before
+    assert linked[2]["link"] > 0, linked[2]
+    called = _run(cfg, "calls")
+    assert linked[0].weights_digest == called[0].weights_digest
 
 
 def test_in_process_trains_in_the_coordinator_actor_and_gives_the_same_run(ray_cluster):

@@ -9,8 +9,8 @@ plain calls otherwise; both run the same code on the worker and give the same re
 
 Each worker has its own graph, so a worker that dies breaks only its own link. Compiled graphs
 reach only workers on this process's node (a channel to another node waits forever), and they
-are built in a background thread: the first request waits for the worker's loop to start (about
-1 s), which then overlaps the run's first round.
+are built in a background thread while the first batches go by plain calls. In an actor (the
+coordinator's, a Tune trial's) a graph starts no process of its own (``_proxy_is_this_actor``).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable
+from types import SimpleNamespace
 from typing import Any
 
 import ray
@@ -60,6 +61,7 @@ class WorkerLink:
                 return
             with InputNode() as request:
                 graph = self._handle.serve.bind(request)
+            _proxy_is_this_actor()
             with self._lock:
                 if self._closed:
                     return
@@ -133,3 +135,45 @@ class WorkerLink:
             logging.getLogger("raysim").debug("compiled graph teardown: %s", e)
             return False
         return True
+
+
+_PROXY_LOCK = threading.Lock()
+
+
+def in_actor() -> bool:
+    """Whether this process is a Ray actor, where a link costs no process of its own
+    (``_proxy_is_this_actor``)."""
+    return ray.get_runtime_context().get_actor_id() is not None
+
+
+def _proxy_is_this_actor() -> None:
+    """Graphs compiled in this process get this actor as their "driver proxy" instead of a new
+    actor each.
+
+    Ray 2.60 starts an empty actor (``CompiledDAG.DAGDriverProxyActor``) for every graph, a
+    process of its own (about 1 s of CPU on 2 vCPUs), only so that a writer on another node can
+    run a function on the driver's node. A link goes only to a worker on this process's node,
+    where Ray never calls the proxy; so the calling actor stands in. A driver, or a Ray whose
+    internals differ from the pinned version's, keeps Ray's proxy."""
+    try:
+        from ray.dag.compiled_dag_node import CompiledDAG
+    except ImportError:  # pragma: no cover - another Ray layout
+        return
+    with _PROXY_LOCK:
+        proxy = getattr(CompiledDAG, "DAGDriverProxyActor", None)
+        if proxy is not None and not isinstance(proxy, _ThisActorProxy):
+            CompiledDAG.DAGDriverProxyActor = _ThisActorProxy(proxy)
+
+
+class _ThisActorProxy:
+    """In place of Ray's proxy actor class: ``.options(...).remote()`` gives the calling actor's
+    own handle, or a new proxy actor where the caller is a driver."""
+
+    def __init__(self, ray_proxy: Any) -> None:
+        self._ray_proxy = ray_proxy
+
+    def options(self, **options: Any) -> Any:
+        if not in_actor():
+            return self._ray_proxy.options(**options)
+        here = ray.get_runtime_context().current_actor
+        return SimpleNamespace(remote=lambda: here)

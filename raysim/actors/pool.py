@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import ray
 
-from raysim.actors.compiled import MAX_IN_FLIGHT, WorkerLink
+from raysim.actors.compiled import MAX_IN_FLIGHT, WorkerLink, in_actor
 from raysim.actors.jobs import ClientJob, ClientResult, EvalJob, job_groups
 from raysim.actors.worker_actor import Worker
 
@@ -28,9 +28,11 @@ if TYPE_CHECKING:
 #: small. A larger model's workers take plain calls.
 LINK_MAX_BYTES = 1 << 20
 
-#: links are built once a run has sent batches for this long: each compiled graph starts a
-#: process of its own (Ray's driver proxy actor, about 1 s of CPU on 2 vCPUs), which a short run
-#: would not win back at ~3 ms a round
+#: a coordinator outside an actor (a driver) builds its links once it has sent batches for this
+#: long: there each compiled graph starts a process of its own (Ray's driver proxy actor, about
+#: 1 s of CPU on 2 vCPUs), which a short run would not win back at ~3 ms a round. In an actor a
+#: graph starts none (``compiled._proxy_is_this_actor``), and the links are built at the first
+#: batch.
 LINK_AFTER_S = 2.0
 
 
@@ -114,6 +116,7 @@ class RayWorkerPool:
         self._node = ray.get_runtime_context().get_node_id() if self._use_links else ""
         self._linking = False  # links are built (``_start_links``)
         self._first_send: float | None = None
+        self._link_after = 0.0 if self._use_links and in_actor() else LINK_AFTER_S
         #: batches sent and not yet read, per worker: through its link, and as plain calls
         self._linked: dict[int, list[_Sent]] = {}
         self._called: dict[int, list[_Sent]] = {}
@@ -149,7 +152,7 @@ class RayWorkerPool:
             self._links[w] = WorkerLink(handle, self._node)
 
     def _start_links(self) -> None:
-        """Build a link to every worker (in the background; see ``LINK_AFTER_S``)."""
+        """Build a link to every worker (in the background; when: ``LINK_AFTER_S``)."""
         self._linking = True
         for w, handle in enumerate(self.workers):
             if w not in self._links:
@@ -231,7 +234,7 @@ class RayWorkerPool:
         if self._use_links and not self._linking:
             now = time.monotonic()
             self._first_send = self._first_send or now
-            if now - self._first_send >= LINK_AFTER_S:
+            if now - self._first_send >= self._link_after:
                 self._start_links()
         link = self._link(worker)
         if link is not None and len(self._linked[worker]) >= MAX_IN_FLIGHT:

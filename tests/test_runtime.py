@@ -284,7 +284,7 @@ def test_bbc_news_text_task(ray_cluster):
 
 
 AGENT_PORT_PROBE = """
-import socket, time
+import os, socket
 from raysim.api import ensure_ray
 held = socket.socket()
 held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -292,20 +292,26 @@ try:
     held.bind(("0.0.0.0", 52365)); held.listen()  # as another Ray on this machine would
 except OSError:
     pass  # another Ray holds it already
-t0 = time.perf_counter()
 ensure_ray(num_cpus=1)
 import ray
 node = ray._private.worker._global_node
 port = node._ray_params.dashboard_agent_listen_port
 monitor = "monitor" in node.all_processes
-print(f"port={port} monitor={monitor} init_s={time.perf_counter() - t0:.1f}")
+raylet = node.all_processes["raylet"][0].process.pid
+with open(f"/proc/{raylet}/environ", "rb") as f:
+    env = dict(e.split(b"=", 1) for e in f.read().split(b"\\0") if b"=" in e)
+retry = env.get(b"RAY_raylet_client_connect_timeout_milliseconds", b"-").decode()
+kept = "RAY_raylet_client_connect_timeout_milliseconds" in os.environ
+print(f"port={port} monitor={monitor} retry_ms={retry} kept={kept}")
 ray.shutdown()
 """
 
 
 def test_a_private_ray_starts_beside_another_without_waiting_for_its_agent_port(tmp_path):
     """With 52365 taken, Ray's agent would retry it for ~3.5 s and run without it (port -1);
-    and a private Ray starts no autoscaler monitor (1 s to stop)."""
+    a private Ray starts no autoscaler monitor (1 s to stop); its raylet retries its first
+    connection to its object store after 0.1 s, not 1 s (``PRIVATE_RAY_ENV``), and the
+    caller's environment is left as it was."""
     import subprocess
     import sys
 
@@ -317,3 +323,4 @@ def test_a_private_ray_starts_beside_another_without_waiting_for_its_agent_port(
     port = int(line.split()[0].removeprefix("port="))
     assert port > 0 and port != 52365, line
     assert "monitor=False" in line
+    assert "retry_ms=100 kept=False" in line, line

@@ -100,6 +100,30 @@ def test_a_coordinator_in_the_callers_process_gives_the_same_run(ray_cluster, ml
         assert not can_host_coordinator(load_config(tiny(**over))), over
 
 
+def test_a_setup_that_fails_after_its_mlflow_run_was_made_ends_it_failed(
+    ray_cluster, mlflow_uri, monkeypatch
+):
+    """A new run's MLflow run is made in a thread while the workers start; a setup that fails
+    after that (here, the server's core) ends it FAILED, with its params, instead of leaving it
+    RUNNING."""
+    from raysim.actors import coordinator_core
+    from raysim.config import load_config
+    from raysim.errors import RunSetupError
+
+    def broken(*args, **kwargs):
+        raise ValueError("the core broke")
+
+    monkeypatch.setattr(coordinator_core.CoordinatorCore, "__init__", broken)
+    cfg = load_config(tiny(rounds=2, workers={"count": 1}, tracking={"run_name": "setup-fails"}))
+    with pytest.raises(RunSetupError, match="the core broke"):
+        raysim.RunSession(cfg, coordinator_here=True)
+    client = MlflowClient(mlflow_uri)
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    runs = client.search_runs(experiments, "attributes.run_name = 'setup-fails'")
+    assert [r.info.status for r in runs] == ["FAILED"]
+    assert runs[0].data.params["algorithm.name"] == "fedavg"
+
+
 @pytest.mark.matrix  # slow (an actor per client); the 1-vs-3-workers test above runs by default
 def test_per_client_actors_equal_pooled_workers(ray_cluster):
     cfg = tiny(clients={"num": 4, "per_round": 3}, delays={"kind": "half_normal", "sigma": 2.0})

@@ -10,7 +10,9 @@ import contextlib
 import os
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import ray
 
@@ -21,6 +23,9 @@ from raysim.tracking import NODE_TAG, SESSION_TAG, Tracker, open_store
 
 if TYPE_CHECKING:
     from raysim.actors.coordinator_core import CoordinatorCore
+    from raysim.config import RunConfig
+
+T = TypeVar("T")
 
 __all__ = ["Coordinator", "RunSetupError"]
 
@@ -58,6 +63,7 @@ class Coordinator:
         self._setup_error: RunSetupError | None = None
         self.pool: RayWorkerPool | InProcessExecutor | None = None
         self.tracker: Tracker | None = None
+        self._tracking: Future[Tracker] | None = None  # the new run's, made in a thread
         self._started = started or ([launch.start() for _ in range(launch.count)] if launch else [])
         self._opening = None  # a fresh store's schema (~2 s) is made while the workers start
         if tracking_uri and config["tracking"]["enabled"]:
@@ -71,6 +77,7 @@ class Coordinator:
             )
         except Exception as e:  # noqa: BLE001 - reported by ready(), in one line
             self._setup_error = RunSetupError(f"the run could not start: {type(e).__name__}: {e}")
+            self._abandon_tracking()
 
     def _setup(
         self,
@@ -87,7 +94,7 @@ class Coordinator:
         from raysim.actors.coordinator_core import CoordinatorCore
         from raysim.actors.evaluation import evaluator_for
         from raysim.algorithms.registry import get_method
-        from raysim.config import config_from_wire, flatten
+        from raysim.config import config_from_wire
         from raysim.runtime import attacking_clients, run_dataset, server_context
 
         cfg = config_from_wire(config)
@@ -102,6 +109,10 @@ class Coordinator:
                 if not resume.get("or_from_start"):
                     raise
         dataset = run_dataset(cfg)
+        method = get_method(cfg.algorithm.name)
+        if resume is None and cfg.tracking.enabled and tracking_uri:
+            # a new run's MLflow run is made while the workers start (it waits on nothing else)
+            self._tracking = _in_thread(self._new_tracker, cfg, method, tracking_uri, session)
         if worker_here:
             from raysim.actors.worker import ClientRunner
 
@@ -120,7 +131,6 @@ class Coordinator:
                 cfg, self.dataset_ref, pool_size, dataset.client_sizes(), launch, self._started
             )
         self._started = []  # the pool's now
-        method = get_method(cfg.algorithm.name)
         # the model lives on the workers; the server builds its own only if a strategy asks
         initial, layout = self.pool.initial_global()
         evaluator = evaluator_for(cfg, dataset, self.pool)
@@ -135,28 +145,12 @@ class Coordinator:
         if saved is not None:
             self.core.load_state_dict({**saved["core"], "strategy_private": saved["private"]})
         node = _node()
-        if self._opening is not None:
-            self._opening.join()
-        if cfg.tracking.enabled and tracking_uri:
-            self.tracker = Tracker(
-                tracking_uri,
-                cfg.tracking.experiment,
-                cfg.run_name(),
-                flatten(cfg.to_dict()),
-                {
-                    "algorithm": method.name,
-                    "reference": method.reference,
-                    "seed": str(cfg.seed),
-                    **cfg.tracking.tags,
-                    **({SESSION_TAG: session} if session else {}),
-                    NODE_TAG: node,
-                },
-                parent_run_id=cfg.tracking.parent_run_id,
-                resume_run_id=resume.get("run_id") if resume else None,
-            )
-            if resume is None:
-                self.tracker.log_config(cfg.to_dict())
-            else:
+        if self._tracking is not None:
+            self.tracker, self._tracking = self._tracking.result(), None
+        elif cfg.tracking.enabled and tracking_uri:
+            self.tracker = self._new_tracker(cfg, method, tracking_uri, session, resume)
+        if self.tracker is not None:
+            if resume is not None:
                 if saved is not None:
                     self.tracker.warnings = list(saved.get("warnings", []))
                 self.tracker.client.set_tag(
@@ -178,6 +172,45 @@ class Coordinator:
         self.checkpointer = (
             checkpoint.Checkpointer(cfg, self.tracker) if cfg.checkpoint.every else None
         )
+
+    def _new_tracker(
+        self,
+        cfg: RunConfig,
+        method: Any,
+        tracking_uri: str,
+        session: str | None,
+        resume: dict[str, Any] | None = None,
+    ) -> Tracker:
+        """The run's MLflow run: a new one with its params, tags and config, or ``resume``'s."""
+        from raysim.config import flatten
+
+        if self._opening is not None:
+            self._opening.join()
+        tracker = Tracker(
+            tracking_uri,
+            cfg.tracking.experiment,
+            cfg.run_name(),
+            flatten(cfg.to_dict()),
+            {
+                "algorithm": method.name,
+                "reference": method.reference,
+                "seed": str(cfg.seed),
+                **cfg.tracking.tags,
+                **({SESSION_TAG: session} if session else {}),
+                NODE_TAG: _node(),
+            },
+            parent_run_id=cfg.tracking.parent_run_id,
+            resume_run_id=resume.get("run_id") if resume else None,
+        )
+        if resume is None:
+            tracker.log_config(cfg.to_dict())
+        return tracker
+
+    def _abandon_tracking(self) -> None:
+        """A setup that failed after its new MLflow run was made ends that run FAILED."""
+        tracking, self._tracking = self._tracking, None
+        if tracking is not None and tracking.exception() is None:
+            tracking.result().fail("FAILED")
 
     def ready(self) -> dict[str, Any]:
         if self._setup_error is not None:
@@ -311,6 +344,20 @@ class Coordinator:
                 self.pool.close()
             for worker in self._started:  # started before a setup that failed
                 ray.kill(worker)
+
+
+def _in_thread(fn: Callable[..., T], *args: Any) -> Future[T]:
+    """``fn(*args)`` in a thread of its own; its result (or error) comes with ``result()``."""
+    out: Future[T] = Future()
+
+    def work() -> None:
+        try:
+            out.set_result(fn(*args))
+        except BaseException as e:  # noqa: BLE001 - raised again by result()
+            out.set_exception(e)
+
+    threading.Thread(target=work, name="raysim-tracking", daemon=True).start()
+    return out
 
 
 def _node() -> str:

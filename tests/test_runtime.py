@@ -169,6 +169,28 @@ def test_killed_coordinator_is_replaced_and_result_unchanged(clean, mlflow_uri):
     _replaced_once(MlflowClient(mlflow_uri), faulty, resumed_at="2")
 
 
+def test_a_replaced_coordinators_workers_are_ended_with_it(clean):
+    """The driver starts the first coordinator's workers beside it and owns them, so they would
+    outlive it: when it dies the driver ends them, and only the replacement's workers run."""
+    import ray._private.state as state
+
+    from raysim.config import load_config
+
+    cfg = load_config(FAULTS, ["checkpoint.every=2", "faults.kill_coordinator.round=3"])
+    session = raysim.RunSession(cfg)
+    try:
+        assert len(session._own_workers) == 1
+        list(session.rounds())
+        alive = [
+            a
+            for a in state.actors().values()
+            if a["ActorClassName"] == "Worker" and a["State"] == "ALIVE"
+        ]
+        assert session.coordinator_restarts == 1 and len(alive) == 1, alive
+    finally:
+        session.close()
+
+
 @pytest.mark.matrix  # benchmarks/reliability.py also kills the coordinator while it starts
 def test_coordinator_dying_at_start_up_leaves_one_run(clean, mlflow_uri, monkeypatch):
     """A coordinator that dies after opening its MLflow run but before the driver heard of it:

@@ -123,8 +123,8 @@ class RayWorkerPool:
         #: batches sent through a link and by a plain call (a batch sent again counts again)
         self.sent = {"link": 0, "call": 0}
         self.workers: list[Any] = []
-        #: workers started before this pool, by its caller (a Tune trial's, as its process
-        #: loaded: ``raysim.sweeps.early``); the first ones
+        #: workers started before this pool, by its caller (the driver, beside the coordinator
+        #: actor; a Tune trial's, as its process loaded: ``raysim.sweeps.early``); the first ones
         self.early = len(started or [])
         for handle in started or []:
             self._add(handle)

@@ -98,7 +98,8 @@ PRIVATE_RAY_ENV = {
 @contextlib.contextmanager
 def private_ray_params(local: bool) -> Iterator[None]:
     """Start-up settings for a private Ray that ``ray.init`` does not expose: the environment
-    of ``PRIVATE_RAY_ENV``, and two of Ray's node parameters:
+    of ``PRIVATE_RAY_ENV``, two of Ray's node parameters, and its API server started beside the
+    rest (``_api_server_beside``):
 
     - the dashboard agent's HTTP server takes any free port. ``ray.init`` binds it to 52365
       (ray-project/ray#14763); while a second Ray runs on the machine (a sweep, a test session,
@@ -111,10 +112,11 @@ def private_ray_params(local: bool) -> Iterator[None]:
     from unittest import mock
 
     try:
-        from ray._private import parameter
+        from ray._private import node, parameter
     except ImportError:  # pragma: no cover - another Ray layout
-        parameter = None
+        node = parameter = None
     base = getattr(parameter, "RayParams", None)
+    start_api_server = getattr(getattr(node, "Node", None), "start_api_server", None)
 
     class PrivateRayParams(base or object):  # type: ignore[misc, valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -122,10 +124,43 @@ def private_ray_params(local: bool) -> Iterator[None]:
             kwargs.setdefault("no_monitor", True)
             super().__init__(*args, **kwargs)
 
+    starting: list[threading.Thread] = []
     with contextlib.ExitStack() as stack:
         if local:
             env = {k: v for k, v in PRIVATE_RAY_ENV.items() if k not in os.environ}
             stack.enter_context(mock.patch.dict(os.environ, env))
             if base is not None:
                 stack.enter_context(mock.patch.object(parameter, "RayParams", PrivateRayParams))
-        yield
+            if start_api_server is not None:
+                beside = _api_server_beside(start_api_server, starting)
+                stack.enter_context(mock.patch.object(node.Node, "start_api_server", beside))
+        try:
+            yield
+        finally:
+            for thread in starting:  # up by now: the raylet's start took longer
+                thread.join()
+
+
+def _api_server_beside(start: Any, starting: list[threading.Thread]) -> Any:
+    """``Node.start_api_server`` that, without the dashboard (``include_dashboard=False``), starts
+    Ray's API server in a thread instead of waiting for it before the raylet starts.
+
+    Ray 2.60 starts that server (the dashboard's head process, here with its usage-stats module
+    only) before the raylet and polls until it is up, about 0.6 s on 2 vCPUs, only to learn
+    that it did not fail: its URL is then set to "" whatever it says. Started in a thread, it
+    comes up while the raylet starts, and ``private_ray_params`` waits for the thread once
+    ``ray.init`` returns, so Ray is then as it would have been."""
+
+    def start_api_server(self: Any, *, include_dashboard: Any, raise_on_failure: bool) -> None:
+        if include_dashboard is not False:
+            start(self, include_dashboard=include_dashboard, raise_on_failure=raise_on_failure)
+            return
+        self._webui_url = ""  # what Ray sets without the dashboard
+        kwargs = {"include_dashboard": False, "raise_on_failure": raise_on_failure}
+        thread = threading.Thread(
+            target=start, args=(self,), kwargs=kwargs, name="raysim-ray-api-server", daemon=True
+        )
+        thread.start()
+        starting.append(thread)
+
+    return start_api_server

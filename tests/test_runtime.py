@@ -348,7 +348,8 @@ with open(f"/proc/{raylet}/environ", "rb") as f:
     env = dict(e.split(b"=", 1) for e in f.read().split(b"\\0") if b"=" in e)
 retry = env.get(b"RAY_raylet_client_connect_timeout_milliseconds", b"-").decode()
 kept = "RAY_raylet_client_connect_timeout_milliseconds" in os.environ
-print(f"port={port} monitor={monitor} retry_ms={retry} kept={kept}")
+api = "dashboard" in node.all_processes and node.webui_url == ""
+print(f"port={port} monitor={monitor} retry_ms={retry} kept={kept} api={api}")
 ray.shutdown()
 """
 
@@ -357,7 +358,8 @@ def test_a_private_ray_starts_beside_another_without_waiting_for_its_agent_port(
     """With 52365 taken, Ray's agent would retry it for ~3.5 s and run without it (port -1);
     a private Ray starts no autoscaler monitor (1 s to stop); its raylet retries its first
     connection to its object store after 0.1 s, not 1 s (``PRIVATE_RAY_ENV``), and the
-    caller's environment is left as it was."""
+    caller's environment is left as it was; Ray's API server, started beside the raylet, is up
+    and registered once ``ensure_ray`` returns."""
     import subprocess
     import sys
 
@@ -369,4 +371,4 @@ def test_a_private_ray_starts_beside_another_without_waiting_for_its_agent_port(
     port = int(line.split()[0].removeprefix("port="))
     assert port > 0 and port != 52365, line
     assert "monitor=False" in line
-    assert "retry_ms=100 kept=False" in line, line
+    assert "retry_ms=100 kept=False api=True" in line, line

@@ -134,11 +134,9 @@ def private_ray_params(local: bool) -> Iterator[None]:
             if start_api_server is not None:
                 beside = _api_server_beside(start_api_server, starting)
                 stack.enter_context(mock.patch.object(node.Node, "start_api_server", beside))
-        try:
-            yield
-        finally:
-            for thread in starting:  # up by now: the raylet's start took longer
-                thread.join()
+        yield
+        for thread in starting:  # up by now: the raylet's start took longer (none if it failed)
+            thread.join()
 
 
 def _api_server_beside(start: Any, starting: list[threading.Thread]) -> Any:

@@ -177,6 +177,10 @@ class RunSession:
         self.resumed_from: ResumeSource | None = resume
         self.actor = None
         self.here = None  # the coordinator itself, where it runs in this process
+        #: a coordinator actor's first workers, started here beside it rather than by it once
+        #: it runs (0.2-0.3 s sooner: a worker's imports are the start's critical path);
+        #: ended here if that coordinator dies, since this process owns them
+        self._own_workers: list[Any] = []
         self._in_process = coordinator_here and can_host_coordinator(cfg)
         self.tracking_uri = None
         if cfg.tracking.enabled:
@@ -218,10 +222,6 @@ class RunSession:
             )
             #: workers started from that launch already (a Tune trial's, ``started``)
             self._started = started(self._launch) if started else []
-            #: a coordinator actor's first workers, started here beside it rather than by it once
-            #: it runs (0.2-0.3 s sooner: a worker's imports are the start's critical path);
-            #: ended here if that coordinator dies, since this process owns them
-            self._own_workers: list[Any] = []
             if self._launch is not None and not (self._started or self._in_process):
                 self._own_workers = [self._launch.start() for _ in range(self._launch.count)]
                 self._started = list(self._own_workers)
@@ -425,7 +425,7 @@ class RunSession:
     def _end_own_workers(self) -> None:
         import ray
 
-        workers, self._own_workers = getattr(self, "_own_workers", []), []
+        workers, self._own_workers = self._own_workers, []
         for worker in workers:
             with contextlib.suppress(Exception):  # best effort: it may have ended already
                 ray.kill(worker)

@@ -226,8 +226,9 @@ class WorkersConfig(StrictModel):
         "auto",
         description="how the coordinator reaches its workers: auto: a Ray Compiled Graph to each "
         "pooled worker on the coordinator's node where the model's global vector is at most 1 "
-        "MiB (about 0.1 ms a batch instead of ~3 ms), from a run's third second on; plain actor "
-        "calls elsewhere and before; calls: plain actor calls only; in_process: the run's one "
+        "MiB (about 0.1 ms a batch instead of ~3 ms), from the first batch on (from a run's third "
+        "second on where the coordinator runs in a driver process); plain actor calls elsewhere "
+        "and before; calls: plain actor calls only; in_process: the run's one "
         "worker (workers.count=1, on CPUs) trains in the coordinator's own process, with no "
         "round trip at all, but its imports come after the coordinator's and a crash while "
         "training ends the coordinator (which a new one replaces from the last checkpoint)",

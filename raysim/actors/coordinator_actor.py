@@ -10,9 +10,8 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, TypeVar
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
 
 import ray
 
@@ -24,8 +23,6 @@ from raysim.tracking import NODE_TAG, SESSION_TAG, Tracker, open_store
 if TYPE_CHECKING:
     from raysim.actors.coordinator_core import CoordinatorCore
     from raysim.config import RunConfig
-
-T = TypeVar("T")
 
 __all__ = ["Coordinator", "RunSetupError"]
 
@@ -47,7 +44,8 @@ class Coordinator:
     ) -> None:
         """``launch``: the workers to start first, before this process imports torch and the
         methods (``WorkerLaunch``; None: started once the config is read); ``started``: workers
-        started from it already (a Tune trial's, ``raysim.sweeps.early``). ``worker_here``:
+        started from it already (by ``RunSession``'s driver, or a Tune trial's,
+        ``raysim.sweeps.early``). ``worker_here``:
         no worker actor; the clients train in this process (``InProcessExecutor``), one pooled
         worker's way (``RunSession``'s ``worker_here``).
         ``session`` tags the MLflow run (the driver's ``SESSION_TAG``); ``restarts``: how many
@@ -112,7 +110,9 @@ class Coordinator:
         method = get_method(cfg.algorithm.name)
         if resume is None and cfg.tracking.enabled and tracking_uri:
             # a new run's MLflow run is made while the workers start (it waits on nothing else)
-            self._tracking = _in_thread(self._new_tracker, cfg, method, tracking_uri, session)
+            making = ThreadPoolExecutor(1, thread_name_prefix="raysim-tracking")
+            self._tracking = making.submit(self._new_tracker, cfg, method, tracking_uri, session)
+            making.shutdown(wait=False)  # its thread ends with this one task
         if worker_here:
             from raysim.actors.worker import ClientRunner
 
@@ -344,20 +344,6 @@ class Coordinator:
                 self.pool.close()
             for worker in self._started:  # started before a setup that failed
                 ray.kill(worker)
-
-
-def _in_thread(fn: Callable[..., T], *args: Any) -> Future[T]:
-    """``fn(*args)`` in a thread of its own; its result (or error) comes with ``result()``."""
-    out: Future[T] = Future()
-
-    def work() -> None:
-        try:
-            out.set_result(fn(*args))
-        except BaseException as e:  # noqa: BLE001 - raised again by result()
-            out.set_exception(e)
-
-    threading.Thread(target=work, name="raysim-tracking", daemon=True).start()
-    return out
 
 
 def _node() -> str:

@@ -40,8 +40,9 @@ LINK_AFTER_S = 2.0
 class WorkerLaunch:
     """What starting a run's workers takes, as plain values: Ray's actor options, the torch
     threads each, and how many to start at once (``busy_workers``). Made by the driver
-    (``for_config``), so that the coordinator starts its workers before its own imports: their
-    start-up runs alongside the coordinator's and the dataset's build. The config reaches them
+    (``for_config``), which starts the first coordinator's workers beside it (``RunSession``); a
+    coordinator that replaces one starts its own before its imports. Either way their start-up
+    runs alongside the coordinator's and the dataset's build. The config reaches them
     with their first call (``Worker``)."""
 
     options: dict[str, Any]

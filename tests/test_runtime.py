@@ -122,6 +122,7 @@ def test_a_setup_that_fails_after_its_mlflow_run_was_made_ends_it_failed(
     runs = client.search_runs(experiments, "attributes.run_name = 'setup-fails'")
     assert [r.info.status for r in runs] == ["FAILED"]
     assert runs[0].data.params["algorithm.name"] == "fedavg"
+    assert "the core broke" in runs[0].data.tags["raysim.error"]
 
 
 @pytest.mark.matrix  # slow (an actor per client); the 1-vs-3-workers test above runs by default

@@ -75,7 +75,7 @@ class Coordinator:
             )
         except Exception as e:  # noqa: BLE001 - reported by ready(), in one line
             self._setup_error = RunSetupError(f"the run could not start: {type(e).__name__}: {e}")
-            self._abandon_tracking()
+            self._abandon_tracking(str(self._setup_error))
 
     def _setup(
         self,
@@ -206,11 +206,14 @@ class Coordinator:
             tracker.log_config(cfg.to_dict())
         return tracker
 
-    def _abandon_tracking(self) -> None:
-        """A setup that failed after its new MLflow run was made ends that run FAILED."""
+    def _abandon_tracking(self, error: str) -> None:
+        """A setup that failed after its new MLflow run was made ends that run FAILED, with
+        ``error`` as its ``raysim.error`` tag."""
         tracking, self._tracking = self._tracking, None
         if tracking is not None and tracking.exception() is None:
-            tracking.result().fail("FAILED")
+            tracker = tracking.result()
+            tracker.client.set_tag(tracker.run_id, "raysim.error", error)
+            tracker.fail("FAILED")
 
     def ready(self) -> dict[str, Any]:
         if self._setup_error is not None:

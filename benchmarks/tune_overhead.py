@@ -1,7 +1,10 @@
 """Per-trial overhead of a Tune sweep against a plain ``raysim run`` of the same config.
 
 Both sides run the same config (``examples/tune-async.yaml`` cut to a few rounds, one worker) on
-one private Ray that stays up throughout, interleaved, ``--repeats`` times:
+a private Ray of its own, started just before it as ``raysim run`` and ``raysim tune`` start
+theirs (not timed), interleaved, ``--repeats`` times. A Ray shared by both sides would hand each
+the idle worker processes the side before it left (a sweep leaves one, a plain run none), where
+a fresh Ray has one per CPU for both.
 
 - the plain run: ``raysim.RunSession`` stepped to the end, then ``close()``;
 - the sweep: ``raysim.tune`` with a one-point space (one trial, the same values), its one worker
@@ -16,7 +19,10 @@ Measured on each side:
 - ``release_s``: from the run's end (``finish()`` returned: its artifacts are written; the
   trial's last report says when) to the moment no Coordinator, Worker or trial actor is alive,
   seen by a thread polling Ray's actor table every 20 ms;
-- ``steady_s``: the median wall of rounds 2..N (the trial's from its reports' spacing);
+- ``steady_s``: the wall time of rounds 2..N over N - 1, from the ``wall_time`` each round
+  reports (the run's clock in the coordinator's process, which in a trial counts the waits for
+  Tune's controller too). A trial sends its reports several at a time, so their arrival in the
+  driver does not time its rounds;
 - ``next_start_s`` (``--trials`` > 1: one sweep of that many identical trials, one at a time):
   from a trial's last report to the next trial's first, the start a trial pays when Tune hands
   it the previous trial's process (``reuse_actors``).
@@ -33,11 +39,13 @@ more trials than run at once, so each trial trains in the process Tune hands on.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from common import ROOT, machine, report
@@ -67,6 +75,18 @@ class ActorWatch(threading.Thread):
             time.sleep(POLL_S)
 
 
+@contextlib.contextmanager
+def fresh_ray() -> Iterator[None]:
+    """A private Ray for one side, as ``raysim run`` or ``raysim tune`` would start it."""
+    import ray
+
+    ray.init(include_dashboard=False, logging_level="ERROR")
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
 def base_config(rounds: int, transport: str = "auto", worker: str = "auto") -> dict:
     import yaml
 
@@ -86,16 +106,16 @@ def plain(cfg: dict) -> dict[str, float]:
     watch.start()
     t0 = time.perf_counter()
     session = raysim.RunSession(raysim.load_config(cfg, ["algorithm.buffer_size=10"]))
-    marks = []
+    marks, walls = [], []
     try:
         while not session.done:
-            session.step()
+            walls.append(session.step()["wall_time"])
             marks.append(time.perf_counter())
         session.finish()
         finished_at = time.time()
     finally:
         session.close()
-    return _measures(t0, marks, finished_at, watch)
+    return _measures(t0, marks, walls, finished_at, watch)
 
 
 def sweep(cfg: dict, storage: Path) -> dict[str, float]:
@@ -105,15 +125,17 @@ def sweep(cfg: dict, storage: Path) -> dict[str, float]:
     watch = ActorWatch()
     watch.start()
     marks: list[float] = []
+    walls: list[float] = []
     last: dict = {}
 
     def on_result(trial: str, result: dict) -> None:
         marks.append(time.perf_counter())
+        walls.append(result["wall_time"])
         last.update(result)
 
     t0 = time.perf_counter()
     raysim.tune(cfg, storage=storage, on_result=on_result)
-    return _measures(t0, marks, last[FINISHED_AT], watch)
+    return _measures(t0, marks, walls, last[FINISHED_AT], watch)
 
 
 def series(cfg: dict, storage: Path, trials: int) -> float:
@@ -142,16 +164,15 @@ def sweep_wall(cfg: dict, storage: Path, trials: int) -> float:
 
 
 def _measures(
-    t0: float, marks: list[float], finished_at: float, watch: ActorWatch
+    t0: float, marks: list[float], walls: list[float], finished_at: float, watch: ActorWatch
 ) -> dict[str, float]:
     time.sleep(0.5)  # let the watcher see the end
     watch.stop.set()
     watch.join()
-    steps = [b - a for a, b in zip(marks, marks[1:], strict=False)]
     return {
         "start_s": marks[0] - t0,
         "release_s": max(0.0, watch.last_alive - finished_at),
-        "steady_s": statistics.median(steps) if steps else float("nan"),
+        "steady_s": (walls[-1] - walls[0]) / (len(walls) - 1) if len(walls) > 1 else float("nan"),
     }
 
 
@@ -169,18 +190,22 @@ def main() -> None:
     print(f"machine: {machine()}")
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp}/mlflow.db"
-        ray.init(include_dashboard=False, logging_level="ERROR")
         cfg = base_config(args.rounds, args.transport)
-        sweep(cfg, Path(tmp) / "warm")  # first-use costs (imports, store schema) out of the way
+        with fresh_ray():  # first-use costs (imports, store schema) out of the way
+            sweep(cfg, Path(tmp) / "warm")
         here = base_config(args.rounds, args.transport, worker="here")
         sides: dict[str, list[dict[str, float]]] = {"plain": [], "sweep": []}
         if args.here:
             sides["sweep_here"] = []
         for i in range(args.repeats):
-            sides["plain"].append(plain(cfg))
-            sides["sweep"].append(sweep(cfg, Path(tmp) / f"tune{i}"))
+            with fresh_ray():
+                sides["plain"].append(plain(cfg))
+            with fresh_ray():
+                sides["sweep"].append(sweep(cfg, Path(tmp) / f"tune{i}"))
             if args.here:
-                sides["sweep_here"].append(sweep(here, Path(tmp) / f"here{i}"))
+                with fresh_ray():
+                    sides["sweep_here"].append(sweep(here, Path(tmp) / f"here{i}"))
+        ray.init(include_dashboard=False, logging_level="ERROR")  # the rest shares one Ray
         if args.trials > 1:
             next_start = series(cfg, Path(tmp) / "series", args.trials)
         walls: dict[str, list[float]] = {"auto": [], "actor": []}

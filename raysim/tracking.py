@@ -372,11 +372,12 @@ class Tracker:
 
     def log_placement(self, coordinator_node: str, workers: Sequence[Mapping[str, Any]]) -> None:
         """Where the run's actors are: ``placement.json`` (the coordinator's node; each worker's
-        node and GPU ids, and its mode: ``actor``, or ``in_process`` for a worker that trains in
-        the coordinator's process; ``early``: an actor started before the coordinator, by
-        ``raysim run``'s driver or as a Tune trial's process loaded, ``raysim.sweeps.early``) and
-        a ``raysim.nodes`` tag, the number of nodes its workers use."""
-        keys = ("worker", "node_id", "gpu_ids", "cuda_visible_devices")
+        node, process id and GPU ids, and its mode: ``actor``, or ``in_process`` for a worker
+        that trains in the coordinator's process; ``early``: an actor started before the
+        coordinator, by ``raysim run``'s driver or as a Tune trial's process loaded,
+        ``raysim.sweeps.early``) and a ``raysim.nodes`` tag, the number of nodes its workers
+        use."""
+        keys = ("worker", "node_id", "pid", "gpu_ids", "cuda_visible_devices")
         rows = [
             {**{k: w.get(k) for k in keys}, "mode": w.get("mode", "actor"), "early": w.get("early")}
             for w in workers

@@ -138,6 +138,20 @@ def test_a_coordinator_actor_links_at_its_first_batch_and_starts_no_proxy(ray_cl
     assert linked[0].weights_digest == called[0].weights_digest
 
 
+def test_only_the_coordinator_actor_builds_its_links_at_the_first_batch(ray_cluster):
+    """A link has its worker load the class of the actor that builds it; another actor (a Tune
+    trial's process, whose class loads Tune) or a driver waits ``LINK_AFTER_S`` instead."""
+    from raysim.actors.compiled import in_coordinator_actor
+
+    @ray.remote(num_cpus=0)
+    class Host:
+        def where(self) -> bool:
+            return in_coordinator_actor()
+
+    assert ray.get(Host.remote().where.remote()) is False
+    assert in_coordinator_actor() is False  # a driver
+
+
 def test_in_process_trains_in_the_coordinator_actor_and_gives_the_same_run(ray_cluster):
     """``workers.transport: in_process``: the coordinator's actor trains the one worker's
     clients itself, with the weights and metrics a worker actor gives (Ditto's personal state

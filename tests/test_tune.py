@@ -3,6 +3,8 @@ real sweep on Ray with ASHA, MLflow parent and child runs, and no actor left beh
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -212,6 +214,136 @@ def test_a_trial_that_trains_its_worker_holds_the_worker_share_in_its_own_bundle
 
 
 @pytest.mark.slow
+def test_asha_stops_a_trial_at_its_rung_and_the_trial_runs_no_round_past_it(
+    ray_cluster, mlflow_uri, tmp_path
+):
+    """A trial's rounds run ahead of Tune's controller (``raysim.sweeps.ahead``) but wait at
+    each ASHA rung for the controller's answer: the trial that ASHA stops at its rung (round 2
+    of 4) has logged exactly the rounds it reported, and its run is KILLED there."""
+    cfg = tiny(
+        rounds=4,
+        clients={"num": 10, "per_round": 4},
+        workers={"count": 1, "num_cpus": 0.5},
+        tracking={"experiment": "tune-rung"},
+        tune={
+            "space": {"local.lr": {"grid": [0.3, 0.0001]}},
+            "scheduler": "asha",
+            "asha": {"grace_period": 2, "reduction_factor": 2},
+            "max_concurrent_trials": 1,
+        },
+    )
+    shown: dict[str, list[int]] = {}
+    out = raysim.tune(
+        cfg,
+        storage=tmp_path / "tune",
+        on_result=lambda t, r: shown.setdefault(t, []).append(int(r["round"])),
+    )
+    rows = {row["local.lr"]: row for row in out.table}
+    assert (rows[0.3]["status"], rows[0.3]["rounds"]) == ("finished", 4)
+    assert (rows[0.0001]["status"], rows[0.0001]["rounds"]) == ("stopped early", 2)
+    assert sorted(len(r) for r in shown.values()) == [2, 4]  # every round reported, in order
+    assert all(r == sorted(r) for r in shown.values())
+    client = MlflowClient(mlflow_uri)
+    for row in rows.values():
+        logged = client.get_metric_history(row["run_id"], "round_wall_s")
+        assert len(logged) == row["rounds"], (row, [m.step for m in logged])
+    assert client.get_run(rows[0.0001]["run_id"]).info.status == "KILLED"
+
+
+IDLE_PROBE = """
+import json, subprocess, sys, time
+import raysim
+from mlflow.tracking import MlflowClient
+from raysim.ray_start import ensure_ray
+
+cfg, store = json.loads(sys.argv[1]), sys.argv[2]
+ensure_ray()  # a private Ray, as `raysim tune` starts one
+time.sleep(2.0)  # the worker processes Ray starts with the node, one per CPU, are up
+ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+rows = [line.split(None, 1) for line in ps.splitlines()[1:]]
+idle = [int(row[0]) for row in rows if len(row) == 2 and row[1].startswith("ray::IDLE")]
+pids = []
+out = raysim.tune(cfg, storage=store, on_result=lambda t, r: pids.append(r["pid"]))
+client = MlflowClient(cfg["tracking"]["uri"])
+path = client.download_artifacts(out.table[0]["run_id"], "placement.json", store)
+worker = json.loads(open(path).read())["workers"][0]["pid"]
+print(json.dumps({"idle": idle, "trial": pids[0], "worker": worker}))
+"""
+
+
+@pytest.mark.slow
+def test_a_trial_and_its_worker_start_in_processes_ray_kept_idle(tmp_path):
+    """In a fresh private Ray, a trial's process takes a worker process that Ray started with
+    the node, as a plain run's actors do, instead of waiting for a new one: Tune's own runtime
+    environment for its trainables (``PL_DISABLE_FORK``), which no such process has, is not
+    given to raysim's (``tuner._plain_trainable``)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    cfg = tiny(
+        rounds=1,
+        clients={"num": 10, "per_round": 4},
+        workers={"count": 1, "num_cpus": 0.5},
+        tracking={"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": "tune-idle"},
+        tune={"space": {"local.lr": {"grid": [0.1]}}, "worker": "actor"},
+    )
+    env = {**os.environ, "RAY_ADDRESS": "local"}
+    proc = subprocess.run(
+        [sys.executable, "-c", IDLE_PROBE, json.dumps(cfg), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(seen["idle"]) >= 2, seen
+    # the worker too, mostly; Ray now and then gives it a new process even so
+    assert seen["trial"] in seen["idle"], seen
+
+
+def test_a_worker_that_loads_the_trial_module_starts_no_worker(ray_cluster):
+    """A worker runs in its trial's placement group, and loads ``raysim.sweeps.trial`` where it
+    reads the trial's actor handle (a link to the trial's coordinator). That module starts a
+    trial's published workers as it loads (``raysim.sweeps.early``); in a worker it starts none
+    (before, each linked trial had a second worker, which no run used)."""
+    import ray
+    import ray._private.state as ray_state
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from raysim.actors.pool import WorkerLaunch, _worker_class
+    from raysim.sweeps import early
+
+    def workers() -> int:
+        return sum(
+            a["ActorClassName"] == "Worker" and a["State"] != "DEAD"
+            for a in ray_state.actors().values()
+        )
+
+    launch = WorkerLaunch.for_config(load_config(tiny(workers={"count": 1, "num_cpus": 0.5})), 1)
+    pg = placement_group([{"CPU": 0.5}, {"CPU": 0.5}])
+    ray.get(pg.ready())
+    before = workers()
+    early.publish(launch)
+    try:
+        strategy = PlacementGroupSchedulingStrategy(pg, placement_group_capture_child_tasks=True)
+        worker = _worker_class().options(**launch.options, scheduling_strategy=strategy).remote()
+        loaded = worker.__ray_call__.remote(
+            lambda self: __import__("raysim.sweeps.trial").__name__ and early._started
+        )
+        assert ray.get(loaded) == (None, [])
+        time.sleep(0.5)  # the actor table sees a new actor within this
+        assert workers() == before + 1
+        ray.kill(worker)
+    finally:
+        early.publish(None)
+        remove_placement_group(pg)
+
+
 def test_a_trials_workers_start_as_its_process_loads_and_train_what_raysim_run_does(
     ray_cluster, tmp_path
 ):

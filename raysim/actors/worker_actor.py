@@ -31,7 +31,9 @@ class Worker:
 
     def __init__(self, threads: int = 1) -> None:
         from raysim.quiet import quiet_libraries
+        from raysim.sweeps import early
 
+        early.stand_down()
         quiet_libraries()
         import torch._dynamo  # noqa: F401 - torch.optim imports it on first use (~1.5 s)
 

@@ -61,6 +61,15 @@ def start() -> None:
     _started = (launch, [launch.start() for _ in range(launch.count)])
 
 
+def stand_down() -> None:
+    """This process starts no workers (``start``): it is a worker itself, which runs in its
+    trial's placement group too, and loads this module where it reads the trial's actor handle
+    (a link to the trial's coordinator, ``raysim.actors.compiled``)."""
+    global _started
+    if _started is None:
+        _started = (None, [])
+
+
 def take(launch: Any | None) -> list[Any]:
     """The workers ``start`` started, where they came from ``launch`` (each is taken once);
     others are ended (all of them for None: the run starts no worker actor), and the caller

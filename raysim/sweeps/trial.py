@@ -75,7 +75,10 @@ class RunTrial(tune.Trainable):
     ``reuse_actors`` the process goes on to the next trial (``reset_config``): the old run is
     closed, and the new one starts in the same placement group without a new process. With
     ``worker_here`` (``tune.worker=here``, where the sweep found it possible) the run's one
-    worker trains in this process too."""
+    worker trains in this process too.
+
+    Rounds run ahead while Tune's controller takes in the last reports (``train_buffered``),
+    except past a round on which the scheduler may stop the trial (``decisions``)."""
 
     def setup(
         self,
@@ -86,6 +89,7 @@ class RunTrial(tune.Trainable):
         metric: str,
         cwd: str | None = None,
         worker_here: bool = False,
+        decisions: tuple[int, ...] = (),
     ) -> None:
         import logging
         import os
@@ -96,7 +100,7 @@ class RunTrial(tune.Trainable):
         if cwd and os.path.isdir(cwd):
             os.chdir(cwd)
         self.metric, self.base, self.parent_run_id = metric, base, parent_run_id
-        self.worker_here = worker_here
+        self.worker_here, self.decisions = worker_here, decisions
         self._start(config)
 
     def _start(self, config: dict[str, Any]) -> None:
@@ -105,6 +109,7 @@ class RunTrial(tune.Trainable):
         the trial to a process it had kept. Started here, that run would stay in MLflow as a
         second child run of the trial, KILLED with no round (seen in 1 of 4 two-node sweeps)."""
         self._config, self.session = config, None
+        self._last_round, self._ahead = 0, None
 
     def _session(self) -> Any:
         if self.session is None:
@@ -143,8 +148,29 @@ class RunTrial(tune.Trainable):
                 continue
             out = {**metrics, ROUND: session.round, RUN_ID: session.run_id or ""}
             if session.done:  # its actors go now, not when Tune reuses or stops this process
-                self.cleanup()
+                self._end_run()
             return out
+
+    def train_buffered(self, *_: Any, **__: Any) -> list[dict[str, Any]]:
+        """This trial's next reports, for Tune's controller to take in one call: the first
+        alone, so that a sweep shows each trial's start at once; then, while the controller
+        takes them in, the next rounds run ahead in a thread (``ReportsAhead``), up to each round
+        on which the scheduler may stop the trial (``decisions``). The controller's own limits
+        (its arguments) are not used: none of them knows the scheduler's rounds."""
+        from raysim.sweeps.ahead import ReportsAhead
+
+        if self._ahead is None:
+            report = self.train()  # the run starts here, in the actor's own thread
+            if not report.get("done"):
+                self._ahead = ReportsAhead(self.train, self._decides, self._decides(report))
+            return [report]
+        return self._ahead.take()
+
+    def _decides(self, report: dict[str, Any]) -> bool:
+        """Whether the scheduler may act on ``report``: its round reaches one of ``decisions``
+        that the last report had not (called once per report, in order)."""
+        before, self._last_round = self._last_round, report.get(ROUND, 0)
+        return any(before < d <= self._last_round for d in self.decisions)
 
     def save_checkpoint(self, checkpoint_dir: str) -> dict[str, Any]:
         """Nothing to save: a trial that Tune restores (``raysim tune --resume``) starts its run
@@ -155,6 +181,13 @@ class RunTrial(tune.Trainable):
         """See ``save_checkpoint``."""
 
     def cleanup(self) -> None:
+        ahead = getattr(self, "_ahead", None)
+        if ahead is not None:
+            self._ahead = None
+            ahead.stop()
+        self._end_run()
+
+    def _end_run(self) -> None:
         session = getattr(self, "session", None)
         if session is not None:
             self.session = None

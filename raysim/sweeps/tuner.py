@@ -168,6 +168,7 @@ def tune(
         "metric": section.metric,
         "cwd": os.getcwd(),
         "worker_here": here,
+        "decisions": decision_rounds(section, cfg.rounds),
     }
     name = f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     tracker = _SweepRun(cfg, section) if cfg.tracking.enabled else None
@@ -216,6 +217,9 @@ def tune(
                     storage_path=str(storage_path),
                     callbacks=callbacks,
                     verbose=0,
+                    # nothing to keep (RunTrial.save_checkpoint); Tune takes a trial's reports
+                    # one at a time where it would save a checkpoint at the trial's end
+                    checkpoint_config=rtune.CheckpointConfig(checkpoint_at_end=False),
                 ),
             )
             path = str(storage_path / name)
@@ -226,7 +230,16 @@ def tune(
         # Tune adds its default result loggers unless the first is set when fit starts; its
         # newer console output prints the experiment's table and path even at verbose=0
         quiet = {"TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1", "RAY_AIR_NEW_OUTPUT": "0"}
-        with mock.patch.dict(os.environ, quiet), warnings.catch_warnings():
+        # any length above 1 has the controller take a trial's reports several at a time
+        # (RunTrial.train_buffered, which sets its own limits)
+        quiet["TUNE_RESULT_BUFFER_LENGTH"] = "2"
+        from ray.tune.execution.class_cache import _ActorClassCache
+
+        with (  # trials in the worker processes Ray keeps idle (_plain_trainable)
+            mock.patch.dict(os.environ, quiet),
+            mock.patch.object(_ActorClassCache, "get", _plain_trainable(_ActorClassCache.get)),
+            warnings.catch_warnings(),
+        ):
             # ASHA's cut over a rung where no trial has the metric (a misspelt tune.metric,
             # named by _check_metric_reported at the end)
             warnings.filterwarnings("ignore", "All-NaN slice", RuntimeWarning)
@@ -248,6 +261,28 @@ def tune(
     if tracker is not None:
         tracker.finish(summary, grid)
     return summary
+
+
+def _plain_trainable(tune_get: Callable[[Any, type], Any]) -> Callable[[Any, type], Any]:
+    """In place of ``tune_get`` (``_ActorClassCache.get``, how Tune's controller makes a
+    trainable an actor class): the class without the runtime environment Tune gives every
+    trainable only to set ``PL_DISABLE_FORK`` (for PyTorch Lightning, which raysim does not
+    use). A process with a runtime environment of its own, and the workers it starts (they
+    inherit it), can use none of the worker processes Ray keeps idle, and each waited for a new
+    one (about 0.8 s on 2 vCPUs, ``benchmarks/RESULTS.md``). Where the driver has a variable
+    that Tune passes on to trainables (cloud credentials, Ray Train's settings), Tune's own way
+    is kept."""
+    import ray
+    from ray.tune.execution.class_cache import ENV_VARS_TO_PROPAGATE
+
+    def get(cache: Any, trainable: type) -> Any:
+        if any(name in os.environ for name in ENV_VARS_TO_PROPAGATE):
+            return tune_get(cache, trainable)
+        if trainable not in cache._cache:
+            cache._cache[trainable] = ray.remote(trainable)
+        return cache._cache[trainable]
+
+    return get
 
 
 def early_launch(cfg: RunConfig, bundles: list[dict[str, float]], here: bool) -> Any:
@@ -384,6 +419,21 @@ def _scheduler(section: TuneSection, rounds: int) -> Any:
         grace_period=a.grace_period,
         reduction_factor=a.reduction_factor,
     )
+
+
+def decision_rounds(section: TuneSection, rounds: int) -> tuple[int, ...]:
+    """The rounds at which the sweep's scheduler may stop a trial (``_scheduler``): ASHA's rungs
+    (``grace_period`` times powers of ``reduction_factor``, below ``max_t``) and ``max_t``; none
+    for FIFO. A trial sends a report that reaches one of them at once (``RunTrial``)."""
+    if section.scheduler == "fifo":
+        return ()
+    a = section.asha
+    max_t = a.max_t or rounds
+    rungs, milestone = [], a.grace_period
+    while milestone < max_t:
+        rungs.append(milestone)
+        milestone *= a.reduction_factor
+    return (*rungs, max_t)
 
 
 #: what Tune adds to every result, besides the run's metrics

@@ -5,6 +5,8 @@ personal client state, and a worker killed while its link is up."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import ray
 
@@ -138,18 +140,39 @@ def test_a_coordinator_actor_links_at_its_first_batch_and_starts_no_proxy(ray_cl
     assert linked[0].weights_digest == called[0].weights_digest
 
 
-def test_only_the_coordinator_actor_builds_its_links_at_the_first_batch(ray_cluster):
-    """A link has its worker load the class of the actor that builds it; another actor (a Tune
-    trial's process, whose class loads Tune) or a driver waits ``LINK_AFTER_S`` instead."""
-    from raysim.actors.compiled import in_coordinator_actor
+def test_a_link_from_another_actor_gives_the_worker_a_stand_in_for_its_class(ray_cluster):
+    """A worker reads the handle of the actor that builds its link (the graph's driver proxy).
+    From an actor other than the coordinator (a Tune trial's process, whose class loads Tune),
+    the worker takes a stand-in class for it instead of loading it; the link works."""
+    from raysim.actors.compiled import WorkerLink, _StandIn
+    from raysim.actors.pool import WorkerLaunch
+
+    launch = WorkerLaunch.for_config(load_config(CASES["sync, 2 workers"]), 1)
 
     @ray.remote(num_cpus=0)
     class Host:
-        def where(self) -> bool:
-            return in_coordinator_actor()
+        def link(self, node: str) -> tuple[bool, str]:
+            worker = launch.start()
+            link = WorkerLink(worker, node)
+            deadline = time.monotonic() + 60
+            while not (link.ready or link.failed) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            mine = ray.get_runtime_context().current_actor._ray_actor_creation_function_descriptor
 
-    assert ray.get(Host.remote().where.remote()) is False
-    assert in_coordinator_actor() is False  # a driver
+            def loaded(w: object) -> str:
+                from ray._private.worker import global_worker
+
+                classes = global_worker.function_actor_manager._loaded_actor_classes
+                return classes[mine.function_id].__name__
+
+            taken = ray.get(worker.__ray_call__.remote(loaded))
+            link.close()
+            ray.kill(worker)
+            return link.failed is None, taken
+
+    linked, taken = ray.get(Host.remote().link.remote(ray.get_runtime_context().get_node_id()))
+    assert linked
+    assert taken == _StandIn.__name__
 
 
 def test_in_process_trains_in_the_coordinator_actor_and_gives_the_same_run(ray_cluster):

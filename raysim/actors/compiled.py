@@ -62,6 +62,9 @@ class WorkerLink:
             with InputNode() as request:
                 graph = self._handle.serve.bind(request)
             _proxy_is_this_actor()
+            caller = _this_actor_class()
+            if caller is not None:  # before the worker reads this actor's handle
+                ray.get(self._handle.__ray_call__.remote(_stand_in_for, caller))
             with self._lock:
                 if self._closed:
                     return
@@ -140,7 +143,7 @@ class WorkerLink:
 _PROXY_LOCK = threading.Lock()
 
 
-#: raysim's coordinator actor, whose class a worker loads at once (``in_coordinator_actor``)
+#: raysim's coordinator actor (``in_coordinator_actor``)
 COORDINATOR_CLASS = ("raysim.actors.coordinator_actor", "Coordinator")
 
 
@@ -150,12 +153,45 @@ def in_actor() -> bool:
     return ray.get_runtime_context().get_actor_id() is not None
 
 
+def _this_actor_class() -> tuple[str, str, str, str] | None:
+    """This actor's class, as Ray names it (module, function, class, source hash), where a
+    worker should not load it (``_stand_in_for``): an actor other than raysim's coordinator,
+    whose class a worker loads at once. None in a driver, in the coordinator actor, or where
+    Ray's internals differ from the pinned version's."""
+    if not in_actor() or in_coordinator_actor():
+        return None
+    what = getattr(
+        ray.get_runtime_context().current_actor, "_ray_actor_creation_function_descriptor", None
+    )
+    names = ("module_name", "function_name", "class_name", "function_hash")
+    if what is None or not all(hasattr(what, n) for n in names):
+        return None
+    return tuple(getattr(what, n) for n in names)  # type: ignore[return-value]
+
+
+class _StandIn:
+    """What a worker takes for the class of the actor that links to it (``_stand_in_for``)."""
+
+
+def _stand_in_for(worker: Any, actor_class: tuple[str, str, str, str]) -> None:
+    """Run on a worker (``__ray_call__``) before the link's graph is compiled: the calling
+    actor's class is taken as ``_StandIn`` when the worker reads that actor's handle (the graph
+    hands it over as the driver's proxy, ``_proxy_is_this_actor``), instead of being loaded.
+    A Tune trial's class loads Tune's modules, about 0.4 s in which the worker trains nothing
+    on 2 vCPUs. The worker never calls that actor: Ray calls the proxy only from another node,
+    and links reach only this node's workers."""
+    from ray._private.worker import global_worker
+    from ray._raylet import PythonFunctionDescriptor
+
+    manager = getattr(global_worker, "function_actor_manager", None)
+    loaded = getattr(manager, "_loaded_actor_classes", None)
+    if isinstance(loaded, dict):
+        loaded.setdefault(PythonFunctionDescriptor(*actor_class).function_id, _StandIn)
+
+
 def in_coordinator_actor() -> bool:
-    """Whether this process is raysim's coordinator actor, where links can be built at a run's
-    first batch. Building a link has the worker read this actor's handle (it stands in for
-    Ray's proxy, ``_proxy_is_this_actor``), and so load its class: the coordinator's at once,
-    a Tune trial's with Tune's modules, about 0.4 s in which the worker trains nothing on
-    2 vCPUs (``benchmarks/RESULTS.md``)."""
+    """Whether this process is raysim's coordinator actor, whose class a worker loads at once
+    when it reads the actor's handle (``_this_actor_class``)."""
     if not in_actor():
         return False
     what = getattr(

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import ray
 
-from raysim.actors.compiled import MAX_IN_FLIGHT, WorkerLink, in_coordinator_actor
+from raysim.actors.compiled import MAX_IN_FLIGHT, WorkerLink, in_actor
 from raysim.actors.jobs import ClientJob, ClientResult, EvalJob, job_groups
 from raysim.actors.worker_actor import Worker
 
@@ -28,12 +28,11 @@ if TYPE_CHECKING:
 #: small. A larger model's workers take plain calls.
 LINK_MAX_BYTES = 1 << 20
 
-#: a coordinator outside raysim's coordinator actor builds its links once it has sent batches
-#: for this long, so that a short run, which would not win it back at ~3 ms a round, never pays
-#: a link's first cost: in a driver, a process of its own for each compiled graph (Ray's driver
-#: proxy actor, about 1 s of CPU on 2 vCPUs); in a Tune trial's process, the worker's load of
-#: Tune's modules (``compiled.in_coordinator_actor``). In the coordinator actor a link costs
-#: neither, and links are built at the first batch.
+#: a coordinator outside an actor (a driver) builds its links once it has sent batches for this
+#: long: there each compiled graph starts a process of its own (Ray's driver proxy actor, about
+#: 1 s of CPU on 2 vCPUs), which a short run would not win back at ~3 ms a round. In an actor
+#: (the coordinator's, a Tune trial's) a graph starts none (``compiled._proxy_is_this_actor``),
+#: and the links are built at the first batch.
 LINK_AFTER_S = 2.0
 
 
@@ -118,7 +117,7 @@ class RayWorkerPool:
         self._node = ray.get_runtime_context().get_node_id() if self._use_links else ""
         self._linking = False  # links are built (``_start_links``)
         self._first_send: float | None = None
-        self._link_after = 0.0 if self._use_links and in_coordinator_actor() else LINK_AFTER_S
+        self._link_after = 0.0 if self._use_links and in_actor() else LINK_AFTER_S
         #: batches sent and not yet read, per worker: through its link, and as plain calls
         self._linked: dict[int, list[_Sent]] = {}
         self._called: dict[int, list[_Sent]] = {}

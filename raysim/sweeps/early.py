@@ -63,8 +63,8 @@ def start() -> None:
 
 def stand_down() -> None:
     """This process starts no workers (``start``): it is a worker itself, which runs in its
-    trial's placement group too, and loads this module where it reads the trial's actor handle
-    (a link to the trial's coordinator, ``raysim.actors.compiled``)."""
+    trial's placement group too, and would load this module wherever it read the trial's actor
+    handle without the stand-in class a link gives it (``raysim.actors.compiled``)."""
     global _started
     if _started is None:
         _started = (None, [])

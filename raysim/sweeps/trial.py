@@ -164,7 +164,11 @@ class RunTrial(tune.Trainable):
             if not report.get("done"):
                 self._ahead = ReportsAhead(self.train, self._decides, self._decides(report))
             return [report]
-        return self._ahead.take()
+        reports = self._ahead.take()
+        if reports[-1].get("done"):  # its thread has ended: free it now, not as the process ends
+            ahead, self._ahead = self._ahead, None
+            ahead.stop()
+        return reports
 
     def _decides(self, report: dict[str, Any]) -> bool:
         """Whether the scheduler may act on ``report``: its round reaches one of ``decisions``

@@ -143,7 +143,7 @@ class WorkerLink:
 _PROXY_LOCK = threading.Lock()
 
 
-#: raysim's coordinator actor (``in_coordinator_actor``)
+#: raysim's coordinator actor (module, class), whose class a worker loads at once
 COORDINATOR_CLASS = ("raysim.actors.coordinator_actor", "Coordinator")
 
 
@@ -155,10 +155,10 @@ def in_actor() -> bool:
 
 def _this_actor_class() -> tuple[str, str, str, str] | None:
     """This actor's class, as Ray names it (module, function, class, source hash), where a
-    worker should not load it (``_stand_in_for``): an actor other than raysim's coordinator,
-    whose class a worker loads at once. None in a driver, in the coordinator actor, or where
-    Ray's internals differ from the pinned version's."""
-    if not in_actor() or in_coordinator_actor():
+    worker should not load it (``_stand_in_for``): an actor other than raysim's coordinator.
+    None in a driver, in the coordinator actor, or where Ray's internals differ from the
+    pinned version's."""
+    if not in_actor():
         return None
     what = getattr(
         ray.get_runtime_context().current_actor, "_ray_actor_creation_function_descriptor", None
@@ -166,7 +166,8 @@ def _this_actor_class() -> tuple[str, str, str, str] | None:
     names = ("module_name", "function_name", "class_name", "function_hash")
     if what is None or not all(hasattr(what, n) for n in names):
         return None
-    return tuple(getattr(what, n) for n in names)  # type: ignore[return-value]
+    parts = tuple(getattr(what, n) for n in names)
+    return None if (parts[0], parts[2]) == COORDINATOR_CLASS else parts  # type: ignore[return-value]
 
 
 class _StandIn:
@@ -187,19 +188,6 @@ def _stand_in_for(worker: Any, actor_class: tuple[str, str, str, str]) -> None:
     loaded = getattr(manager, "_loaded_actor_classes", None)
     if isinstance(loaded, dict):
         loaded.setdefault(PythonFunctionDescriptor(*actor_class).function_id, _StandIn)
-
-
-def in_coordinator_actor() -> bool:
-    """Whether this process is raysim's coordinator actor, whose class a worker loads at once
-    when it reads the actor's handle (``_this_actor_class``)."""
-    if not in_actor():
-        return False
-    what = getattr(
-        ray.get_runtime_context().current_actor, "_ray_actor_creation_function_descriptor", None
-    )
-    return (getattr(what, "module_name", None), getattr(what, "class_name", None)) == (
-        COORDINATOR_CLASS
-    )
 
 
 def _proxy_is_this_actor() -> None:

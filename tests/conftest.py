@@ -54,6 +54,18 @@ def tiny(**overrides) -> dict:
     return cfg
 
 
+def sweep_cfg(experiment: str, tune: dict, rounds: int = 2, **tracking) -> dict:
+    """A sweep of ``tiny`` runs with one worker each (10 clients, 4 a round), logged to MLflow
+    experiment ``experiment`` (``tracking``: more of the tracking section)."""
+    return tiny(
+        rounds=rounds,
+        clients={"num": 10, "per_round": 4},
+        workers={"count": 1, "num_cpus": 0.5},
+        tracking={**tracking, "experiment": experiment},
+        tune=tune,
+    )
+
+
 def fresh_cli(args: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
     """``raysim ARGS`` in a fresh process started in ``cwd`` (its own private Ray)."""
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import yaml
 
-from tests.conftest import EXAMPLES, fresh_cli, tiny
+from tests.conftest import EXAMPLES, fresh_cli, sweep_cfg
 
 #: what the libraries raysim drives print when they are not kept quiet
 LIBRARY_CHATTER = (
@@ -37,17 +37,15 @@ def test_a_first_run_in_a_fresh_folder_prints_no_library_chatter(tmp_path):
 def test_a_sweep_whose_trials_asha_stops_prints_no_crash_dump(tmp_path):
     """Four trials, two at a time, ASHA from round 1: the sweep must stop some early (else
     the test proves nothing), and no stopped trial's actors may leave a crash dump."""
-    cfg = tiny(
-        rounds=4,
-        clients={"num": 10, "per_round": 4},
-        workers={"count": 1, "num_cpus": 0.5},
-        tracking={"experiment": "console-test"},
-        tune={
+    cfg = sweep_cfg(
+        "console-test",
+        {
             "space": {"local.lr": {"grid": [0.3, 0.0001, 0.2, 0.0002]}},
             "scheduler": "asha",
             "asha": {"grace_period": 1, "reduction_factor": 2},
             "max_concurrent_trials": 2,
         },
+        rounds=4,
     )
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump(cfg))

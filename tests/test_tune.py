@@ -12,7 +12,7 @@ import raysim
 from raysim.config import ConfigError, load_config
 from raysim.sweeps.space import TuneSection
 from raysim.sweeps.tuner import check_space, sweep_section
-from tests.conftest import EXAMPLES, tiny
+from tests.conftest import EXAMPLES, sweep_cfg, tiny
 
 
 def section(**kw):
@@ -84,12 +84,9 @@ def test_a_sweep_runs_trials_as_raysim_runs_and_resumes_after_ctrl_c(
 
     from raysim.sweeps.tuner import SWEEP_FILE, SweepInterrupted
 
-    cfg = tiny(
-        rounds=2,
-        clients={"num": 10, "per_round": 4},
-        workers={"count": 1, "num_cpus": 0.5},
-        tracking={"experiment": "tune-test"},
-        tune={
+    cfg = sweep_cfg(
+        "tune-test",
+        {
             "space": {"local.lr": {"grid": [0.0001, 0.3]}},
             "scheduler": "asha",
             "asha": {"grace_period": 1, "reduction_factor": 2},
@@ -220,17 +217,15 @@ def test_asha_stops_a_trial_at_its_rung_and_the_trial_runs_no_round_past_it(
     """A trial's rounds run ahead of Tune's controller (``raysim.sweeps.ahead``) but wait at
     each ASHA rung for the controller's answer: the trial that ASHA stops at its rung (round 2
     of 4) has logged exactly the rounds it reported, and its run is KILLED there."""
-    cfg = tiny(
-        rounds=4,
-        clients={"num": 10, "per_round": 4},
-        workers={"count": 1, "num_cpus": 0.5},
-        tracking={"experiment": "tune-rung"},
-        tune={
+    cfg = sweep_cfg(
+        "tune-rung",
+        {
             "space": {"local.lr": {"grid": [0.3, 0.0001]}},
             "scheduler": "asha",
             "asha": {"grace_period": 2, "reduction_factor": 2},
             "max_concurrent_trials": 1,
         },
+        rounds=4,
     )
     shown: dict[str, list[int]] = {}
     out = raysim.tune(
@@ -282,12 +277,11 @@ def test_a_trial_and_its_worker_start_in_processes_ray_kept_idle(tmp_path):
     import subprocess
     import sys
 
-    cfg = tiny(
+    cfg = sweep_cfg(
+        "tune-idle",
+        {"space": {"local.lr": {"grid": [0.1]}}, "worker": "actor"},
         rounds=1,
-        clients={"num": 10, "per_round": 4},
-        workers={"count": 1, "num_cpus": 0.5},
-        tracking={"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": "tune-idle"},
-        tune={"space": {"local.lr": {"grid": [0.1]}}, "worker": "actor"},
+        uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
     )
     env = {**os.environ, "RAY_ADDRESS": "local"}
     proc = subprocess.run(
@@ -356,12 +350,9 @@ def test_a_trials_workers_start_as_its_process_loads_and_train_what_raysim_run_d
     from raysim.actors.pool import WorkerLaunch
     from raysim.sweeps import early
 
-    cfg = tiny(
-        rounds=2,
-        clients={"num": 10, "per_round": 4},
-        workers={"count": 1, "num_cpus": 0.5},
-        tracking={"experiment": "tune-early"},
-        tune={"space": {"local.lr": {"grid": [0.05, 0.1]}}, "worker": "actor"},
+    cfg = sweep_cfg(
+        "tune-early",
+        {"space": {"local.lr": {"grid": [0.05, 0.1]}}, "worker": "actor"},
     )
     out = raysim.tune(cfg, storage=tmp_path / "tune")
     client = MlflowClient()
@@ -392,12 +383,9 @@ def test_trials_that_train_their_worker_in_process_match_raysim_run(ray_cluster,
     def workers_started() -> int:
         return sum(a["ActorClassName"] == "Worker" for a in ray_state.actors().values())
 
-    cfg = tiny(
-        rounds=2,
-        clients={"num": 10, "per_round": 4},
-        workers={"count": 1, "num_cpus": 0.5},
-        tracking={"experiment": "tune-here"},
-        tune={"space": {"local.lr": {"grid": [0.05, 0.1]}}, "max_concurrent_trials": 1},
+    cfg = sweep_cfg(
+        "tune-here",
+        {"space": {"local.lr": {"grid": [0.05, 0.1]}}, "max_concurrent_trials": 1},
     )
     before = workers_started()
     out = raysim.tune(cfg, storage=tmp_path / "tune")

@@ -143,10 +143,6 @@ class WorkerLink:
 _PROXY_LOCK = threading.Lock()
 
 
-#: raysim's coordinator actor (module, class), whose class a worker loads at once
-COORDINATOR_CLASS = ("raysim.actors.coordinator_actor", "Coordinator")
-
-
 def in_actor() -> bool:
     """Whether this process is a Ray actor, where a link costs no process of its own
     (``_proxy_is_this_actor``)."""
@@ -154,10 +150,9 @@ def in_actor() -> bool:
 
 
 def _this_actor_class() -> tuple[str, str, str, str] | None:
-    """This actor's class, as Ray names it (module, function, class, source hash), where a
-    worker should not load it (``_stand_in_for``): an actor other than raysim's coordinator.
-    None in a driver, in the coordinator actor, or where Ray's internals differ from the
-    pinned version's."""
+    """This actor's class, as Ray names it (module, function, class, source hash), for the
+    worker to stand in for (``_stand_in_for``). None in a driver, or where Ray's internals
+    differ from the pinned version's."""
     if not in_actor():
         return None
     what = getattr(
@@ -166,8 +161,7 @@ def _this_actor_class() -> tuple[str, str, str, str] | None:
     names = ("module_name", "function_name", "class_name", "function_hash")
     if what is None or not all(hasattr(what, n) for n in names):
         return None
-    parts = tuple(getattr(what, n) for n in names)
-    return None if (parts[0], parts[2]) == COORDINATOR_CLASS else parts  # type: ignore[return-value]
+    return tuple(getattr(what, n) for n in names)  # type: ignore[return-value]
 
 
 class _StandIn:
@@ -179,8 +173,9 @@ def _stand_in_for(worker: Any, actor_class: tuple[str, str, str, str]) -> None:
     actor's class is taken as ``_StandIn`` when the worker reads that actor's handle (the graph
     hands it over as the driver's proxy, ``_proxy_is_this_actor``), instead of being loaded.
     A Tune trial's class loads Tune's modules, about 0.4 s in which the worker trains nothing
-    on 2 vCPUs. The worker never calls that actor: Ray calls the proxy only from another node,
-    and links reach only this node's workers."""
+    on 2 vCPUs; the coordinator's costs little, and gets the same. The worker never calls that
+    actor: Ray calls the proxy only from another node, and links reach only this node's
+    workers."""
     from ray._private.worker import global_worker
     from ray._raylet import PythonFunctionDescriptor
 

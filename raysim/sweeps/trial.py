@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from raysim.sweeps import early
+from raysim.sweeps.ahead import ReportsAhead
 
 early.start()  # a trial's process: its workers start before Tune's import below (early.py)
 
@@ -157,8 +158,6 @@ class RunTrial(tune.Trainable):
         takes them in, the next rounds run ahead in a thread (``ReportsAhead``), up to each round
         on which the scheduler may stop the trial (``decisions``). The controller's own limits
         (its arguments) are not used: none of them knows the scheduler's rounds."""
-        from raysim.sweeps.ahead import ReportsAhead
-
         if self._ahead is None:
             report = self.train()  # the run starts here, in the actor's own thread
             if not report.get("done"):

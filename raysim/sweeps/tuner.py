@@ -121,6 +121,7 @@ def tune(
     ``dry_run`` everything is checked, nothing starts, and a one-line plan comes back."""
     import ray
     from ray import tune as rtune
+    from ray.tune.execution.class_cache import _ActorClassCache
 
     from raysim.api import local_resources, preflight
     from raysim.placement import check_outlives_job, check_store_outlives_job, trial_pin
@@ -227,16 +228,17 @@ def tune(
             (Path(path) / SWEEP_FILE).write_text(
                 json.dumps({"parent_run_id": trainable_params["parent_run_id"]})
             )
-        # Tune adds its default result loggers unless the first is set when fit starts; its
-        # newer console output prints the experiment's table and path even at verbose=0
-        quiet = {"TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1", "RAY_AIR_NEW_OUTPUT": "0"}
-        # any length above 1 has the controller take a trial's reports several at a time
-        # (RunTrial.train_buffered, which sets its own limits)
-        quiet["TUNE_RESULT_BUFFER_LENGTH"] = "2"
-        from ray.tune.execution.class_cache import _ActorClassCache
-
+        settings = {
+            # Tune adds its default result loggers unless the first is set when fit starts; its
+            # newer console output prints the experiment's table and path even at verbose=0
+            "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1",
+            "RAY_AIR_NEW_OUTPUT": "0",
+            # any length above 1 has the controller take a trial's reports several at a time
+            # (RunTrial.train_buffered, which sets its own limits)
+            "TUNE_RESULT_BUFFER_LENGTH": "2",
+        }
         with (  # trials in the worker processes Ray keeps idle (_plain_trainable)
-            mock.patch.dict(os.environ, quiet),
+            mock.patch.dict(os.environ, settings),
             mock.patch.object(_ActorClassCache, "get", _plain_trainable(_ActorClassCache.get)),
             warnings.catch_warnings(),
         ):

@@ -234,6 +234,14 @@ class WorkersConfig(StrictModel):
         "training ends the coordinator (which a new one replaces from the last checkpoint)",
     )
 
+    cuda_deterministic: bool = Field(
+        True,
+        description="a worker on a CUDA device uses deterministic kernels "
+        "(CUBLAS_WORKSPACE_CONFIG=:4096:8, torch.use_deterministic_algorithms, warning once where "
+        "an op has none), so that a client's update has the same bits whichever worker trains "
+        "it; false: the fastest kernels, placements may then differ in the last bits",
+    )
+
     @field_validator("count")
     @classmethod
     def _positive(cls, v: Any) -> Any:

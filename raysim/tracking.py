@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import io
+import json
 import logging
 import os
 import shutil
@@ -421,9 +422,11 @@ class Tracker:
         summary: Mapping[str, Any],
         client_states: Mapping[int, Mapping[str, np.ndarray]] | None = None,
         tables: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+        workers: Sequence[Mapping[str, Any]] | None = None,
     ) -> None:
         """Resolved config, weights (safetensors), per-client table, accuracy plot, summary,
-        and the strategy's own tables (``strategy/NAME.csv``)."""
+        the strategy's own tables (``strategy/NAME.csv``) and what each worker did
+        (``workers.json``: jobs, seconds training and evaluating, peak GPU memory)."""
         self.flush()
         from safetensors.numpy import save_file
 
@@ -442,6 +445,8 @@ class Tracker:
                 }
                 save_file(flat, d / "client_states.safetensors")
             (d / "summary.yaml").write_text(yaml.safe_dump(dict(summary), sort_keys=False))
+            if workers:
+                (d / "workers.json").write_text(json.dumps(list(workers), indent=1, default=str))
             if self.warnings:
                 (d / "warnings.txt").write_text("\n".join(self.warnings) + "\n")
             plot_curves(history, d / "accuracy.png")

@@ -300,6 +300,28 @@ def test_accelerate_precision_switch_resets_state():
     np.testing.assert_array_equal(fp32[2], ref[2])
 
 
+@pytest.mark.parametrize("name", ["accelerate", "zero3"])
+def test_a_local_call_runs_no_full_garbage_collection(name, monkeypatch):
+    """Per-call costs that grow with the worker's heap, not with its clients: Accelerate's
+    ``free_memory`` and ZeRO-3's ``defragment`` each ran a full ``gc.collect()`` on every local
+    call (0.28 s and 0.5 s on a tiny LLaMA in a worker). Neither runs now; the accelerator still
+    lets go of the call's optimizer, and ``Parameter.__repr__`` is DeepSpeed's to use again."""
+    from raysim.training.backends import AccelerateBackend
+
+    run(handle(("global",)), lm_data(8), **BACKENDS[name])  # the first call sets the process up
+    calls, real = [], gc.collect
+    monkeypatch.setattr(gc, "collect", lambda *a: calls.append(a) or real(*a))
+    plain_repr = torch.nn.Parameter.__repr__
+    ref = run(handle(("global",)), lm_data(8))
+    assert calls == []  # (the torch backend's call collects nothing either)
+    out = run(handle(("global",)), lm_data(8), **BACKENDS[name])
+    assert calls == []
+    np.testing.assert_allclose(out[2], ref[2], rtol=0, atol=FP32_ATOL)
+    assert torch.nn.Parameter.__repr__ is plain_repr
+    if name == "accelerate":
+        assert AccelerateBackend._accelerator._optimizers == []
+
+
 def test_failed_deepspeed_job_still_restores_the_module(monkeypatch):
     """An error inside a job (here in the penalty) propagates and the module is restored."""
     h = handle(("global",))

@@ -12,7 +12,7 @@ from mlflow.tracking import MlflowClient
 
 import raysim
 from raysim import checkpoint, tracking
-from raysim.actors.coordinator_core import CoordinatorCore
+from raysim.actors.coordinator_core import TIMING_METRICS, CoordinatorCore
 from raysim.actors.executor import InProcessExecutor
 from raysim.actors.worker import ClientRunner
 from raysim.checkpoint import ResumeError, prepare_resume
@@ -21,7 +21,7 @@ from raysim.data import build_federated_dataset
 from raysim.runtime import initial_weights
 from tests.conftest import EXAMPLES, tiny
 
-WALL_CLOCK = {"wall_time", "round_wall_s", "round_wait_s", "server_wall_s"}
+WALL_CLOCK = TIMING_METRICS
 
 
 def deterministic(history):

@@ -3,6 +3,7 @@ what ``Coordinator.advance`` does) changes nothing but when its metrics arrive."
 
 from __future__ import annotations
 
+from raysim.actors.coordinator_core import TIMING_METRICS
 from raysim.actors.local import local_core
 from raysim.config import load_config
 from tests.conftest import tiny
@@ -25,7 +26,7 @@ def test_unsettled_rounds_end_with_the_same_metrics_and_weights():
     core, seen = run(False)
     assert [has for _, has in seen] == [False] * 4 + [True]
     assert all("accuracy" in m for m, _ in seen)  # filled in later, in place
-    strip = {"wall_time", "round_wall_s", "round_wait_s", "server_wall_s"}
+    strip = TIMING_METRICS
     assert [{k: v for k, v in h.items() if k not in strip} for h in core.history] == [
         {k: v for k, v in h.items() if k not in strip} for h in settled.history
     ]

@@ -399,6 +399,18 @@ def test_the_mini_example_runs_whole_under_the_auditor_over_each_base(digits_fou
     assert core.strategy.metrics()["fedbaf_c"] > 0
 
 
+def test_every_rounds_audit_time_is_counted_where_it_was_spent(digits_foundation):
+    """A version published for a round's evaluation is audited in that round: with an evaluation
+    every round, each round's ``audit_wall_s`` holds the check of the version it published (it
+    was lost, 0 after round 0, when the check ran after the round's metrics were taken)."""
+    over = [f"algorithm.foundation={digits_foundation}", "tracking.enabled=false"]
+    cfg = load_config(EXAMPLES / "fedbaf" / "mini.yaml", [*over, "rounds=4", "eval.every=1"])
+    core = local_core(cfg, evaluate=True)  # evaluated on the workers, as a run on Ray is
+    while not core.done:
+        core.step()
+    assert all(h["audit_wall_s"] > 0 for h in core.history), core.history
+
+
 def test_the_weight_init_baseline_trips_the_auditor(tmp_path):
     """The positive control: w_0 = w_pre on matched layers is sent in round 0."""
     from raysim.actors.audit import LeakError

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from raysim.actors.coordinator_core import CoordinatorCore
+from raysim.actors.coordinator_core import TIMING_METRICS, CoordinatorCore
 from raysim.actors.evaluation import evaluator_for
 from raysim.actors.jobs import job_groups
 from raysim.actors.local import local_core
@@ -25,7 +25,7 @@ from raysim.data import build_federated_dataset
 from raysim.runtime import server_context
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-WALL_CLOCK = {"wall_time", "round_wall_s", "round_wait_s", "server_wall_s"}
+WALL_CLOCK = TIMING_METRICS
 
 
 def cfg_for(algorithm, rounds=8, num=20, per_round=5, sigma=3.0, id_size=0, seed=2, **extra):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -44,6 +45,12 @@ def test_quickstart_end_to_end_logs_everything(ray_cluster, mlflow_uri):
     np.testing.assert_array_equal(np.sort(flat), np.sort(res.weights))
     csv_rows = open(client.download_artifacts(res.run_id, "clients.csv")).read().splitlines()
     assert csv_rows[0].startswith("client,num_samples") and len(csv_rows) > 10
+    # what each worker did, and each round's compute on its critical path
+    workers = json.load(open(client.download_artifacts(res.run_id, "workers.json")))
+    assert sum(w["jobs_run"] for w in workers) == 30
+    assert all(w["train_s"] > 0 and w["peak_gpu_bytes"] is None for w in workers)
+    for h in res.history:
+        assert 0 < h["round_compute_s"] <= h["round_wall_s"], h
 
 
 @pytest.mark.parametrize(

@@ -316,6 +316,7 @@ class Coordinator:
                     {"weights_digest": summary["weights_digest"], **summary["metrics"]},
                     self._final_states,
                     core.strategy.tables(),
+                    self.pool.describe(),
                 )
             except OSError as e:  # the driver saves the weights where the user is instead
                 summary["unsaved"] = f"the run's artifacts could not be written ({e})"

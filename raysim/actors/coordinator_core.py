@@ -63,6 +63,14 @@ class _Broadcast:
     refs: int = 0
 
 
+#: Per-round metrics that measure wall-clock time: they differ between two runs of one config,
+#: every other metric does not (README, "What deterministic promises").
+TIMING_METRICS = frozenset(
+    {"wall_time", "round_wall_s", "round_wait_s", "round_compute_s"}
+    | {"server_wall_s", "audit_wall_s"}
+)
+
+
 @dataclass
 class RoundLog:
     """Accumulates what happens inside one round."""
@@ -78,6 +86,8 @@ class RoundLog:
     wait_s: float = 0.0
     server_s: float = 0.0
     audit_s: float = 0.0
+    #: each worker process's seconds of client work among this round's arrivals
+    compute_s: dict[int, float] = field(default_factory=lambda: defaultdict(float))
     leaks: int = 0  # payloads that leaked and went out (audit.on_leak: report)
     server_metrics: dict[str, float] = field(default_factory=dict)
 
@@ -338,6 +348,7 @@ class CoordinatorCore:
         result = self.executor.result(job.job_id)
         log.wait_s += time.perf_counter() - t0
         self._release_broadcast(job.dispatch_round)
+        log.compute_s[result.worker_pid] += result.seconds
         st = self.stats[job.client]
         log.bytes_up += result.delta.nbytes + sum(a.nbytes for a in result.extras.values())
         if not np.isfinite(result.delta).all():
@@ -390,6 +401,13 @@ class CoordinatorCore:
         self._bump(self._timed(self.strategy.on_arrival, update))
 
     def _round_metrics(self, k: int, log: RoundLog, wall: float) -> dict[str, float]:
+        evaluating = self.evaluator is not None and (
+            (k + 1) % self.cfg.eval.every == 0 or self.done
+        )
+        if evaluating and hasattr(self.evaluator, "submit"):
+            # the version the next dispatch sends too, published (and audited) now: its audit
+            # belongs to this round's audit_wall_s
+            self._current_handle()
         self.totals["bytes_up"] += log.bytes_up
         self.totals["bytes_down"] += log.bytes_down
         self.totals["arrived"] += log.arrived
@@ -399,6 +417,8 @@ class CoordinatorCore:
             "wall_time": time.perf_counter() - self._started,
             "round_wall_s": wall,
             "round_wait_s": log.wait_s,
+            # the busiest worker's client work: the round's compute on its critical path
+            "round_compute_s": max(log.compute_s.values(), default=0.0),
             "server_wall_s": log.server_s,
             "clients_arrived": float(log.arrived),
             "clients_in_flight": float(len(self.queue)),
@@ -429,9 +449,9 @@ class CoordinatorCore:
             m[f"client_{key}"] = float(np.mean(values))  # mean over this round's arrivals
         m.update(self.strategy.metrics())
         m.update(log.server_metrics)
-        if self.evaluator is not None and ((k + 1) % self.cfg.eval.every == 0 or self.done):
+        if evaluating:
             states, final = dict(self.client_states), self.done
-            if hasattr(self.evaluator, "submit"):  # the version the next dispatch sends too
+            if hasattr(self.evaluator, "submit"):
                 v = self._current_handle()
                 self._pending = (k, m, self.evaluator.submit(v.weights, states, final, k, v.handle))
             else:

@@ -108,7 +108,7 @@ class InProcessExecutor:
         pass
 
     def describe(self) -> list[dict[str, Any]]:
-        return [{"worker": 0, "jobs_run": self.runner.jobs_run, "mode": "in_process", **self.where}]
+        return [{"worker": 0, **self.runner.usage(), "mode": "in_process", **self.where}]
 
     def close(self) -> None:
         self._pending.clear()

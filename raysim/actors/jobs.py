@@ -55,6 +55,9 @@ class ClientResult:
     state: Any = field(default_factory=dict)
     extras: dict[str, np.ndarray] = field(default_factory=dict)  # side channel up
     worker_pid: int = 0  # the process that ran the job (a change means the worker restarted)
+    #: the worker's wall seconds for this job (a group's time split evenly); a timing, never a
+    #: metric: it feeds the round's ``round_compute_s`` only
+    seconds: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,8 @@ class ClientRunner:
         torch.set_num_threads(threads)
         quiet_libraries()
         self.cfg = config_from_wire(config)
+        if self.cfg.workers.cuda_deterministic and torch.cuda.is_available():
+            deterministic_cuda()
         self.dataset = dataset
         spec = spec or data_spec(dataset)
         self.method = get_method(self.cfg.algorithm.name)
@@ -60,7 +62,8 @@ class ClientRunner:
         for b in self.behaviours:
             b.setup(self.cfg.seed, self.cfg.clients.num)
         self.jobs_run = 0
-        self.busy_s = 0.0
+        self.train_s = 0.0  # wall seconds in run_batch (clients' local work)
+        self.eval_s = 0.0  # wall seconds in evaluate_batch
         self._noticed = False  # the one-line notice that batched execution fell back
         self._replicas: list[ModelHandle] = []  # copies of the model for jobs trained together
         self._data: dict[int, Any] = {}
@@ -352,22 +355,64 @@ class ClientRunner:
             self._tok = self.dataset.tokenizer()
         return self._tok
 
+    @property
+    def busy_s(self) -> float:
+        """Wall seconds this runner spent training and evaluating."""
+        return self.train_s + self.eval_s
+
+    def usage(self) -> dict[str, Any]:
+        """What this runner did so far: jobs, seconds training and evaluating, and (on a GPU)
+        the peak memory its process allocated on the device, for ``workers.json``."""
+        from raysim.training.backends import ENGINE_OVERHEAD
+
+        device = next(self.model.module.parameters()).device
+        peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+        return {
+            "jobs_run": self.jobs_run,
+            "train_s": self.train_s,
+            "eval_s": self.eval_s,
+            "busy_s": self.busy_s,
+            "device": str(device),
+            "peak_gpu_bytes": peak,
+            "deepspeed_engines": ENGINE_OVERHEAD["calls"],
+            "deepspeed_engine_s": ENGINE_OVERHEAD["seconds"],
+        }
+
     def evaluate_batch(
         self, weights: np.ndarray, jobs: list[EvalJob]
     ) -> list[dict[str, dict[str, float]]]:
         t0 = time.perf_counter()
         out = [self.evaluate(weights, job) for job in jobs]
-        self.busy_s += time.perf_counter() - t0
+        self.eval_s += time.perf_counter() - t0
         return out
 
     def run_batch(self, weights: np.ndarray, jobs: list[ClientJob]) -> list[ClientResult]:
+        """The jobs' results; each carries its share of the batch's wall time (``seconds``)."""
         t0 = time.perf_counter()
         if self.group_size > 1 and len(jobs) > 1:
             out = self.run_together(weights, jobs)
         else:
-            out = [self.run(weights, job) for job in jobs]
-        self.busy_s += time.perf_counter() - t0
+            out = []
+            for job in jobs:
+                t = time.perf_counter()
+                out.append(self.run(weights, job))
+                out[-1].seconds = time.perf_counter() - t
+        took = time.perf_counter() - t0
+        if self.group_size > 1 and len(jobs) > 1:
+            for r in out:  # trained together: an even share each
+                r.seconds = took / len(out)
+        self.train_s += took
         return out
+
+
+def deterministic_cuda() -> None:
+    """Deterministic CUDA kernels in this process (``workers.cuda_deterministic``): cuBLAS with a
+    fixed workspace (set before its first handle: a worker builds its model after this) and
+    torch's deterministic algorithms, warning (not failing) where an op has none."""
+    import os
+
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
 
 
 def split_store(stored: Mapping[str, Any] | None) -> tuple[dict[str, Any] | None, dict]:

@@ -126,8 +126,7 @@ class Worker:
             "node_id": ctx.get_node_id(),
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
-            "jobs_run": runner.jobs_run,
-            "busy_s": runner.busy_s,
+            **runner.usage(),
             "torch_threads": torch.get_num_threads(),
             "base_params": sum(p.numel() for p in runner.model.module.parameters()),
         }

@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export RAY_AUTH_MODE ?= disabled
 
-.PHONY: demo test lint bench browser clean
+.PHONY: demo test lint bench browser clean gpu-bundle gpu-check
 
 $(STAMP): pyproject.toml requirements.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -33,6 +33,21 @@ bench: $(STAMP)
 # Debian's Chromium for tests/test_ui_browser.py (the test is skipped, and says so, without it)
 browser:
 	command -v chromium >/dev/null || apt-get install -y -q chromium >/dev/null
+
+# The packages the lent GPU machine's image lacks, as .gpu/bundle-cp312.tar.xz (one file to carry;
+# benchmarks/gpu_env.sh uses it there). ARGS="--python local" builds them for this Python.
+gpu-bundle: $(STAMP)
+	PY=$(BIN)/python bash benchmarks/gpu_bundle.sh $(ARGS)
+
+# CI's check of the GPU path on the CPU: the bundle built for this Python, then every step of
+# benchmarks/gpu_e2e.sh on the tiny shape, each Python process seeing only the GPU image's
+# packages and the bundle's (the image guard, benchmarks/gpu_image/).
+LOCAL_TAG = $(shell $(BIN)/python -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
+gpu-check: $(STAMP)
+	PY=$(BIN)/python bash benchmarks/gpu_bundle.sh --python local
+	PATH=$(abspath $(BIN)):$$PATH PYTHON=$(abspath $(BIN))/python RAYSIM_BUNDLE=$(LOCAL_TAG) \
+	  RAYSIM_IMAGE_GUARD=1 RAYSIM_SITE=/tmp/raysim-site-$(LOCAL_TAG) \
+	  bash benchmarks/gpu_e2e.sh --shape tiny
 
 clean:
 	rm -rf $(VENV) mlflow.db mlruns .pytest_cache

@@ -1,24 +1,17 @@
 #!/usr/bin/env bash
-# The GPU checks in one call of the lent device machine: the CUDA tests (tests/test_gpu.py), then
-# the figures in benchmarks/RESULTS.md ("the first GPU figures").
+# The pieces of a worker on a GPU, without Ray (the first GPU figures in benchmarks/RESULTS.md):
+# the CUDA tests (tests/test_gpu.py), what a worker runs per client (fm_clients.py), the batched
+# LoRA pass (multilora.py) and FedBaF's server work (fedbaf_cost.py). The whole path through
+# `raysim run` and `raysim tune` is benchmarks/gpu_e2e.sh, which a lent GPU runs first.
 #
-# That machine has its own torch/transformers image and no Ray, MLflow or DeepSpeed, so only the
-# scripts that need none of them run: what a worker runs per client (fm_clients.py), the batched
-# LoRA pass (multilora.py) and FedBaF's server work (fedbaf_cost.py). The few packages the image
-# lacks travel as wheels in .whl/ (pydantic and its parts, peft at the project's pin):
-#   python -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-#     --platform manylinux2014_x86_64 -d .whl pydantic==2.14.3 pydantic_core==2.50.4 \
-#     annotated-types==0.8.0 typing-inspection==0.4.5 typing_extensions==4.16.0 peft==0.21.2
-# Each step has its own time limit and writes its log to $OUT (or ./gpu-out), so a slow or failed
-# step costs only itself. ONLY="gpu_tests fedbaf_b16" runs only the steps named.
+# What the GPU machine's image lacks comes from the bundle `make gpu-bundle` builds
+# (benchmarks/gpu_env.sh unpacks it there). Each step has its own time limit and writes its log to
+# $OUT (or ./gpu-out), so a slow or failed step costs only itself. ONLY="gpu_tests fedbaf_b16"
+# runs only the steps named.
 set -u
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+source benchmarks/gpu_env.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.log"
 python3 -c "import torch, transformers, peft; print('torch', torch.__version__, 'transformers',
 transformers.__version__, 'peft', peft.__version__)" | tee -a "$OUT/gpu.log"

@@ -134,9 +134,36 @@ def private_ray_params(local: bool) -> Iterator[None]:
             if start_api_server is not None:
                 beside = _api_server_beside(start_api_server, starting)
                 stack.enter_context(mock.patch.object(node.Node, "start_api_server", beside))
+                stack.enter_context(_dashboard_check_once())
         yield
         for thread in starting:  # up by now: the raylet's start took longer (none if it failed)
             thread.join()
+
+
+@contextlib.contextmanager
+def _dashboard_check_once() -> Iterator[None]:
+    """Ray's check for the dashboard's packages (``ray[default]``), made once, before the API
+    server's thread starts, and answered the same while it runs.
+
+    Ray checks by importing ``ray.dashboard.optional_deps``, once in the API server's start and
+    once in the raylet's. Run in two threads, the second import can find the first's
+    half-imported module and take the packages for present where they are not (a Ray installed
+    as ``ray[tune]``, as raysim's pyproject asks, or the GPU machine's bundle): it then starts
+    the full dashboard agent, which fails, and the raylet with it."""
+    from unittest import mock
+
+    try:
+        from ray._private import utils
+    except ImportError:  # pragma: no cover - another Ray layout
+        yield
+        return
+    check = getattr(utils, "get_dashboard_dependency_error", None)
+    if check is None:  # pragma: no cover - another Ray layout
+        yield
+        return
+    answer = check()
+    with mock.patch.object(utils, "get_dashboard_dependency_error", lambda: answer):
+        yield
 
 
 def _api_server_beside(start: Any, starting: list[threading.Thread]) -> Any:

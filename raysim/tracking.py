@@ -132,12 +132,12 @@ def schema_template() -> Path | None:
     (beside, then moved into place); None where the cache cannot be written. MLflow's
     migrations write no time or machine into it: only its schema, its version and the default
     workspace's row (the Default experiment is made by the store that opens a copy)."""
-    from importlib.metadata import version
+    import mlflow
 
     from raysim.machine import cache_home
 
-    home = cache_home()
-    template = home / f"mlflow-{version('mlflow')}-empty.db"
+    home = cache_home()  # (the module's version: mlflow-skinny has no "mlflow" distribution)
+    template = home / f"mlflow-{mlflow.__version__}-empty.db"
     if template.is_file():
         return template
     side = template.with_name(f".{template.name}.{os.getpid()}.creating")

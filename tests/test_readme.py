@@ -47,6 +47,12 @@ ELSEWHERE = {
     "examples/fedot/results.json; examples/fedot/RESULTS.md",
     "raysim tune examples/tune-async.yaml --resume tune/tune-async-DATE": "a stopped sweep's "
     "directory; tests/test_tune.py interrupts a sweep and resumes it",
+    "make gpu-bundle": "the cp312 bundle is built for the GPU machine; make gpu-check (a CI "
+    "step) builds the same pins for CI's Python; tests/test_gpu_bundle.py",
+    "bash benchmarks/gpu_e2e.sh": "a GPU (the lent device machine); make gpu-check runs every "
+    "step on the CPU",
+    "bash benchmarks/gpu_e2e.sh --shape tiny": "make gpu-check (a CI step, .ci/run)",
+    "make gpu-check": "a CI step (.ci/run)",
     "ray job submit --runtime-env cluster/runtime_env.yaml -- raysim run "
     "examples/quickstart.yaml workers.num_gpus=0.25": "a cluster; tests/test_cluster.py submits "
     "it to a two-node `ray start` cluster with a logical GPU",

@@ -34,7 +34,10 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
     if address == "auto":
         from ray._private.services import get_ray_address_from_environment
 
-        where = get_ray_address_from_environment("auto", None)
+        try:
+            where = get_ray_address_from_environment("auto", None)
+        except ConnectionError:  # Ray 2.60 raises where older versions returned None
+            where = None
         if not where:
             raise ClusterError(
                 "--address auto: no Ray cluster was started on this machine (ray start --head); "

@@ -130,6 +130,18 @@ def test_named_unreachable_cluster_fails_in_seconds():
     assert time.perf_counter() - t0 < 45
 
 
+def test_a_sweep_naming_an_unreachable_cluster_fails_in_one_line():
+    """``raysim tune --address`` (also with --dry-run) checks the cluster before Ray's start, as
+    ``raysim run`` does, instead of Ray's retries and a traceback."""
+    t0 = time.perf_counter()
+    tune = str(ROOT / "examples" / "tune-async.yaml")
+    res = _cli(["tune", tune, "--dry-run", "--address", "127.0.0.1:7"], timeout=60)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert "no Ray cluster answers at 127.0.0.1:7" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+    assert time.perf_counter() - t0 < 45
+
+
 def test_address_auto_resolves_like_ray_and_refuses_a_dead_cluster(monkeypatch):
     """``auto`` reads what Ray would (RAY_ADDRESS, a live local cluster, the current-cluster
     file); when that names a dead address the run is refused at once, naming it."""
@@ -139,6 +151,13 @@ def test_address_auto_resolves_like_ray_and_refuses_a_dead_cluster(monkeypatch):
     with pytest.raises(api.ClusterError, match=r"127\.0\.0\.1:7 \(the last one `ray start`"):
         api.check_reachable("auto", timeout_s=2)
     monkeypatch.setattr(services, "get_ray_address_from_environment", lambda a, t: None)
+    with pytest.raises(api.ClusterError, match="no Ray cluster was started"):
+        api.check_reachable("auto")
+
+    def none_running(address, temp_dir):  # what Ray 2.60 does where no cluster runs
+        raise ConnectionError("Could not find any running Ray instance.")
+
+    monkeypatch.setattr(services, "get_ray_address_from_environment", none_running)
     with pytest.raises(api.ClusterError, match="no Ray cluster was started"):
         api.check_reachable("auto")
 

@@ -125,7 +125,7 @@ def tune(
 
     from raysim.api import local_resources, preflight
     from raysim.placement import check_outlives_job, check_store_outlives_job, trial_pin
-    from raysim.ray_start import ensure_ray, ray_address
+    from raysim.ray_start import check_reachable, ensure_ray, ray_address
 
     # trials that an interrupt left unstarted have no results yet: Tune warns about each of them
     # when it reads the experiment back (at the interrupt, and again on --resume)
@@ -149,6 +149,8 @@ def tune(
     private = ray_address(address) == "local" and not ray.is_initialized()
     if private:
         preflight(cfg, address)
+    elif not ray.is_initialized():  # a named cluster that does not answer: one line, at once
+        check_reachable(ray_address(address))
     if dry_run and private:  # what this machine has, without starting Ray
         total = local_resources()
     else:

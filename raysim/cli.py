@@ -650,7 +650,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "foundation", help="pre-train the tiny foundation LLaMA for Flan-mini (fedoa.md §7.1)"
     )
-    p.add_argument("--out", default="foundation/tiny-s0", help="output directory")
+    p.add_argument("--out", default="foundations/tiny-s0", help="output directory")
     p.add_argument("--data-seed", type=int, default=0, help="Flan-mini word pools to learn")
     p.add_argument("--steps", type=int, default=None, help="optimiser steps (default 8000)")
     p.add_argument(

@@ -130,6 +130,19 @@ def test_named_unreachable_cluster_fails_in_seconds():
     assert time.perf_counter() - t0 < 45
 
 
+def test_what_the_readmes_commands_leave_behind_is_ignored_by_git():
+    """The stores, locks and foundations that the README's commands write stay out of
+    ``git status``; both foundation commands write under one folder name."""
+    from raysim.cli import build_parser
+
+    left = ["mlflow.db", "mlflow.db.lock", "foundations/digits/model.safetensors",
+            "foundations/tiny-s0/config.json", "tune/tune-async-x/sweep.json"]  # fmt: skip
+    res = subprocess.run(["git", "check-ignore", *left], cwd=ROOT, capture_output=True, text=True)
+    assert res.stdout.split() == left, res.stdout
+    run = build_parser().parse_args(["foundation"])
+    assert run.out.startswith("foundations/")
+
+
 def test_a_sweep_naming_an_unreachable_cluster_fails_in_one_line():
     """``raysim tune --address`` (also with --dry-run) checks the cluster before Ray's start, as
     ``raysim run`` does, instead of Ray's retries and a traceback."""

@@ -29,7 +29,8 @@ ELSEWHERE = {
     "raysim run --resume RUN_ID": "tests/test_checkpoint.py (CLI resume of a real run)",
     "raysim run --resume RUN_ID workers.count=1": "tests/test_checkpoint.py",
     "raysim run --resume ./ckpt": "tests/test_checkpoint.py",
-    "raysim foundation --out foundation/tiny-s0": "tests/test_foundation.py (the CLI, fewer steps)",
+    "raysim foundation --out foundations/tiny-s0": "tests/test_foundation.py (the CLI, fewer "
+    "steps)",
     "raysim loto examples/fedoa/paper-table2.yaml model.path=... data.text.data_dir=...": "the "
     "paper's model and data (GPUs)",
     "python examples/fedoa/qualitative.py --seeds 0": "needs the foundation model; "

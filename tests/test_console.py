@@ -4,6 +4,8 @@ trials early, each in a fresh process with its own private Ray, as a user starts
 
 from __future__ import annotations
 
+import os
+
 import yaml
 
 from tests.conftest import EXAMPLES, fresh_cli, sweep_cfg
@@ -200,3 +202,34 @@ def test_torch_s_note_on_vmapped_attention_is_kept_quiet():
     assert all(p.returncode == 0 for p in said), [p.stderr[-1000:] for p in said]
     assert VMAP_FALLBACK in said[0].stderr  # the control
     assert VMAP_FALLBACK not in said[1].stderr and "Warning" not in said[1].stderr
+
+
+WORKER_LINE = """
+import time, ray
+from raysim.quiet import quiet_libraries
+quiet_libraries()
+ray.init(num_cpus=1, include_dashboard=False)
+@ray.remote
+def say():
+    print("a line from a worker", flush=True)
+ray.get(say.remote())
+time.sleep(1.5)  # the driver prints the workers' lines as they arrive
+ray.shutdown()
+"""
+
+
+def test_workers_lines_reach_a_redirected_console_without_colour_codes():
+    """Ray prints a worker's lines behind a coloured "(pid=…)" prefix; where the console is a
+    file or a pipe (a log, CI), raysim's processes ask Ray for none (issue 42, item 5)."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "RAY_COLOR_PREFIX"}
+    env["RAY_AUTH_MODE"] = "disabled"
+    done = subprocess.run(
+        [sys.executable, "-c", WORKER_LINE], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = done.stdout + done.stderr
+    assert "a line from a worker" in out
+    assert "\x1b[" not in out, out[-2000:]

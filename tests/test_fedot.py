@@ -614,6 +614,41 @@ def test_vectorised_clients_give_the_one_at_a_time_result(monkeypatch, variant):
             np.testing.assert_allclose(b[c][name], a[c][name], atol=1e-5, err_msg=name)
 
 
+@pytest.mark.parametrize("execution", ["batched", "sequential"])
+def test_read_only_arrays_from_the_object_store_raise_no_warning(monkeypatch, execution):
+    """On Ray, a downlink's and a client's stored arrays arrive read-only (the object store's);
+    torch warned once per worker ("The given NumPy array is not writable") where a tensor was
+    made on them without a copy."""
+    import warnings
+
+    from raysim.actors.worker import ClientRunner
+
+    def read_only(value):
+        if isinstance(value, dict):
+            return {k: read_only(v) for k, v in value.items()}
+        if isinstance(value, np.ndarray):
+            value = value.copy()
+            value.flags.writeable = False
+        return value
+
+    def refusing(make):  # torch warns only once per process: refuse instead, every time
+        def call(data, *args, **kwargs):
+            if isinstance(data, np.ndarray) and not data.flags.writeable:
+                raise AssertionError(f"torch.{make.__name__} on a read-only array")
+            return make(data, *args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(ClientRunner, "resolve", lambda self, handle: read_only(handle))
+    monkeypatch.setattr(torch, "as_tensor", refusing(torch.as_tensor))
+    monkeypatch.setattr(torch, "from_numpy", refusing(torch.from_numpy))
+    wire = fedot_cfg(n=4, rounds=3).to_dict()
+    wire["workers"] = {"execution": execution, "group_size": 4}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        run(load_config(wire))
+
+
 def test_simultaneous_gda_is_not_vectorised_and_says_so(capsys):
     cfg = fedot_cfg(n=4, rounds=2, gda_mode="simultaneous", k_max=1)
     wire = cfg.to_dict()

@@ -91,7 +91,8 @@ class GroupRound:
         self.raw = self.flat_heads()
         vbar = ctxs[0].downlink.get(VBAR)
         if vbar is not None:
-            self.assign_heads(self.raw - torch.as_tensor(vbar, dtype=torch.float64))
+            # a copy: on Ray the downlink's array is the object store's, read-only
+            self.assign_heads(self.raw - torch.tensor(vbar, dtype=torch.float64))
         self.v_start = self.flat_heads()
         self.theta_start = {n: self.t[n].clone() for n in self.maps}
         self.steps = [

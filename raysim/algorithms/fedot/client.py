@@ -50,7 +50,8 @@ def flat64(tensors: list[torch.Tensor]) -> np.ndarray:
 
 
 def assign64(tensors: list[torch.Tensor], flat: np.ndarray) -> None:
-    src, offset = torch.from_numpy(np.asarray(flat, dtype=np.float64)), 0
+    # a copy: ``flat`` may be the object store's read-only array (a downlink's v̄)
+    src, offset = torch.from_numpy(np.array(flat, dtype=np.float64)), 0
     with torch.no_grad():
         for t in tensors:
             t.copy_(src[offset : offset + t.numel()].view_as(t))

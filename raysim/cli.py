@@ -373,7 +373,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from rich.live import Live
 
     from raysim.config import load_config
-    from raysim.sweeps.tuner import BEST_FILE, SweepInterrupted, best_config_yaml, tune
+    from raysim.sweeps.tuner import BEST_FILE, SweepInterrupted, tune
 
     cfg = load_config(args.config, args.overrides)
     if args.dry_run:
@@ -440,9 +440,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
     for r in out.table:
         done.add_row(*[cell(c, r[c]) for c in cols])
     console.print(done)
-    console.print("best config:", style="bold")
-    console.print(best_config_yaml(out), markup=False, highlight=False, soft_wrap=True)
+    # the swept values, not the whole config (it would push the table off the screen)
+    console.print(f"best: {best_params_line(out.best_params)}", soft_wrap=True, markup=False)
     best_file = os.path.join(out.path, BEST_FILE)
+    console.print(f"its whole config: {best_file}", soft_wrap=True, markup=False)
     console.print(f"run it: raysim run {best_file}", soft_wrap=True, markup=False)
     console.print(
         f"MLflow parent run {out.parent_run_id}; Tune state in {out.path} "
@@ -451,6 +452,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
         markup=False,
     )
     return 0
+
+
+def best_params_line(params: Mapping[str, Any]) -> str:
+    """The best trial's swept values, as the overrides that give them: ``key=value ...``."""
+    return " ".join(
+        f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items()
+    )
 
 
 def cmd_methods(args: argparse.Namespace) -> int:

@@ -56,6 +56,11 @@ def test_a_sweep_whose_trials_asha_stops_prints_no_crash_dump(tmp_path):
     assert out.returncode == 0, said[-3000:]
     assert "stopped early" in out.stdout, out.stdout[-3000:]
     assert not [c for c in CRASH_DUMP if c in said], said[-5000:]
+    # the end: the best trial's swept value and where its whole config is, not the config
+    # itself (~200 lines that pushed the results table off the screen; issue 42, item 7)
+    best = [line for line in out.stdout.splitlines() if line.startswith("best: ")]
+    assert len(best) == 1 and best[0].startswith("best: local.lr="), out.stdout[-3000:]
+    assert "best_config.yaml" in out.stdout and "\nlocal:\n" not in out.stdout
     heard = [line for line in said.splitlines() if any(c in line for c in LIBRARY_CHATTER)]
     assert not heard, heard
 

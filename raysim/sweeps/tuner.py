@@ -626,8 +626,3 @@ class _TrialRuns(Callback):
         last = trial.last_result or {}
         if self.uri and last.get(RUN_ID):
             self._mark(last[RUN_ID], "FAILED", stopped_early=False)
-
-
-def best_config_yaml(summary: SweepSummary) -> str:
-    """The best trial's whole config, ready for ``raysim run``."""
-    return yaml.safe_dump(summary.best_config, sort_keys=False)

@@ -462,20 +462,34 @@ def best_params_line(params: Mapping[str, Any]) -> str:
 
 
 def cmd_methods(args: argparse.Namespace) -> int:
+    """``raysim methods``: every method, what it needs, whether it batches and its parameters'
+    names; ``raysim methods NAME``: one method whole (each parameter's default and meaning)."""
     from raysim.algorithms.registry import get_method, method_names
+    from raysim.config import ConfigError
 
-    table = Table(title="registered methods")
-    for col in ("name", "needs", "batched", "params", "reference"):
-        table.add_column(col)
+    if args.name:
+        try:
+            m = get_method(args.name)
+        except KeyError as e:
+            raise ConfigError(str(e).strip("\"'")) from None
+        console.print(f"{m.name}: {m.reference}", soft_wrap=True, markup=False)
+        console.print(f"needs: {m.needs.describe()}; clients: {m.batching}", markup=False)
+        fields = m.params.model_fields.items()
+        console.print("parameters (algorithm.NAME=VALUE):" if fields else "parameters: none")
+        for key, f in fields:
+            default = "(required)" if f.is_required() else f.get_default(call_default_factory=True)
+            about = f" : {f.description}" if f.description else ""
+            console.print(f"  {f.alias or key} = {default}{about}", soft_wrap=True, markup=False)
+        return 0
+    table = Table(title="registered methods", caption="raysim methods NAME: one method whole")
+    table.add_column("name", no_wrap=True)
+    table.add_column("needs")
+    table.add_column("batched")
+    table.add_column("parameters", overflow="fold")
     for name in method_names():
         m = get_method(name)
-        fields = m.params.model_fields.items()
-        params = ", ".join(
-            f"{f.alias or k}="
-            f"{'(required)' if f.is_required() else f.get_default(call_default_factory=True)}"
-            for k, f in fields
-        )
-        table.add_row(name, m.needs.describe(), m.batching, params or "—", m.reference)
+        params = " ".join(f.alias or k for k, f in m.params.model_fields.items())
+        table.add_row(name, m.needs.describe(), m.batching, params or "—")
     console.print(table)
     return 0
 
@@ -654,6 +668,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="check the sweep; start nothing")
     p.set_defaults(func=cmd_tune)
     p = sub.add_parser("methods", help="list registered methods and their parameters")
+    p.add_argument("name", nargs="?", help="one method: its parameters' defaults and meaning")
     p.set_defaults(func=cmd_methods)
     p = sub.add_parser(
         "foundation", help="pre-train the tiny foundation LLaMA for Flan-mini (fedoa.md §7.1)"

@@ -130,6 +130,22 @@ def test_named_unreachable_cluster_fails_in_seconds():
     assert time.perf_counter() - t0 < 45
 
 
+def test_methods_fit_an_80_column_terminal_and_one_method_shows_whole():
+    """``raysim methods`` cut its parameters off at 80 columns (``buffer_size=…``), and
+    ``raysim methods fedbuff`` was refused (issue 42, item 10)."""
+    env = {"COLUMNS": "80"}
+    listed = _cli(["methods"], env=env, timeout=60)
+    assert listed.returncode == 0 and "…" not in listed.stdout, listed.stdout
+    assert "buffer_size" in listed.stdout and "raysim methods NAME" in listed.stdout
+    one = _cli(["methods", "fedbuff"], env=env, timeout=60)
+    assert one.returncode == 0, one.stderr
+    assert "buffer_size = 10 : K, updates per flush" in one.stdout
+    assert one.stdout.startswith("fedbuff: ")
+    typo = _cli(["methods", "fedbuf"], env=env, timeout=60)
+    assert typo.returncode == 2 and "did you mean 'fedbuff'" in typo.stderr
+    assert len(typo.stderr.strip().splitlines()) == 1
+
+
 def test_what_the_readmes_commands_leave_behind_is_ignored_by_git():
     """The stores, locks and foundations that the README's commands write stay out of
     ``git status``; both foundation commands write under one folder name."""

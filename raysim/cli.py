@@ -8,10 +8,12 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any, NoReturn
 
 from rich.console import Console
@@ -306,7 +308,13 @@ def cmd_ui(args: argparse.Namespace) -> int:
 
     uri = args.uri or default_tracking_uri()
     client = open_store(uri)  # a copied project's store reads its own artifacts
-    env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+    # the server's own chatter (its deprecation warnings, a line per request) goes to a log file;
+    # the console gets raysim's lines, and the log's end if the server fails
+    env = dict(
+        os.environ,
+        MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false",
+        PYTHONWARNINGS="ignore::DeprecationWarning",
+    )
     cmd = [
         sys.executable,
         "-m",
@@ -314,21 +322,26 @@ def cmd_ui(args: argparse.Namespace) -> int:
         "server",
         "--backend-store-uri",
         uri,
+        "--registry-store-uri",
+        uri,
         "--host",
         "127.0.0.1",
         "--port",
         str(args.port),
         "--workers",
         "1",
+        "--uvicorn-opts",
+        "--log-level warning",
     ]
+    log = Path(tempfile.gettempdir()) / f"raysim-ui-{args.port}.log"
 
     def _terminate(signum: int, frame: Any) -> None:  # `kill PID` stops the server too
         raise Terminated
 
-    with on_sigterm(_terminate):
-        proc = subprocess.Popen(cmd, env=env)
+    with on_sigterm(_terminate), log.open("w") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
         try:
-            return _serve_ui(proc, f"http://127.0.0.1:{args.port}", uri, client, args.check)
+            return _serve_ui(proc, f"http://127.0.0.1:{args.port}", uri, client, args.check, log)
         except KeyboardInterrupt:
             return 0
         finally:
@@ -337,7 +350,9 @@ def cmd_ui(args: argparse.Namespace) -> int:
                 proc.wait(timeout=30)
 
 
-def _serve_ui(proc: subprocess.Popen, url: str, uri: str, client: Any, check: bool) -> int:
+def _serve_ui(
+    proc: subprocess.Popen, url: str, uri: str, client: Any, check: bool, log: Path
+) -> int:
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:
         try:
@@ -347,11 +362,17 @@ def _serve_ui(proc: subprocess.Popen, url: str, uri: str, client: Any, check: bo
         except OSError:
             time.sleep(0.5)
     if proc.poll() is not None:
-        console.print(f"[red]mlflow server exited with code {proc.returncode}[/red]")
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:])
+        errors.print(tail, markup=False, highlight=False)
+        errors.print(
+            f"raysim: error: mlflow server exited with code {proc.returncode} (its log: {log})",
+            style="red",
+            markup=False,
+        )
         return 1
     console.print(
-        f"MLflow UI for {uri} at [bold]{_ui_landing(url, client)}[/bold] (pid {proc.pid}); "
-        "Ctrl-C stops it",
+        f"MLflow UI for {uri} at [bold]{_ui_landing(url, client)}[/bold] (pid {proc.pid}; "
+        f"the server's log: {log}); Ctrl-C stops it",
         soft_wrap=True,
     )
     console.print(UI_HINT, soft_wrap=True, markup=False)

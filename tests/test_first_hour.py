@@ -146,6 +146,24 @@ def test_methods_fit_an_80_column_terminal_and_one_method_shows_whole():
     assert len(typo.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
+def test_raysim_ui_says_where_it_serves_and_nothing_else(tmp_path):
+    """MLflow's server printed its notices, a deprecation warning and a line per request on the
+    console; they go to the server's log now (issue 42, item 6)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    res = _cli(["ui", "--port", str(port), "--check"], env={"MLFLOW_TRACKING_URI": uri})
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stderr == "", res.stderr
+    lines = res.stdout.strip().splitlines()
+    assert len(lines) == 2 and lines[0].startswith(f"MLflow UI for {uri} at http://127.0.0.1:")
+    assert "the server's log: " in lines[0]
+
+
 def test_what_the_readmes_commands_leave_behind_is_ignored_by_git():
     """The stores, locks and foundations that the README's commands write stay out of
     ``git status``; both foundation commands write under one folder name."""

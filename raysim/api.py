@@ -83,11 +83,16 @@ def _visible_gpus() -> int:
 
 
 def preflight(cfg: RunConfig, address: str | None = None) -> None:
-    """Refuse, before Ray starts, a run that cannot start: a named cluster that does not answer,
-    or workers that do not fit a private local Ray (``ClusterError`` / ``ResourceError``)."""
+    """Refuse, before Ray starts, a run that cannot start: a file or folder the config names
+    that is not on this machine (a private Ray's run; ``raysim.inputs``), a named cluster that
+    does not answer, or workers that do not fit a private local Ray (``MissingInput`` /
+    ``ClusterError`` / ``ResourceError``)."""
+    from raysim.inputs import check_inputs
     from raysim.resources import plan_resources
 
     target = ray_address(address)
+    if target == "local":  # on a cluster, a file may be on the nodes that read it, not here
+        check_inputs(cfg)
     check_reachable(target)
     if target == "local":
         plan_resources(cfg, local_resources())

@@ -65,10 +65,11 @@ def user_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that are the user's input, not a bug: reported in one line, exit 2."""
     from raysim.algorithms.registry import PluginError
     from raysim.config import ConfigError
+    from raysim.inputs import MissingInput
     from raysim.ray_start import ClusterError
     from raysim.resources import ResourceError
 
-    return (ConfigError, PluginError, ResourceError, ClusterError)
+    return (ConfigError, PluginError, ResourceError, ClusterError, MissingInput)
 
 
 def _progress() -> Progress:

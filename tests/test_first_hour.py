@@ -164,6 +164,42 @@ def test_raysim_ui_says_where_it_serves_and_nothing_else(tmp_path):
     assert "the server's log: " in lines[0]
 
 
+def test_a_missing_file_the_config_names_is_refused_before_ray_starts(tmp_path):
+    """A FedBaF config without its foundation passed ``--dry-run`` and failed 7 s after Ray
+    started, leaving a FAILED run (issue 42, item 4): now one line, exit 2, nothing made,
+    saying from where relative paths are read and how to make the file."""
+    fedbaf = str(ROOT / "examples" / "fedbaf" / "mini.yaml")
+    for extra in (["--dry-run"], []):
+        res = subprocess.run(
+            [*RAYSIM, "run", fedbaf, *extra], capture_output=True, text=True, cwd=tmp_path,
+            timeout=120, env={**os.environ, "MLFLOW_TRACKING_URI": ""},
+        )  # fmt: skip
+        assert res.returncode == 2, res.stderr[-2000:]
+        assert res.stderr.strip() == (
+            "raysim: error: algorithm.foundation: foundations/digits does not exist (relative "
+            f"paths are read from {tmp_path}); make it with `raysim pretrain digits --out "
+            "foundations/digits`"
+        )
+        assert list(tmp_path.iterdir()) == []  # no store, no run
+
+
+def test_only_paths_that_are_certainly_local_are_checked(tmp_path, monkeypatch):
+    from raysim.config import load_config
+    from raysim.inputs import MissingInput, check_inputs
+
+    monkeypatch.chdir(tmp_path)
+    base = {"model": {"name": "hf_causal_lm"}, "data": {"name": "flan_mini"},
+            "algorithm": {"name": "fedit"}}  # fmt: skip
+    check_inputs(load_config({**base, "model": {"name": "hf_causal_lm", "path": "org/model"}}))
+    for path in ("./model", "/nonexistent/model", "~/nonexistent-raysim-model"):
+        cfg = load_config({**base, "model": {"name": "hf_causal_lm", "path": path}})
+        with pytest.raises(MissingInput, match=r"^model\.path: "):
+            check_inputs(cfg)
+    (tmp_path / "org").mkdir()  # a first folder that exists here: a path, not a hub id
+    with pytest.raises(MissingInput, match="relative paths are read from"):
+        check_inputs(load_config({**base, "model": {"name": "hf_causal_lm", "path": "org/m"}}))
+
+
 def test_what_the_readmes_commands_leave_behind_is_ignored_by_git():
     """The stores, locks and foundations that the README's commands write stay out of
     ``git status``; both foundation commands write under one folder name."""
@@ -410,9 +446,12 @@ def test_a_copied_project_reads_and_writes_its_own_artifacts(tmp_path, monkeypat
 
 
 def test_data_that_cannot_load_fails_once_in_one_line(tmp_path):
-    """The coordinator's setup fails (here: an image set that is not on disk). The run stops at
-    once with one line naming the cause; the coordinator is not replaced four times over."""
+    """The coordinator's setup fails (here: an image set whose folder holds no saved dataset).
+    The run stops at once with one line naming the cause; the coordinator is not replaced four
+    times over. (A folder that is not there at all is refused before Ray starts, with exit 2:
+    ``test_a_missing_file_the_config_names_is_refused_before_ray_starts``.)"""
     missing = tmp_path / "no-such-dataset"
+    missing.mkdir()
     t0 = time.monotonic()
     proc = subprocess.run(
         [

@@ -88,5 +88,9 @@ def test_readme_command_runs_as_written_on_two_cores(command, monkeypatch, capsy
         argv.append("--dry-run")
     rc = cli.main(argv)
     out, err = capsys.readouterr()
+    made = re.search(r"does not exist .*make it with `([^`]+)`", err)
+    if rc == 2 and made:  # a file an earlier README command makes (raysim pretrain ...)
+        assert made.group(1) in COMMANDS[: COMMANDS.index(command)], err
+        return
     assert rc == 0, err
     assert "Traceback" not in err

@@ -1,0 +1,83 @@
+"""The files and folders a config names, checked before Ray starts (``api.preflight``).
+
+Relative paths are read from the working directory, as every part of raysim reads them; the
+error says which directory that was. Only what is certainly local is checked: a FedBaF
+foundation, Flan's released data and a Flan tokenizer folder, image or data folders given to a
+``datasets`` folder builder, a dataset saved with ``save_to_disk``; and ``model.path`` or
+``data.tokenizer`` where they are written as paths (``/``, ``./``, ``../``, ``~``, or a first folder
+that exists here), not as Hugging Face hub ids.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+#: ``datasets`` builders that read a local folder (``data_dir``)
+FOLDER_BUILDERS = ("imagefolder", "audiofolder", "csv", "json", "parquet", "text", "arrow")
+
+
+class MissingInput(ValueError):
+    """A file or folder the config names is not there."""
+
+
+def _written_as_path(value: str) -> bool:
+    first = Path(value).parts[0] if Path(value).parts else ""
+    return value.startswith(("/", "./", "../", "~")) or (
+        os.sep in value and Path(first).expanduser().is_dir()
+    )
+
+
+def named_inputs(cfg: Any) -> Iterator[tuple[str, str, str]]:
+    """``(config key, path, what to do if it is missing)`` for each local input of ``cfg``."""
+    params = cfg.algorithm.params
+    foundation = getattr(params, "foundation", None)
+    if isinstance(foundation, str):
+        yield "algorithm.foundation", foundation, "foundation"
+    for i, hook in enumerate(cfg.hooks.server):
+        path = getattr(hook.params, "foundation", None)
+        if isinstance(path, str):
+            yield f"hooks.server[{i}].foundation ({hook.name})", path, "foundation"
+    data = cfg.data
+    text = data.text
+    if data.name == "flan" and text.data_dir:
+        yield "data.text.data_dir", text.data_dir, "Flan's released jsonl files"
+    if data.name in ("flan_mini", "flan") and text.tokenizer not in ("word", "smollm2"):
+        yield "data.text.tokenizer", text.tokenizer, "tokenizer"
+    if data.tokenizer and data.tokenizer != "smollm2" and _written_as_path(data.tokenizer):
+        yield "data.tokenizer", data.tokenizer, "a tokenizer folder"
+    for key, source in (("data.hf", data.hf), ("data.hf_image", data.hf_image)):
+        if data.name != key.split(".")[1]:
+            continue
+        if source.load_from_disk and source.path:
+            yield f"{key}.path", source.path, "a dataset saved with save_to_disk"
+        elif source.path in FOLDER_BUILDERS and source.data_dir:
+            yield f"{key}.data_dir", source.data_dir, f"a folder for {source.path}"
+    if cfg.model.path and _written_as_path(cfg.model.path):
+        yield "model.path", cfg.model.path, "the model's weights"
+
+
+def check_inputs(cfg: Any) -> None:
+    """Raise ``MissingInput`` (one line) for the first input of ``cfg`` that is not there."""
+    for key, value, what in named_inputs(cfg):
+        path = Path(value).expanduser()
+        if path.exists():
+            continue
+        where = "" if path.is_absolute() else f" (relative paths are read from {Path.cwd()})"
+        hint = f" ({what})"
+        if what == "foundation":
+            hint = f"; {_foundation_hint(path)}"
+        elif what == "tokenizer":
+            hint = (
+                " (a tokenizer folder: `raysim foundation --out PATH` makes the tiny foundation, "
+                "its model and tokenizer)"
+            )
+        raise MissingInput(f"{key}: {value} does not exist{where}{hint}")
+
+
+def _foundation_hint(path: Path) -> str:
+    from raysim.algorithms.fedbaf.mixer import how_to_make
+
+    return how_to_make(path)

@@ -252,16 +252,26 @@ def round_clients(cfg: dict[str, Any], rounds: range) -> dict[int, list[int]]:
     return {k: out[k] for k in rounds}
 
 
+def dataset(cfg: dict[str, Any]) -> Any:
+    """The run's dataset, built once per data section (a step's runs share their clients)."""
+    key = json.dumps([cfg["data"], cfg["clients"], cfg["seed"]])
+    if key not in _DATASETS:
+        from raysim.config import load_config
+        from raysim.runtime import run_dataset
+
+        _DATASETS[key] = run_dataset(load_config(cfg))
+    return _DATASETS[key]
+
+
+_DATASETS: dict[str, Any] = {}
+
+
 def client_tokens(cfg: dict[str, Any]) -> dict[int, int]:
     """Tokens one local call trains on, per client: epochs × the client's unpadded tokens."""
-    from raysim.config import load_config
-    from raysim.runtime import run_dataset
-
-    rc = load_config(cfg)
-    ds = run_dataset(rc)
+    ds, epochs = dataset(cfg), cfg["local"]["epochs"]
     return {
-        j: int(ds.client_data(j)["attention_mask"].sum()) * rc.local.epochs
-        for j in range(rc.clients.num)
+        j: int(ds.client_data(j)["attention_mask"].sum()) * epochs
+        for j in range(cfg["clients"]["num"])
     }
 
 
@@ -354,7 +364,6 @@ def step_plain(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from raysim.config import load_config
-    from raysim.runtime import run_dataset
 
     cfg = fedit_config(args.shape, args.rounds)
     m = cfg["model"]
@@ -383,7 +392,7 @@ def step_plain(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     trainable = [p for p in model.parameters() if p.requires_grad]
     start = [p.detach().clone() for p in trainable]
 
-    ds = run_dataset(load_config(cfg))
+    ds = dataset(cfg)
     steady = range(1, args.rounds)
     rounds = round_clients(cfg, range(args.rounds))
     tokens = client_tokens(cfg)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # raysim's main path on a GPU, in one call of the lent device machine (about 8 minutes):
-# `raysim run` FedIT on a LLaMA-7B-shaped bf16 model in four placements against a plain PEFT
+# `raysim run` FedIT on a LLaMA-7B-shaped bf16 model in five placements against a plain PEFT
 # loop, the DeepSpeed (ZeRO-2, ZeRO-3) and Accelerate backends, FedOA, a `raysim tune` sweep of 4
 # trials at 0.5 GPU, FedBaF on ViT-B/16; then the CUDA tests. benchmarks/gpu_e2e.py says what each
 # step measures; the figures land in $OUT/figures.md and $OUT/figures.json.
@@ -11,6 +11,9 @@
 #   make gpu-check                       # CI: --shape tiny under the image guard (README)
 #   bash benchmarks/gpu_e2e.sh --shape tiny    # the same steps on this CPU, in minutes
 #   ONLY="plain fedit" bash benchmarks/gpu_e2e.sh   # some steps only
+#   ONLY="multilora fm_fedit fm_fedoa fedbaf_b16" bash benchmarks/gpu_e2e.sh
+#                                        # the pieces of a worker without Ray (the first GPU
+#                                        # figures in RESULTS.md); they run only when named
 #
 # --shape tiny starts a Ray on loopback with one logical GPU (so that four workers at 0.25 GPU
 # and trials at 0.5 GPU are placed as on a card) and stops it at the end; on a GPU each
@@ -88,9 +91,18 @@ step backends 100 e2e backends --rounds 2 --run-limit $((40 * SCALE))
 step fedoa 50 e2e fedoa --rounds 2
 step tune 50 e2e tune
 step fedbaf 50 e2e fedbaf
+piece() {  # a step that runs only where ONLY names it
+  [[ " ${ONLY:-} " == *" $1 "* ]] && step "$@"
+}
 if [ "$SHAPE" != tiny ]; then
   step gpu_tests 30 "$PY" -m pytest -q -p no:cacheprovider tests/test_gpu.py \
     tests/test_multilora.py::test_client_losses_stay_on_the_logits_device
+  piece multilora 170 "$PY" benchmarks/multilora.py --shape 7b --clients 1 4 16 64 --repeats 2 \
+    --steps 2
+  piece fm_fedit 75 "$PY" benchmarks/fm_clients.py --shape 7b --clients 4 --examples 16 --batch 8
+  piece fm_fedoa 75 "$PY" benchmarks/fm_clients.py --shape 7b --clients 4 --examples 16 \
+    --batch 8 --method fedoa
+  piece fedbaf_b16 120 "$PY" benchmarks/fedbaf_cost.py --shape b16 --repeats 3
 fi
 cat "$WORK/report.log"
 if [ ${#FAILED[@]} -gt 0 ]; then

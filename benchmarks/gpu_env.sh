@@ -1,6 +1,7 @@
 # Sourced, not run (by scripts on the lent GPU machine, and here): `source benchmarks/gpu_env.sh`.
 # Makes the image's python3 see the bundle that benchmarks/gpu_bundle.sh built and the repo:
-#  - .gpu/bundle-<tag>.tar.xz (tag cp312, or RAYSIM_BUNDLE=<tag>), where it exists, is unpacked
+#  - .gpu/bundle-<tag>.tar.xz (tag: that of ${PYTHON:-python3}, cp312 on the GPU image, or
+#    RAYSIM_BUNDLE=<tag>), where it exists, is unpacked
 #    once into ${RAYSIM_SITE:-/tmp/raysim-site} (again only when the bundle changes: a stamp
 #    holds its checksum) and put first on PYTHONPATH, its bin/ on PATH;
 #  - the repo root goes on PYTHONPATH (raysim is not installed there);
@@ -11,7 +12,9 @@
 # Works under `set -euo pipefail`, and sourced twice; returns non-zero if unpacking fails.
 
 _rs_root=$(cd "$(dirname "${BASH_SOURCE[0]:-$0}")/.." && pwd)
-_rs_tag=${RAYSIM_BUNDLE:-cp312}
+# the bundle built for the Python that will run (${PYTHON:-python3}): cp312 on the GPU image; a
+# bundle for another Python would not load (its compiled parts are that Python's)
+_rs_tag=${RAYSIM_BUNDLE:-$("${PYTHON:-python3}" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')}
 _rs_tar=$_rs_root/.gpu/bundle-$_rs_tag.tar.xz
 _rs_rc=0
 

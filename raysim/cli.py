@@ -395,6 +395,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from rich.live import Live
 
     from raysim.config import load_config
+    from raysim.sweeps.trial import trial_overrides
     from raysim.sweeps.tuner import BEST_FILE, SweepInterrupted, tune
 
     cfg = load_config(args.config, args.overrides)
@@ -463,7 +464,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         done.add_row(*[cell(c, r[c]) for c in cols])
     console.print(done)
     # the swept values, not the whole config (it would push the table off the screen)
-    console.print(f"best: {best_params_line(out.best_params)}", soft_wrap=True, markup=False)
+    best = " ".join(trial_overrides(out.best_params))  # as a trial got them
+    console.print(f"best: {best}", soft_wrap=True, markup=False)
     best_file = os.path.join(out.path, BEST_FILE)
     console.print(f"its whole config: {best_file}", soft_wrap=True, markup=False)
     console.print(f"run it: raysim run {best_file}", soft_wrap=True, markup=False)
@@ -474,13 +476,6 @@ def cmd_tune(args: argparse.Namespace) -> int:
         markup=False,
     )
     return 0
-
-
-def best_params_line(params: Mapping[str, Any]) -> str:
-    """The best trial's swept values, as the overrides that give them: ``key=value ...``."""
-    return " ".join(
-        f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items()
-    )
 
 
 def cmd_methods(args: argparse.Namespace) -> int:

@@ -1,7 +1,7 @@
 """What only a CUDA device can show: the batched trainer and the multi-LoRA pass keep every
 tensor on the model's device and end where one-client-at-a-time training does.
 
-Skipped where no CUDA device is visible (CI has none); `bash benchmarks/gpu_checks.sh` runs them
+Skipped where no CUDA device is visible (CI has none); `bash benchmarks/gpu_e2e.sh` runs them
 on the lent GPU machine. A CPU test cannot catch a tensor left on the CPU: these can."""
 
 from __future__ import annotations

@@ -404,10 +404,9 @@ class CoordinatorCore:
         evaluating = self.evaluator is not None and (
             (k + 1) % self.cfg.eval.every == 0 or self.done
         )
-        if evaluating and hasattr(self.evaluator, "submit"):
-            # the version the next dispatch sends too, published (and audited) now: its audit
-            # belongs to this round's audit_wall_s
-            self._current_handle()
+        # evaluated on the workers: the version the next dispatch sends too, published (and
+        # audited) now, so that its audit counts in this round's audit_wall_s
+        v = self._current_handle() if evaluating and hasattr(self.evaluator, "submit") else None
         self.totals["bytes_up"] += log.bytes_up
         self.totals["bytes_down"] += log.bytes_down
         self.totals["arrived"] += log.arrived
@@ -451,8 +450,7 @@ class CoordinatorCore:
         m.update(log.server_metrics)
         if evaluating:
             states, final = dict(self.client_states), self.done
-            if hasattr(self.evaluator, "submit"):
-                v = self._current_handle()
+            if v is not None:
                 self._pending = (k, m, self.evaluator.submit(v.weights, states, final, k, v.handle))
             else:
                 weights = self.strategy.weights

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -391,17 +392,15 @@ class ClientRunner:
         t0 = time.perf_counter()
         if self.group_size > 1 and len(jobs) > 1:
             out = self.run_together(weights, jobs)
+            for r in out:  # trained together: an even share each
+                r.seconds = (time.perf_counter() - t0) / len(out)
         else:
             out = []
             for job in jobs:
                 t = time.perf_counter()
                 out.append(self.run(weights, job))
                 out[-1].seconds = time.perf_counter() - t
-        took = time.perf_counter() - t0
-        if self.group_size > 1 and len(jobs) > 1:
-            for r in out:  # trained together: an even share each
-                r.seconds = took / len(out)
-        self.train_s += took
+        self.train_s += time.perf_counter() - t0
         return out
 
 
@@ -409,8 +408,6 @@ def deterministic_cuda() -> None:
     """Deterministic CUDA kernels in this process (``workers.cuda_deterministic``): cuBLAS with a
     fixed workspace (set before its first handle: a worker builds its model after this) and
     torch's deterministic algorithms, warning (not failing) where an op has none."""
-    import os
-
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True, warn_only=True)
 

@@ -226,8 +226,9 @@ class AccelerateStepper(TorchStepper):
     def finish(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
         # Drop the accelerator's reference to this call's optimizer. ``free_memory()`` does that
-        # too, but also runs ``gc.collect()`` and empties the CUDA cache on every call: 0.28 s a
-        # client on a tiny LLaMA (16x its training), and a fresh allocation of every buffer.
+        # too, but also runs ``gc.collect()`` and empties the CUDA cache on every call: 0.2 s a
+        # client on a tiny LLaMA, 18x its training (benchmarks/backend_calls.py), and a fresh
+        # allocation of every buffer on a GPU.
         held = getattr(self.accelerator, "_optimizers", None)
         if isinstance(held, list) and any(o is self.optimizer for o in held):
             held[:] = [o for o in held if o is not self.optimizer]

@@ -50,11 +50,17 @@ class Row:
     note: str = ""
 
 
-def raysim(args: list[str], store: Path, timeout: float = 600, **kw) -> subprocess.CompletedProcess:
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{store / 'mlflow.db'}"}
-    env.pop("RAY_ADDRESS", None)
+def raysim(
+    args: list[str], store: Path, timeout: float = 600, env: dict[str, str] | None = None, **kw
+) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [*RAYSIM, *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=store, **kw
+        [*RAYSIM, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**_env(store), **(env or {})},
+        cwd=store,
+        **kw,
     )
 
 
@@ -68,8 +74,8 @@ def _write(name: str, text: str | bytes) -> Callable[[Path], str]:
     return make
 
 
-#: label → (argv builder given a scratch dir)
-BAD_INPUTS: dict[str, Callable[[Path], list[str]]] = {
+#: label → argv builder given a scratch dir (or argv and environment variables)
+BAD_INPUTS: dict[str, Callable[[Path], list[str] | tuple[list[str], dict[str, str]]]] = {
     # YAML files
     "missing file": lambda d: ["run", str(d / "nope.yaml")],
     "empty file": lambda d: ["run", _write("e.yaml", "")(d)],
@@ -133,9 +139,26 @@ BAD_INPUTS: dict[str, Callable[[Path], list[str]]] = {
     "coordinator too big": lambda d: ["run", QUICK, "coordinator.num_cpus=64"],
     "per_client too many": lambda d: ["run", QUICK, "workers.count=per_client"],
     "fractional num_gpus > 1": lambda d: ["run", QUICK, "workers.num_gpus=1.5"],
-    # CLI flags and clusters
+    "a typo in the method's own parameter": lambda d: [
+        "run",
+        QUICK,
+        "algorithm.name=fedbuff",
+        "algorithm.buffer_sise=3",
+    ],
+    "another tool's name (learning_rate)": lambda d: ["run", QUICK, "local.learning_rate=0.1"],
+    # CLI flags and clusters (no Ray cluster runs on the machine)
     "run without config": lambda d: ["run"],
     "unreachable --address": lambda d: ["run", QUICK, "--address", "127.0.0.1:7"],
+    "--address of a port nobody serves": lambda d: ["run", QUICK, "--address", "127.0.0.1:6399"],
+    "--address auto, no cluster": lambda d: ["run", QUICK, "--address", "auto"],
+    "RAY_ADDRESS=auto, no cluster": lambda d: (["run", QUICK], {"RAY_ADDRESS": "auto"}),
+    "tune --address auto --dry-run, no cluster": lambda d: [
+        "tune",
+        str(ROOT / "examples" / "tune-async.yaml"),
+        "--address",
+        "auto",
+        "--dry-run",
+    ],
     # checkpoints
     "resume an unknown run id": lambda d: ["run", "--resume", "0123456789abcdef0123456789abcdef"],
     "resume a missing dir": lambda d: ["run", "--resume", str(d / "no-ckpt")],
@@ -160,7 +183,9 @@ def bad_inputs(rows: list[Row]) -> None:
         row = Row("bad input", label, tried=1)
         with tempfile.TemporaryDirectory() as tmp:
             d = Path(tmp)
-            res = raysim(build(d), d, timeout=120)
+            built = build(d)
+            argv, env = built if isinstance(built, tuple) else (built, None)
+            res = raysim(argv, d, timeout=120, env=env)
             lines = res.stderr.strip().splitlines()
             problems = []
             if res.returncode != 2:
@@ -298,6 +323,116 @@ def driver_signals(
         print(f"  {row.name}: {row.survived}/{row.tried}", flush=True)
 
 
+#: a run long enough to stop in each phase: a checkpoint after every round
+STOP_RUN = ["run", QUICK, "rounds=60", "checkpoint.every=1"]
+
+
+def _descendants(pid: int) -> list[str]:
+    import psutil
+
+    names = []
+    for child in psutil.Process(pid).children(recursive=True):
+        try:
+            names.append(" ".join(child.cmdline()) or child.name())
+        except psutil.Error:
+            continue
+    return names
+
+
+def _tagged_run(store: Path, tag: str | None = None) -> bool:
+    if not (store / "mlflow.db").exists():
+        return False
+    try:
+        runs = _runs(store)
+    except Exception:  # noqa: BLE001 - the store is being made
+        return False
+    return bool(runs) and (tag is None or tag in runs[0].data.tags)
+
+
+def _finished(store: Path) -> bool:
+    return _tagged_run(store) and _statuses(store)[0] == "FINISHED"
+
+
+#: phase → (what says the run is in it, given the driver's pid and the store)
+STOP_PHASES: dict[str, Callable[[int, Path], bool]] = {
+    "Ray starting": lambda pid, store: any("gcs_server" in c for c in _descendants(pid)),
+    "workers starting": lambda pid, store: any("Coordinator" in c for c in _descendants(pid)),
+    # the run's placement is its set-up's last record: the first round follows
+    "first round": lambda pid, store: any(store.glob("mlruns/*/*/artifacts/placement.json")),
+    "mid-run, checkpoints every round": lambda pid, store: _tagged_run(
+        store, "raysim.checkpoint_round"
+    ),
+    "at the end": lambda pid, store: _finished(store),
+}
+
+
+def _hint(err: str) -> list[str] | None:
+    """The command the stop's last line names, as argv for this Python."""
+    import re
+    import shlex
+
+    lines = err.strip().splitlines()
+    found = re.findall(r"`(raysim [^`]+)`", lines[-1]) if lines else []
+    return [*RAYSIM, *shlex.split(found[-1])[1:]] if found else None
+
+
+def group_stops(rows: list[Row], tries: int) -> None:
+    """SIGTERM or SIGINT to the run's whole process group (``timeout``, ``kill -TERM -PGID``, a
+    terminal's Ctrl-C) in each phase of a run: it must exit within 2 s, leave no run RUNNING and
+    print a command that, run, ends with the uninterrupted run's weights."""
+    with tempfile.TemporaryDirectory() as tmp:
+        reference = _final_digest(raysim(STOP_RUN, Path(tmp)).stdout)
+    for phase, reached in STOP_PHASES.items():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            row = Row("stop", f"{sig.name} to the process group: {phase}")
+            for _ in range(tries):
+                row.tried += 1
+                with tempfile.TemporaryDirectory() as tmp:
+                    row_ok, note = _stop_once(Path(tmp), reference, sig, reached)
+                row.survived += int(row_ok)
+                row.lost += int(not row_ok)
+                row.note = note if not row_ok or not row.note else row.note
+            rows.append(row)
+            print(f"  {row.name}: {row.survived}/{row.tried} ({row.note})", flush=True)
+
+
+def _stop_once(
+    store: Path, reference: str, sig: signal.Signals, reached: Callable[[int, Path], bool]
+) -> tuple[bool, str]:
+    proc = _popen(STOP_RUN, store, start_new_session=True)
+    deadline = time.time() + 300
+    while proc.poll() is None and time.time() < deadline and not reached(proc.pid, store):
+        time.sleep(0.02)
+    if proc.poll() is not None:
+        return False, f"ended before the phase, rc {proc.returncode}"
+    sent = time.perf_counter()
+    os.killpg(proc.pid, sig)
+    try:
+        out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+    took = time.perf_counter() - sent
+    left_running = [s for s in _statuses(store) if s == "RUNNING"] if _tagged_run(store) else []
+    expected_rc = 143 if sig == signal.SIGTERM else 130
+    if _tagged_run(store) and _statuses(store)[0] == "FINISHED":  # the signal came as it ended
+        said = proc.returncode == 0 or "is FINISHED" in _tail(err)
+        ok = proc.returncode in (0, expected_rc) and said and took <= 2.0
+        return ok, f"exit {proc.returncode} in {took:.2f} s, the run FINISHED; {_tail(err)[:60]}"
+    hint = _hint(err)
+    if proc.returncode != expected_rc or took > 2.0 or left_running or hint is None:
+        return False, (
+            f"rc {proc.returncode} after {took:.2f} s, RUNNING left {len(left_running)}, "
+            f"{_tail(err)}"
+        )
+    res = subprocess.run(
+        hint, capture_output=True, text=True, timeout=600, env=_env(store), cwd=store
+    )
+    ok = res.returncode == 0 and _final_digest(res.stdout) == reference
+    note = f"exit {proc.returncode} in {took:.2f} s; {_tail(err)[:90]}"
+    return ok, f"{note}; hint rc {res.returncode}"
+
+
 def worker_kills(rows: list[Row], reference: str, tries: int, rng: random.Random) -> None:
     row = Row("fault", "worker killed at a random round")
     for _ in range(tries):
@@ -391,16 +526,21 @@ def read_only_artifacts(rows: list[Row], reference: str) -> None:
     print(f"  {row.name}: {row.survived}/{row.tried}", flush=True)
 
 
-def _popen(args: list[str], store: Path) -> subprocess.Popen:
+def _env(store: Path) -> dict[str, str]:
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{store / 'mlflow.db'}"}
     env.pop("RAY_ADDRESS", None)
+    return env
+
+
+def _popen(args: list[str], store: Path, **kw) -> subprocess.Popen:
     return subprocess.Popen(
         [*RAYSIM, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=env,
+        env=_env(store),
         cwd=store,
+        **kw,
     )
 
 
@@ -463,6 +603,7 @@ def main() -> None:
         "coordinator": lambda ref, t, rng, s: coordinator_kills(rows, ref, t, rng, s),
         "read-only": lambda ref, t, rng, s: read_only_artifacts(rows, ref),
         "signals": lambda ref, t, rng, s: driver_signals(rows, ref, t, rng, s),
+        "stops": lambda ref, t, rng, s: group_stops(rows, t),
         "concurrent": lambda ref, t, rng, s: concurrent_runs(rows),
         "stale-cluster": lambda ref, t, rng, s: stale_cluster_file(rows, ref),
     }

@@ -100,6 +100,9 @@ def preflight(cfg: RunConfig, address: str | None = None) -> None:
 
 #: wall time of rounds the coordinator runs per driver call in ``RunSession.rounds``
 ADVANCE_S = 0.25
+#: how long a stopped run waits for its coordinator to mark it KILLED: it answers at once, unless
+#: it is writing a checkpoint, which it finishes first (``Coordinator.stop``)
+STOP_S = 60.0
 
 #: how often one run replaces a coordinator that died before it gives up
 MAX_COORDINATOR_RESTARTS = 3
@@ -167,7 +170,7 @@ class RunSession:
     ) -> None:
         import ray
 
-        from raysim.actors.coordinator_actor import Coordinator
+        from raysim.actors.coordinator_actor import CONCURRENCY_GROUPS, Coordinator
         from raysim.actors.pool import WorkerLaunch
         from raysim.placement import check_store_outlives_job, coordinator_options
         from raysim.resources import plan_resources
@@ -203,6 +206,10 @@ class RunSession:
         self._first_source = resume.for_actor() if resume else None
         self.run_id: str | None = None
         self.round = resume.round if resume else 0
+        #: after ``stop``: the coordinator's rounds done and the round its newest checkpoint
+        #: resumes at (None where it could not say)
+        self.stopped: dict[str, int | None] | None = None
+        self.finished = False  # ``finish`` returned: the run is FINISHED in MLflow
         try:
             self.plan = plan_resources(cfg, dict(resources or ray.cluster_resources()))
             self.pool_size = self.plan.num_workers
@@ -231,14 +238,15 @@ class RunSession:
                 self._own_workers = [self._launch.start() for _ in range(self._launch.count)]
                 self._started = list(self._own_workers)
             if not self._in_process:
-                self._coordinator = ray.remote(Coordinator).options(
-                    **coordinator_options(cfg, self.tracking_uri)
-                )
+                remote = ray.remote(concurrency_groups=CONCURRENCY_GROUPS)(Coordinator)
+                self._coordinator = remote.options(**coordinator_options(cfg, self.tracking_uri))
             try:
                 self._start_coordinator(self._first_source)
             except ray.exceptions.ActorDiedError as died:
                 self._replace_coordinator(died)
-        except BaseException:
+        except BaseException as e:
+            if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                self.stop()
             self.close()
             raise
         # a script that exits without close(): mark the run KILLED before Ray's own exit hook
@@ -400,8 +408,33 @@ class RunSession:
             except Exception:  # noqa: BLE001
                 pass
 
+    def stop(self) -> None:
+        """End the run KILLED now (Ctrl-C, SIGTERM), whatever it is doing. The coordinator
+        answers while it sets up or runs a round (``Coordinator.stop``), and ``stopped`` says
+        where it was; one that cannot answer is ended, and the run it opened (found by this
+        session's tag) is marked KILLED from here. The actor is gone after: ``close`` is quick."""
+        import ray
+
+        if self.finished:  # nothing to stop: ``close`` ends the actors
+            return
+        if self.here is not None:
+            self.stopped = self.here.stop()
+            return
+        actor, self.actor = getattr(self, "actor", None), None
+        if actor is None:
+            return
+        with contextlib.suppress(Exception):  # it answers once constructed, setting up or not
+            self.stopped = ray.get(actor.stop.remote(), timeout=STOP_S)
+        alive = actor.__ray_ready__.remote()  # fails once the actor is dead
+        ray.kill(actor, no_restart=True)
+        if self.stopped is None:
+            ray.wait([alive], timeout=10)  # dead: it can open or write nothing more
+            self.run_id = self.run_id or self._find_run()
+            self._mark("KILLED")
+
     def finish(self) -> Result:
         summary = self._call("finish")
+        self.finished = True
         weights = self._call("weights")
         states = self._call("client_states")
         unsaved = summary.get("unsaved")
@@ -499,8 +532,11 @@ def run(
             if on_round is not None:
                 on_round(metrics)
         return session.finish()
-    except BaseException as e:
-        session.fail("KILLED" if isinstance(e, (KeyboardInterrupt, SystemExit)) else "FAILED")
+    except (KeyboardInterrupt, SystemExit):
+        session.stop()
+        raise
+    except BaseException:
+        session.fail("FAILED")
         raise
     finally:
         session.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -21,8 +22,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 console = Console()
+#: when the command began (its imports aside): the summary's "command" time counts from here
+STARTED = time.perf_counter()
 #: errors and stop notices: stderr, never wrapped, never parsed as markup
-errors = Console(stderr=True, soft_wrap=True, highlight=False)
+errors = Console(stderr=True, soft_wrap=True, highlight=False, markup=False)
 
 #: MLflow 3.17's UI opens experiments in its GenAI view (traces, no runs table) and ignores the
 #: experiment tag that earlier 3.x releases read; a URL can name the model-training view, and the
@@ -102,10 +105,12 @@ def _summary_table(result: Any) -> Table:
     ]
     rows = [(label, f"{m[key]:.4f}") for label, key in shown if key in m]
     rows += [
-        ("rounds (virtual time)", f"{m['rounds']:.0f}"),
+        ("rounds run", f"{m['rounds']:.0f}"),
         ("updates applied / rejected", f"{m['total_updates']:.0f} / {m['rejected_updates']:.0f}"),
         ("bytes up / down", f"{m['total_bytes_up']:.3g} / {m['total_bytes_down']:.3g}"),
-        ("wall time", f"{m['wall_time_s']:.1f} s"),
+        # the coordinator's clock (resumed runs: every attempt's), and the whole command's
+        ("wall time of the rounds", f"{m['wall_time_s']:.1f} s"),
+        ("wall time of this command", f"{time.perf_counter() - STARTED:.1f} s"),
     ]
     if "leaks_reported" in m:  # audit.on_leak: report
         rows.append(("leaky payloads sent", f"{m['leaks_reported']:.0f}"))
@@ -200,25 +205,36 @@ def _dry_run(cfg: Any, address: str | None) -> int:
 
 
 def _stopped(args: argparse.Namespace, session: Any) -> None:
-    """The one line a stopped run prints: where it stopped and how to go on."""
+    """The one line a stopped run prints: where it stopped and a command that goes on from the
+    round its newest checkpoint holds (the coordinator's word: it runs ahead of the driver's
+    progress bar), or starts it again."""
+    again = "raysim " + shlex.join(args.argv)
     if session is None:
-        again = f"raysim run --resume {args.resume}" if args.resume else "the same command"
-        errors.print(
-            f"stopped during start-up, before any round ran; start again with `{again}`",
-            markup=False,
-        )
+        errors.print(f"stopped during start-up, before any round ran; start again with `{again}`")
         return
-    cfg = session.cfg
-    where = f"stopped after round {session.round}"
+    if session.finished:
+        errors.print(f"stopped as it ended: run {session.run_id} is FINISHED, nothing to resume")
+        return
+    cfg, stopped = session.cfg, session.stopped or {}
+    done = stopped.get("round")
+    where = f"stopped after round {session.round if done is None else done} of {cfg.rounds}"
+    saved = stopped.get("saved_round")
     handle = session.run_id or cfg.checkpoint.dir
-    if cfg.checkpoint.every and handle:
-        errors.print(f"{where}; resume with `raysim run --resume {handle}`", markup=False)
+    marked = f" (run {session.run_id} marked KILLED)" if session.run_id else ""
+    resume = "raysim " + shlex.join(
+        ["run", "--resume", str(handle), *(["--address", args.address] if args.address else [])]
+    )
+    if saved is not None and handle:
+        errors.print(f"{where}; resume from its checkpoint after round {saved} with `{resume}`")
+    elif saved is None and session.stopped is None and cfg.checkpoint.every and handle:
+        # the coordinator could not say: the run's own record says where it resumes
+        errors.print(f"{where}; resume with `{resume}`")
+    elif cfg.checkpoint.every:
+        line = f"{where}{marked}, before its first checkpoint (after round {cfg.checkpoint.every})"
+        errors.print(f"{line}; start again with `{again}`")
     else:
-        errors.print(
-            f"{where} (run {session.run_id} marked KILLED); it wrote no checkpoint to resume "
-            "from: set checkpoint.every",
-            markup=False,
-        )
+        line = f"{where}{marked}; it wrote no checkpoint to resume from (set checkpoint.every)"
+        errors.print(f"{line}; start again with `{again}`")
 
 
 def _run_with_progress(cfg: Any, resume: Any, address: str | None, on_start: Any = None) -> Any:
@@ -733,6 +749,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)  # before the imports below: --help answers at once
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # to say how to start again
     from raysim.api import CoordinatorLost
     from raysim.errors import Diverged, LeakError, RunSetupError
     from raysim.quiet import quiet_libraries
@@ -758,7 +775,11 @@ def entry() -> NoReturn:
     run, 1.5 s where MLflow is loaded (benchmarks/RESULTS.md). ``main`` itself returns, for
     callers in a Python process."""
     import atexit
+    import faulthandler
 
+    # a crash in native code prints the Python stack (the driver runs without Ray's C++ crash
+    # handler: raysim.ray_start._driver_without_crash_handler)
+    faulthandler.enable()
     code = main()
     threading._shutdown()  # what interpreter exit does first: non-daemon threads, pools' hooks
     atexit._run_exitfuncs()

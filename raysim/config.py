@@ -35,7 +35,7 @@ from raysim.algorithms.spec import HookParams, MethodParams
 from raysim.data import DataConfig
 from raysim.delays import DelayParams, NoDelayParams, parse_delay_params
 from raysim.models.registry import ModelConfig, model_names, model_traits
-from raysim.schema import StrictModel
+from raysim.schema import StrictModel, did_you_mean
 from raysim.sweeps.space import TuneSection
 from raysim.training.settings import LocalTrainingConfig
 
@@ -88,15 +88,15 @@ def _split_named(
     fields += [n for n in entry.params.model_fields if n not in fields]
     for key in data:
         if key not in fields:
-            close = difflib.get_close_matches(str(key), fields, n=1, cutoff=0.5)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            hint = did_you_mean(str(key), fields)
             known = ", ".join(fields) if fields else "none"
             raise ValueError(
                 f"{what} {name!r} has no parameter {key!r}{hint}; its parameters: {known}"
                 + (
+                    # no near name: likely another method's, left from before a switch
                     f". To switch and drop the other's parameters, replace the whole section: "
                     f"{section}='{{name: {name}}}'"
-                    if section
+                    if section and not hint
                     else ""
                 )
             )
@@ -526,9 +526,10 @@ def _nearby_config(path: Path) -> str:
     folder = path.parent if path.parent.is_dir() else None
     if folder is None:
         return ""
-    names = [p.name for p in folder.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file()]
-    close = difflib.get_close_matches(path.name, names, n=1, cutoff=0.6)
-    return f" (did you mean {folder / close[0]}?)" if close else ""
+    files = {p.stem: p for p in folder.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file()}
+    # by the names alone: the shared ".yaml" made any short name look close to any other
+    close = difflib.get_close_matches(path.stem, list(files), n=1, cutoff=0.6)
+    return f" (did you mean {files[close[0]]}?)" if close else ""
 
 
 def _yaml_message(path: Path, error: yaml.YAMLError) -> str:
@@ -579,8 +580,8 @@ def load_config(
             raise ConfigError(f"{path}: cannot read the config ({e})") from None
         if raw is None:
             raise ConfigError(
-                f"{path} is empty; a config needs at least its algorithm and data "
-                "(see examples/quickstart.yaml)"
+                f"{path} is empty: write at least one setting (each one left out takes its "
+                "default; examples/quickstart.yaml shows the usual ones)"
             )
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of keys")

@@ -115,9 +115,9 @@ def private_ray_params(local: bool) -> Iterator[None]:
     from unittest import mock
 
     try:
-        from ray._private import node, parameter
+        from ray._private import node, parameter, services
     except ImportError:  # pragma: no cover - another Ray layout
-        node = parameter = None
+        node = parameter = services = None
     base = getattr(parameter, "RayParams", None)
     start_api_server = getattr(getattr(node, "Node", None), "start_api_server", None)
 
@@ -129,11 +129,15 @@ def private_ray_params(local: bool) -> Iterator[None]:
 
     starting: list[threading.Thread] = []
     with contextlib.ExitStack() as stack:
+        stack.enter_context(_driver_without_crash_handler())
         if local:
             env = {k: v for k, v in PRIVATE_RAY_ENV.items() if k not in os.environ}
             stack.enter_context(mock.patch.dict(os.environ, env))
             if base is not None:
                 stack.enter_context(mock.patch.object(parameter, "RayParams", PrivateRayParams))
+            popen = _own_session_popen(services)
+            if popen is not None:
+                stack.enter_context(mock.patch.object(services, "ConsolePopen", popen))
             if start_api_server is not None:
                 beside = _api_server_beside(start_api_server, starting)
                 stack.enter_context(mock.patch.object(node.Node, "start_api_server", beside))
@@ -141,6 +145,51 @@ def private_ray_params(local: bool) -> Iterator[None]:
         yield
         for thread in starting:  # up by now: the raylet's start took longer (none if it failed)
             thread.join()
+
+
+@contextlib.contextmanager
+def _driver_without_crash_handler() -> Iterator[None]:
+    """The driver's Ray core without Ray's C++ crash handler, which also takes SIGTERM: one that
+    came while ``ray.init`` connected printed a C++ stack trace on the console, where it is the
+    run's stop (the CLI's handler takes it once ``ray.init`` returns). Ray reads the switch
+    (``RAY_DISABLE_FAILURE_SIGNAL_HANDLER``) once, at import; its own processes keep theirs."""
+    from unittest import mock
+
+    try:
+        from ray._private import ray_constants
+    except ImportError:  # pragma: no cover - another Ray layout
+        yield
+        return
+    with mock.patch.object(ray_constants, "RAY_DISABLE_FAILURE_SIGNAL_HANDLER", True):
+        yield
+
+
+def _own_session_popen(services: Any) -> type | None:
+    """Ray's ``ConsolePopen`` that starts each of a private Ray's processes (GCS, raylet and the
+    workers the raylet forks, log monitor, API server) in a session of its own, or None where
+    that cannot be done safely.
+
+    ``timeout``, ``kill -TERM -PGID`` and a job scheduler signal a run's whole process group.
+    Ray's processes, in the driver's group, then died at the same moment as the driver began to
+    end the run: the driver's calls to them hung (36 s) and the run stayed RUNNING in MLflow.
+    In their own session only the driver gets the signal, and it stops them as after Ctrl-C.
+    They still end with the driver when it dies: Ray starts them with the kernel's fate-sharing
+    (``PR_SET_PDEATHSIG``), which needs no shared group; where the kernel lacks it, Ray's
+    reaper kills the driver's group instead, so they stay in it."""
+    popen = getattr(services, "ConsolePopen", None)
+    try:
+        from ray._private.utils import detect_fate_sharing_support
+    except ImportError:  # pragma: no cover - another Ray layout
+        return None
+    if popen is None or os.name != "posix" or not detect_fate_sharing_support():
+        return None
+
+    class OwnSessionPopen(popen):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs.setdefault("start_new_session", True)
+            super().__init__(*args, **kwargs)
+
+    return OwnSessionPopen
 
 
 @contextlib.contextmanager

@@ -308,6 +308,7 @@ class Tracker:
         self.logged_through = -1
         self._batching = False
         self._unsent: list[Any] = []  # round metrics waiting for ``flush``
+        self._sending = threading.Lock()  # ``flush`` may come from a stop's thread
         if resume_run_id is not None:
             self.run_id = resume_run_id
             history = self.client.get_metric_history(resume_run_id, "round")
@@ -329,18 +330,23 @@ class Tracker:
         for i in range(0, len(items), 100):
             self.client.log_batch(self.run_id, params=items[i : i + 100])
 
-    def log_round(self, step: int, metrics: Mapping[str, float]) -> None:
+    def log_round(self, step: int, metrics: Mapping[str, float], final: bool = False) -> None:
+        """A round's metrics at step ``step`` (the round's number, 1 to rounds), unless an earlier
+        attempt of a resumed run logged that round; ``final``: the run's end, at its last
+        round's step, logged once whatever came before."""
         from mlflow.entities import Metric
 
-        if step <= self.logged_through:
+        if (step <= self.logged_through and not final) or self.ended:
             return
 
         ts = int(time.time() * 1000)
-        self._unsent += [
+        row = [
             Metric(k, float(v), ts, step)
             for k, v in metrics.items()
             if v is not None and np.isfinite(v)
         ]
+        with self._sending:
+            self._unsent += row
         if not self._batching:
             self.flush()
 
@@ -360,9 +366,10 @@ class Tracker:
 
     def flush(self) -> None:
         """Send the rounds' metrics that wait, in order (MLflow takes 1000 values a request)."""
-        unsent, self._unsent = self._unsent, []
-        for i in range(0, len(unsent), 1000):
-            self.client.log_batch(self.run_id, metrics=unsent[i : i + 1000])
+        with self._sending:
+            unsent, self._unsent = self._unsent, []
+            for i in range(0, len(unsent), 1000):
+                self.client.log_batch(self.run_id, metrics=unsent[i : i + 1000])
 
     def log_config(self, config: Mapping[str, Any]) -> None:
         """The resolved config as ``config.yaml`` now (a run that dies early still has it)."""
@@ -461,8 +468,8 @@ class Tracker:
     def fail(self, status: str = "FAILED") -> None:
         """End the run unfinished: FAILED (an error) or KILLED (interrupted, closed early)."""
         self.flush()
-        self.client.set_terminated(self.run_id, status)
         self.ended = True
+        self.client.set_terminated(self.run_id, status)
 
 
 def rows_csv(rows: Sequence[Mapping[str, Any]]) -> str:

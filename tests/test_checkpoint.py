@@ -196,7 +196,9 @@ def test_sync_fedavg_crash_then_cli_resume_continues_the_mlflow_run(ray_cluster,
     assert summary["weights_digest"] == ref.weights_digest
     keys = {k for h in ref.history for k in h} - WALL_CLOCK
     for key in sorted(keys):
-        want = [(k, h[key]) for k, h in enumerate(ref.history) if np.isfinite(h.get(key, np.nan))]
+        want = [
+            (k, h[key]) for k, h in enumerate(ref.history, 1) if np.isfinite(h.get(key, np.nan))
+        ]
         logged = sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
         assert logged == want, key  # every round once, none twice, same values
     assert len(client.get_metric_history(run_id, "wall_time")) == 5

@@ -60,4 +60,4 @@ def test_each_round_is_logged_once_with_its_evaluation():
         core.tracker = Rounds()
         while not core.done:
             core.step(settle)
-        assert core.tracker.logged == [(0, False), (1, True), (2, False), (3, True)], settle
+        assert core.tracker.logged == [(1, False), (2, True), (3, False), (4, True)], settle

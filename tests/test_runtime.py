@@ -30,7 +30,7 @@ def test_quickstart_end_to_end_logs_everything(ray_cluster, mlflow_uri):
     assert run.info.status == "FINISHED"
     assert run.data.params["algorithm.name"] == "fedavg" and run.data.tags["algorithm"] == "fedavg"
     acc_hist = client.get_metric_history(res.run_id, "accuracy")
-    assert [m.step for m in acc_hist] == [0, 1, 2]
+    assert [m.step for m in acc_hist] == [1, 2, 3]  # the rounds' numbers
     assert [m.value for m in acc_hist] == accs(res)
     for key in ("virtual_time", "wall_time", "clients_arrived", "bytes_up", "bytes_down"):
         assert len(client.get_metric_history(res.run_id, key)) == 3, key
@@ -165,7 +165,7 @@ def _replaced_once(client, result, resumed_at: str) -> None:
     assert run.data.tags["raysim.coordinator_restarts"] == "1"
     assert run.data.tags["raysim.resumed_at_round"] == resumed_at
     history = client.get_metric_history(result.run_id, "accuracy")
-    assert [m.step for m in history] == list(range(4))  # one value per round, none twice
+    assert [m.step for m in history] == list(range(1, 5))  # one value per round, none twice
 
 
 def test_killed_coordinator_is_replaced_and_result_unchanged(clean, mlflow_uri):
@@ -255,7 +255,8 @@ def test_unwritable_artifact_store_loses_nothing(clean, mlflow_uri, tmp_path, mo
     assert np.concatenate([v.ravel() for v in saved.values()]).size == res.weights.size
     run = client.get_run(res.run_id)
     assert run.info.status == "FAILED" and "could not be written" in run.data.tags["raysim.error"]
-    assert [m.step for m in client.get_metric_history(res.run_id, "accuracy")] == list(range(4))
+    steps = [m.step for m in client.get_metric_history(res.run_id, "accuracy")]
+    assert steps == list(range(1, 5))
 
 
 @pytest.mark.matrix  # the replaced-worker test above sees the new process as a restart

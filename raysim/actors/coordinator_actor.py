@@ -24,7 +24,10 @@ if TYPE_CHECKING:
     from raysim.actors.coordinator_core import CoordinatorCore
     from raysim.config import RunConfig
 
-__all__ = ["Coordinator", "RunSetupError"]
+__all__ = ["CONCURRENCY_GROUPS", "Coordinator", "RunSetupError"]
+
+#: the actor's ``ray.remote`` option: ``stop`` runs in a thread of its own, beside a round
+CONCURRENCY_GROUPS = {"control": 1}
 
 
 class Coordinator:
@@ -49,16 +52,23 @@ class Coordinator:
         no worker actor; the clients train in this process (``InProcessExecutor``), one pooled
         worker's way (``RunSession``'s ``worker_here``).
         ``session`` tags the MLflow run (the driver's ``SESSION_TAG``); ``restarts``: how many
-        coordinators of this run died before this one. An exception while setting up (data
-        that cannot be loaded, a missing file) is kept and raised by ``ready`` as a
-        ``RunSetupError``: a task error, which the driver reports once, where an actor dying in
-        its constructor would be replaced and fail the same way again."""
+        coordinators of this run died before this one. The run is set up by ``ready``, not here,
+        so that ``stop`` can answer while it is: an exception while setting up (data that
+        cannot be loaded, a missing file) is raised by ``ready`` as a ``RunSetupError``: a task
+        error, which the driver reports once, where an actor dying in its constructor would be
+        replaced and fail the same way again."""
         from raysim.buffers import prefer_huge_pages
         from raysim.quiet import quiet_libraries
 
         prefer_huge_pages()  # before torch is imported: the server's model-sized arithmetic
         quiet_libraries()
         self._setup_error: RunSetupError | None = None
+        #: the round the newest checkpoint resumes at (None: none written or restored)
+        self.saved_round: int | None = None
+        self._stopping = threading.Event()  # ``stop`` was called: no checkpoint starts after
+        self._saving = threading.Lock()  # held while a checkpoint is written
+        self._opened: list[Tracker] = []  # MLflow runs this actor opened, for ``stop``
+        self._opening_lock = threading.Lock()  # ``stop`` sees each run opened, or it sees stop
         self.pool: RayWorkerPool | InProcessExecutor | None = None
         self.tracker: Tracker | None = None
         self._tracking: Future[Tracker] | None = None  # the new run's, made in a thread
@@ -69,13 +79,9 @@ class Coordinator:
                 target=_open_quietly, args=(tracking_uri,), daemon=True
             )
             self._opening.start()
-        try:
-            self._setup(
-                config, pool_size, tracking_uri, resume, session, restarts, launch, worker_here
-            )
-        except Exception as e:  # noqa: BLE001 - reported by ready(), in one line
-            self._setup_error = RunSetupError(f"the run could not start: {type(e).__name__}: {e}")
-            self._abandon_tracking(str(self._setup_error))
+        self._setup_args: tuple | None = (
+            config, pool_size, tracking_uri, resume, session, restarts, launch, worker_here
+        )  # fmt: skip
 
     def _setup(
         self,
@@ -144,6 +150,7 @@ class Coordinator:
         )
         if saved is not None:
             self.core.load_state_dict({**saved["core"], "strategy_private": saved["private"]})
+            self.saved_round = self.core.round
         node = _node()
         if self._tracking is not None:
             self.tracker, self._tracking = self._tracking.result(), None
@@ -204,6 +211,10 @@ class Coordinator:
         )
         if resume is None:
             tracker.log_config(cfg.to_dict())
+        with self._opening_lock:
+            if self._stopping.is_set():  # stopped while it opened: ``stop`` did not see it
+                tracker.fail("KILLED")
+            self._opened.append(tracker)
         return tracker
 
     def _abandon_tracking(self, error: str) -> None:
@@ -216,6 +227,15 @@ class Coordinator:
             tracker.fail("FAILED")
 
     def ready(self) -> dict[str, Any]:
+        """Set the run up (the first call), then say where it starts."""
+        if self._setup_args is not None:
+            args, self._setup_args = self._setup_args, None
+            try:
+                self._setup(*args)
+            except Exception as e:  # noqa: BLE001 - one line, for the driver to report
+                error = f"the run could not start: {type(e).__name__}: {e}"
+                self._setup_error = RunSetupError(error)
+                self._abandon_tracking(str(self._setup_error))
         if self._setup_error is not None:
             raise self._setup_error
         return {
@@ -270,11 +290,15 @@ class Coordinator:
         rounds it covers are in the store already (a resumed run does not log them again)."""
         from raysim import checkpoint
 
-        core = self.core.state_dict()
-        private = core.pop("strategy_private")  # its own file, never MLflow (checkpoint.py)
-        state = {"core": core, "warnings": list(self.tracker.warnings) if self.tracker else []}
-        writer = self.checkpointer or checkpoint.Checkpointer(self.cfg, self.tracker)
-        writer.save(state, self.core.round, private)
+        with self._saving:
+            if self._stopping.is_set():  # the run is KILLED already; its last one stands
+                return
+            core = self.core.state_dict()
+            private = core.pop("strategy_private")  # its own file, never MLflow (checkpoint.py)
+            state = {"core": core, "warnings": list(self.tracker.warnings) if self.tracker else []}
+            writer = self.checkpointer or checkpoint.Checkpointer(self.cfg, self.tracker)
+            writer.save(state, self.core.round, private)
+            self.saved_round = self.core.round
 
     def done(self) -> bool:
         return self.core.done
@@ -305,7 +329,9 @@ class Coordinator:
         }
         if self.tracker is not None:
             self.tracker.log_round(
-                self.cfg.rounds, {f"final_{k}": v for k, v in summary["metrics"].items()}
+                self.cfg.rounds,
+                {f"final_{k}": v for k, v in summary["metrics"].items()},
+                final=True,
             )
             try:
                 self.tracker.log_final(
@@ -338,6 +364,22 @@ class Coordinator:
     def fail(self, status: str = "FAILED") -> None:
         if self.tracker is not None and not self.tracker.ended:
             self.tracker.fail(status)
+
+    @ray.method(concurrency_group="control")
+    def stop(self) -> dict[str, int | None]:
+        """An interrupted run, ended at once: answered while a round runs (its own thread, the
+        ``control`` concurrency group). A checkpoint being written is finished first and none
+        starts after; the run is marked KILLED. Returns the rounds done and the round its
+        newest checkpoint resumes at; the driver then ends this actor and its workers."""
+        with self._opening_lock:
+            self._stopping.set()
+            opened = list(self._opened)
+        with self._saving:
+            for tracker in opened:  # one, or none yet: ``_new_tracker`` marks it
+                if not tracker.ended:
+                    tracker.fail("KILLED")
+        core = getattr(self, "core", None)
+        return {"round": core.round if core else None, "saved_round": self.saved_round}
 
     def close(self) -> None:
         """Stop the workers; a run closed before ``finish`` is marked KILLED (resumable)."""

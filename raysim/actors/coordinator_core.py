@@ -277,7 +277,7 @@ class CoordinatorCore:
         self.history.append(metrics)
         if self._pending is None:  # no evaluation this round: logged now
             if self.tracker is not None:
-                self.tracker.log_round(k, metrics)
+                self.tracker.log_round(k + 1, metrics)
         elif settle or self.done:
             self.settle()  # logged with its evaluation
         return metrics
@@ -290,10 +290,10 @@ class CoordinatorCore:
         k, metrics, fetch = self._pending
         self._pending = None
         ev = fetch()
-        self.evaluations.append({"round": float(k), **ev})
+        self.evaluations.append({"round": float(k + 1), **ev})
         metrics.update(ev)
         if self.tracker is not None:
-            self.tracker.log_round(k, metrics)
+            self.tracker.log_round(k + 1, metrics)
 
     def _dispatch(self, k: int, log: RoundLog) -> None:
         if not self.strategy.uses_clients:
@@ -411,7 +411,7 @@ class CoordinatorCore:
         self.totals["bytes_down"] += log.bytes_down
         self.totals["arrived"] += log.arrived
         m: dict[str, float] = {
-            "round": float(k),
+            "round": float(k + 1),  # its number, 1 to rounds: the rounds done once it ends
             "virtual_time": float(k + 1),
             "wall_time": time.perf_counter() - self._started,
             "round_wall_s": wall,

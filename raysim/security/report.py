@@ -90,7 +90,7 @@ def _c_history(tracking_uri: str, run_id: str | None) -> dict[int, float]:
     from mlflow.tracking import MlflowClient
 
     history = MlflowClient(tracking_uri=tracking_uri).get_metric_history(run_id, "fedbaf_c")
-    return {int(m.step): float(m.value) for m in history}
+    return {int(m.step) - 1: float(m.value) for m in history}  # step: round number, 1-based
 
 
 def extract(

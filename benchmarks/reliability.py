@@ -349,6 +349,12 @@ def _tagged_run(store: Path, tag: str | None = None) -> bool:
     return bool(runs) and (tag is None or tag in runs[0].data.tags)
 
 
+def _set_up_for(store: Path, seconds: float) -> bool:
+    """The run's set-up ended (its placement logged) at least ``seconds`` ago."""
+    placed = list(store.glob("mlruns/*/*/artifacts/placement.json"))
+    return bool(placed) and time.time() - placed[0].stat().st_mtime >= seconds
+
+
 def _finished(store: Path) -> bool:
     return _tagged_run(store) and _statuses(store)[0] == "FINISHED"
 
@@ -357,8 +363,8 @@ def _finished(store: Path) -> bool:
 STOP_PHASES: dict[str, Callable[[int, Path], bool]] = {
     "Ray starting": lambda pid, store: any("gcs_server" in c for c in _descendants(pid)),
     "workers starting": lambda pid, store: any("Coordinator" in c for c in _descendants(pid)),
-    # the run's placement is its set-up's last record: the first round follows
-    "first round": lambda pid, store: any(store.glob("mlruns/*/*/artifacts/placement.json")),
+    # the run's placement is its set-up's last record: the first round follows at once
+    "first round": lambda pid, store: _set_up_for(store, 0.1),
     "mid-run, checkpoints every round": lambda pid, store: _tagged_run(
         store, "raysim.checkpoint_round"
     ),

@@ -23,6 +23,7 @@ from raysim.data.server import (
     subsample,
 )
 from raysim.data.shifts import ClientShifts, ShiftConfig, shift_clients
+from raysim.data.synthetic import SyntheticConfig
 from raysim.data.text import build_vocab, encode
 from raysim.data.text_lm import HFTextLMConfig, load_text_lm
 from raysim.data.text_tasks import (
@@ -43,7 +44,16 @@ class DataConfig(StrictModel):
     the instruction-tuning sets ``flan_mini``/``flan`` (fedoa spec §4)."""
 
     name: Literal[
-        "digits", "mnist1d", "bbc_news", "hf", "hf_image", "flan_mini", "flan", "markov", "hf_lm"
+        "digits",
+        "mnist1d",
+        "bbc_news",
+        "hf",
+        "hf_image",
+        "flan_mini",
+        "flan",
+        "markov",
+        "hf_lm",
+        "synthetic",
     ] = "digits"
     test_fraction: float = Field(0.2, gt=0, lt=1)
     partition: PartitionConfig = Field(default_factory=PartitionConfig)
@@ -57,6 +67,7 @@ class DataConfig(StrictModel):
     digits: DigitsConfig = Field(default_factory=DigitsConfig)
     hf_lm: HFTextLMConfig = Field(default_factory=HFTextLMConfig)
     shift: ShiftConfig = Field(default_factory=ShiftConfig)
+    synthetic: SyntheticConfig = Field(default_factory=SyntheticConfig)
     tokenizer: str | None = Field(
         None,
         description="text classification: token ids from this Hugging Face tokenizer (a "
@@ -111,6 +122,21 @@ class DataConfig(StrictModel):
             self.hf_lm.check()
         elif self.hf_lm != HFTextLMConfig():
             raise ValueError(f"hf_lm options only apply to name='hf_lm', not name={self.name!r}")
+        if self.name == "synthetic":
+            for key, default in (
+                ("partition", PartitionConfig()),
+                ("server", ServerDataConfig()),
+                ("shift", ShiftConfig()),
+            ):
+                if getattr(self, key) != default:
+                    raise ValueError(
+                        f"data.{key} does not apply to name='synthetic': each client's data is "
+                        "its own generator's (data.synthetic sets how they differ)"
+                    )
+        elif self.synthetic != SyntheticConfig():
+            raise ValueError(
+                f"synthetic options only apply to name='synthetic', not name={self.name!r}"
+            )
         if self.name != "markov" and self.markov != MarkovConfig():
             raise ValueError(f"markov options only apply to name='markov', not name={self.name!r}")
         natural_ids = (self.name == "hf" and self.hf.client_column) or (
@@ -322,6 +348,10 @@ def build_federated_dataset(
     """
     if cfg.name in TEXT_TASK_DATASETS:
         return build_text_task_dataset(cfg.text, cfg.name, num_clients, seed, cfg.vocab_size)
+    if cfg.name == "synthetic":
+        from raysim.data.generated import build_synthetic
+
+        return build_synthetic(cfg.synthetic, cfg.test_fraction, num_clients, seed)
     raw = load_raw(cfg, seed)
     train, test = _train_test(raw, cfg, seed)
     vocab_size, pad_id = None, 0

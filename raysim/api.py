@@ -93,7 +93,7 @@ def preflight(cfg: RunConfig, address: str | None = None) -> None:
     target = ray_address(address)
     if target == "local":  # on a cluster, a file may be on the nodes that read it, not here
         check_inputs(cfg)
-    check_reachable(target)
+    check_reachable(target, named_by="--address" if address else "RAY_ADDRESS")
     if target == "local":
         plan_resources(cfg, local_resources())
 

@@ -23,10 +23,13 @@ def ray_address(address: str | None) -> str:
     return address or os.environ.get("RAY_ADDRESS") or "local"
 
 
-def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+def check_reachable(address: str, timeout_s: float = 5.0, named_by: str = "--address") -> None:
     """Fail in seconds, with one line, if a named cluster does not answer (instead of Ray's
-    minutes-long retries). ``auto`` is resolved the way Ray resolves it."""
+    minutes-long retries). ``auto`` is resolved the way Ray resolves it. ``named_by``: where the
+    address came from (``--address`` or ``RAY_ADDRESS``), as the error says."""
     import socket
+
+    leave_out = "leave --address out" if named_by == "--address" else f"unset {named_by}"
 
     if address == "local" or "://" in address:
         return  # a private instance; or Ray Client, which reports its own errors
@@ -40,8 +43,8 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
             where = None
         if not where:
             raise ClusterError(
-                "--address auto: no Ray cluster was started on this machine (ray start --head); "
-                "leave --address out to run on a private local Ray"
+                f"{named_by} auto: no Ray cluster was started on this machine (ray start "
+                f"--head); {leave_out} to run on a private local Ray"
             )
     host, _, port = where.rpartition(":")
     try:
@@ -50,8 +53,8 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
         raise ClusterError(
             f"no Ray cluster answers at {where}"
             + (" (the last one `ray start` recorded on this machine)" if address == "auto" else "")
-            + "; start it, name another with --address, or leave --address out to run on a "
-            "private local Ray"
+            + f"; start it, name another with --address, or {leave_out} to run on a private "
+            "local Ray"
         ) from None
 
 

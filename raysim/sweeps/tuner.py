@@ -150,7 +150,7 @@ def tune(
     if private:
         preflight(cfg, address)
     elif not ray.is_initialized():  # a named cluster that does not answer: one line, at once
-        check_reachable(ray_address(address))
+        check_reachable(ray_address(address), named_by="--address" if address else "RAY_ADDRESS")
     if dry_run and private:  # what this machine has, without starting Ray
         total = local_resources()
     else:

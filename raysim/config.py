@@ -44,6 +44,21 @@ class ConfigError(ValueError):
     """A configuration problem, with one line per offending key."""
 
 
+class ClientStateConfig(StrictModel):
+    """``clients.state``: where clients' personal state lives between their visits."""
+
+    store: Literal["memory", "disk"] = Field(
+        "memory",
+        description="memory: Ray's object store (the coordinator holds references); disk: one "
+        "file per client and version under dir, so memory does not grow with the population",
+    )
+    dir: str = Field(
+        "raysim-states",
+        description="disk: the folder the run's store goes in (a folder per run inside); on "
+        "several nodes, one they all mount",
+    )
+
+
 class ClientsConfig(StrictModel):
     num: int = Field(100, ge=1, description="J, the number of virtual clients")
     per_round: int = Field(10, ge=1, description="S, clients dispatched per round")
@@ -53,6 +68,7 @@ class ClientsConfig(StrictModel):
         le=1,
         description="C: per_round = max(⌊C·num⌋, 1) (fedbaf.md §7.2 inv. 9); not with per_round",
     )
+    state: ClientStateConfig = Field(default_factory=ClientStateConfig)
 
     @model_validator(mode="before")
     @classmethod

@@ -444,7 +444,17 @@ class Tracker:
                 {k: np.ascontiguousarray(v) for k, v in weights.items()}, d / "weights.safetensors"
             )
             (d / "clients.csv").write_text(rows_csv(client_rows))
-            if client_states:  # personal state (e.g. personal adapters), client-side only
+            stored = {j: s for j, s in (client_states or {}).items() if hasattr(s, "root")}
+            if stored:  # clients.state.store: disk: where each client's last version is
+                manifest = {
+                    "store": next(iter(stored.values())).root,
+                    "clients": {
+                        str(j): {"file": s.name, "bytes": s.nbytes}
+                        for j, s in sorted(stored.items())
+                    },
+                }
+                (d / "client_states.json").write_text(json.dumps(manifest, indent=1))
+            elif client_states:  # personal state (e.g. personal adapters), client-side only
                 flat = {
                     f"client{j}/{name}": np.ascontiguousarray(v)
                     for j, state in sorted(client_states.items())

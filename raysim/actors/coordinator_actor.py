@@ -298,6 +298,7 @@ class Coordinator:
             state = {"core": core, "warnings": list(self.tracker.warnings) if self.tracker else []}
             writer = self.checkpointer or checkpoint.Checkpointer(self.cfg, self.tracker)
             writer.save(state, self.core.round, private)
+            self.core.checkpoint_written()
             self.saved_round = self.core.round
 
     def done(self) -> bool:

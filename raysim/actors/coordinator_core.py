@@ -27,6 +27,7 @@ from raysim.config import RunConfig
 from raysim.delays import build_delay_model
 from raysim.errors import LeakError
 from raysim.runtime import weights_digest
+from raysim.state_store import StoredState, store_at
 
 #: ``evaluator(global weights, client personal states, is_final_eval, round) -> metrics``; one
 #: with ``submit`` (``WorkerEvaluator``) is started at the round's end and read when settled
@@ -112,7 +113,10 @@ class CoordinatorCore:
         evaluator: Evaluator | None = None,
         tracker: Any | None = None,
         server: ServerContext | None = None,
+        state_root: str | None = None,
     ) -> None:
+        """``state_root``: with ``clients.state.store: disk``, the run's store (default: a new
+        folder inside ``clients.state.dir``); a resumed run keeps its checkpoint's."""
         self.cfg = cfg
         self.executor = executor
         self.evaluator = evaluator
@@ -151,6 +155,19 @@ class CoordinatorCore:
         #: Personal state per client (simulated client storage; the strategy never sees it).
         #: personal state by client: arrays, or executor handles (``materialized_states``)
         self.client_states: dict[int, Any] = {}
+        #: ``clients.state.store: disk``: where new versions go, and who still reads each
+        #: stored version: the job it was sent with and a pending evaluation (by count), the
+        #: newest checkpoint (a set); one nothing reads and no client holds is deleted
+        self.state_root = state_root
+        if cfg.clients.state.store == "disk" and state_root is None:
+            import uuid
+            from pathlib import Path
+
+            self.state_root = str(Path(cfg.clients.state.dir).resolve() / uuid.uuid4().hex)
+        self._readers: defaultdict[StoredState, int] = defaultdict(int)
+        self._job_states: dict[int, StoredState] = {}
+        self._eval_states: list[StoredState] = []
+        self._checkpointed: set[StoredState] = set()
         self.history: list[dict[str, float]] = []
         self.evaluations: list[dict[str, float]] = []
         #: a round's evaluation still running (``step(settle=False)``): round, metrics, fetch
@@ -212,13 +229,50 @@ class CoordinatorCore:
     def _client_job(self, job_id: int, client: int, dispatch_round: int) -> ClientJob:
         """The job a dispatched client runs: its stored personal state and its downlink."""
         state = self.client_states.get(client)
+        if isinstance(state, StoredState):
+            self._readers[state] += 1
+            self._job_states[job_id] = state
         b = self._broadcasts.get(dispatch_round)
         if b is None:
-            return ClientJob(job_id, client, dispatch_round, self.cfg.seed, state)
+            return ClientJob(
+                job_id, client, dispatch_round, self.cfg.seed, state, store=self.state_root
+            )
         own = b.downlink.per_client.get(client)
         return ClientJob(
-            job_id, client, dispatch_round, self.cfg.seed, state, b.handle, dict(own or {}) or None
+            job_id,
+            client,
+            dispatch_round,
+            self.cfg.seed,
+            state,
+            b.handle,
+            dict(own or {}) or None,
+            store=self.state_root,
         )
+
+    def _unread(self, stored: StoredState) -> None:
+        """One reader of ``stored`` is done; delete it if nothing else can read it."""
+        left = self._readers[stored] - 1
+        if left > 0:
+            self._readers[stored] = left
+            return
+        self._readers.pop(stored, None)
+        self._collect(stored)
+
+    def _collect(self, stored: StoredState) -> None:
+        if (
+            stored not in self._readers
+            and self.client_states.get(stored.client) != stored
+            and stored not in self._checkpointed
+        ):
+            store_at(stored.root).delete(stored)
+
+    def checkpoint_written(self) -> None:
+        """The checkpoint of ``state_dict()`` is durable: the stored versions it refers to are
+        kept from now on, and those only the previous one kept can go."""
+        before = self._checkpointed
+        self._checkpointed = {s for s in self.client_states.values() if isinstance(s, StoredState)}
+        for stored in before - self._checkpointed:
+            self._collect(stored)
 
     def _release_broadcast(self, dispatch_round: int) -> None:
         b = self._broadcasts.get(dispatch_round)
@@ -290,6 +344,9 @@ class CoordinatorCore:
         k, metrics, fetch = self._pending
         self._pending = None
         ev = fetch()
+        read, self._eval_states = self._eval_states, []
+        for stored in read:
+            self._unread(stored)
         self.evaluations.append({"round": float(k + 1), **ev})
         metrics.update(ev)
         if self.tracker is not None:
@@ -347,6 +404,9 @@ class CoordinatorCore:
         t0 = time.perf_counter()
         result = self.executor.result(job.job_id)
         log.wait_s += time.perf_counter() - t0
+        read = self._job_states.pop(job.job_id, None)
+        if read is not None:  # the job's worker is done with the version it was sent
+            self._unread(read)
         self._release_broadcast(job.dispatch_round)
         log.compute_s[result.worker_pid] += result.seconds
         st = self.stats[job.client]
@@ -368,7 +428,10 @@ class CoordinatorCore:
             return
         if not isinstance(result.state, dict) or result.state:
             # personal state stays client-side: a handle kept here, never given to the server
+            old = self.client_states.get(job.client)
             self.client_states[job.client] = result.state
+            if isinstance(old, StoredState) and old != result.state:
+                self._collect(old)
         base = self._versions[job.dispatch_version].weights
         update = Update(
             client_id=job.client,
@@ -450,6 +513,9 @@ class CoordinatorCore:
         m.update(log.server_metrics)
         if evaluating:
             states, final = dict(self.client_states), self.done
+            self._eval_states = [s for s in states.values() if isinstance(s, StoredState)]
+            for stored in self._eval_states:  # read by the evaluation until it settles
+                self._readers[stored] += 1
             if v is not None:
                 self._pending = (k, m, self.evaluator.submit(v.weights, states, final, k, v.handle))
             else:
@@ -492,6 +558,7 @@ class CoordinatorCore:
             },
             "stats": {j: asdict(s) for j, s in self.stats.items()},
             "client_states": self.materialized_states(),
+            "state_root": self.state_root,
             "history": [dict(h) for h in self.history],
             "evaluations": [dict(e) for e in self.evaluations],
             "totals": dict(self.totals),
@@ -535,7 +602,13 @@ class CoordinatorCore:
         self.stats = defaultdict(
             ClientStats, {int(j): ClientStats(**s) for j, s in state["stats"].items()}
         )
-        self.client_states = {int(j): dict(st) for j, st in state["client_states"].items()}
+        self.client_states = {
+            int(j): st if isinstance(st, StoredState) else dict(st)
+            for j, st in state["client_states"].items()
+        }
+        self.state_root = state.get("state_root") or self.state_root
+        # the checkpoint resumed from may be resumed again: its versions stay
+        self._checkpointed = {s for s in self.client_states.values() if isinstance(s, StoredState)}
         self.history = [dict(h) for h in state["history"]]
         self.evaluations = [dict(e) for e in state["evaluations"]]
         self.totals = defaultdict(float, state["totals"])
@@ -593,8 +666,13 @@ class CoordinatorCore:
         return self.strategy.weights
 
     def materialized_states(self) -> dict[int, dict[str, np.ndarray]]:
-        """Every client's personal state as arrays (``client_states`` may hold references)."""
-        return {j: dict(self.executor.get(st)) for j, st in self.client_states.items()}
+        """Every client's personal state as arrays (``client_states`` may hold references); a
+        state on disk stays its ``StoredState`` (a checkpoint refers to the file)."""
+        out = {}
+        for j, st in self.client_states.items():
+            value = self.executor.get(st)
+            out[j] = value if isinstance(value, StoredState) else dict(value)
+        return out
 
     def final_metrics(self) -> dict[str, float]:
         self.settle()

@@ -37,6 +37,8 @@ class ClientJob:
     state: Any = None
     downlink: Any = None  # handle of the round's broadcast tensors (``Executor.put``), or None
     own: dict[str, np.ndarray] | None = None  # tensors for this client only
+    #: ``clients.state.store: disk``: the store the job's new state is written to
+    store: str | None = None
 
     @property
     def seed(self) -> int:

@@ -20,6 +20,7 @@ from raysim.models.handle import ModelHandle
 from raysim.models.layout import Layout
 from raysim.quiet import quiet_libraries
 from raysim.runtime import data_spec, method_resident
+from raysim.state_store import load_entry, store_at
 from raysim.training.loop import evaluate, local_accuracy, make_optimizer
 from raysim.training.tasks import task_for
 
@@ -207,7 +208,7 @@ class ClientRunner:
         default); returns the client's named state (``ClientContext.state``)."""
         model = model or self.model
         model.set_global(weights)
-        model_state, client_state = split_store(self.resolve(job.state))
+        model_state, client_state = split_store(load_entry(self.resolve(job.state)))
         model.set_state(model_state, job.seed)
         return client_state
 
@@ -264,7 +265,9 @@ class ClientRunner:
             delta = b.on_update(ctx, delta)
         self.jobs_run += 1
         n = self.task.num_examples(data)
-        state = {**ctx.model.get_state(), **store_entries(ctx.state)}
+        state: Any = {**ctx.model.get_state(), **store_entries(ctx.state)}
+        if state and job.store is not None:  # clients.state.store: disk
+            state = store_at(job.store).save(job.client, job.job_id, state)
         return ClientResult(job.job_id, job.client, delta, n, metrics, state, ctx.uplink)
 
     def _local_accuracy(self, data: Any, model: Any) -> float:
@@ -278,7 +281,7 @@ class ClientRunner:
         """Scores of one view of ``weights`` (``EvalJob``) on each of its evaluation sets."""
         model = self.model
         model.set_global(weights)
-        model_state, client_state = split_store(self.resolve(job.state))
+        model_state, client_state = split_store(load_entry(self.resolve(job.state)))
         answer = None
         self.view_of(job.client)
         if job.client is not None or not model.switches_groups:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+from raysim.state_store import StoredState
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -60,11 +62,13 @@ class Worker:
         Called with ``num_returns = len(jobs) + 1``: each state becomes an object owned by the
         coordinator that the pool hands back as a reference, so the coordinator never copies it
         and the next job's worker reads it straight from the object store. A result's ``state``
-        is None where the state went out that way, ``{}`` where the model keeps none."""
+        is None where the state went out that way, ``{}`` where the model keeps none; a state
+        written to disk (``StoredState``, a few bytes) stays in its result."""
         results = self._attached(data).run_batch(weights, jobs)
-        states = [r.state for r in results]
+        states = [None if isinstance(r.state, StoredState) else r.state for r in results]
         for r in results:
-            r.state = None if r.state else {}
+            if not isinstance(r.state, StoredState):
+                r.state = None if r.state else {}
             r.worker_pid = os.getpid()
         return (results, *states)
 

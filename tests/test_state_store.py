@@ -1,0 +1,139 @@
+"""Personal state on disk (issue 43, ``clients.state.store: disk``): the same run as in memory,
+no version left that nothing reads, a resume from a checkpoint that refers to the files, and a
+store that is gone said in one line."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from raysim import checkpoint
+from raysim.actors.local import local_core
+from raysim.config import load_config
+from raysim.state_store import DiskStateStore, StateStoreError, StoredState, load_entry
+from tests.conftest import tiny
+
+
+def ditto(tmp_path, store: str = "disk", **over):
+    """Ditto keeps a personal model per client: personal state on every visit."""
+    raw = tiny(
+        rounds=6,
+        clients={
+            "num": 12,
+            "per_round": 4,
+            "state": {"store": store, "dir": str(tmp_path / "states")},
+        },
+        **{"algorithm": {"name": "ditto"}, "tracking": {"enabled": False}, **over},
+    )
+    return load_config(raw)
+
+
+def run_to_end(core):
+    while not core.done:
+        core.step()
+    return core
+
+
+def arrays(state) -> dict[str, np.ndarray]:
+    return dict(load_entry(state))
+
+
+def test_a_version_is_written_whole_or_not_at_all_and_read_back(tmp_path):
+    store = DiskStateStore(tmp_path)
+    entry = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "n": np.array([7])}
+    token = store.save(3, 41, entry)
+    assert token == StoredState(str(tmp_path), 3, 41, token.nbytes) and token.nbytes > 48
+    (tmp_path / "0000" / ".3-42.safetensors.999.tmp").write_bytes(b"half a write")  # a crash
+    back = DiskStateStore(tmp_path).load(token)  # a fresh process: from the file
+    assert all(np.array_equal(back[k], v) for k, v in entry.items())
+    assert not back["w"].flags.writeable
+    assert store.files() == 1  # the cut-short write is not a version
+    store.delete(token)
+    with pytest.raises(StateStoreError, match="client 3's personal state cannot be read"):
+        DiskStateStore(tmp_path).load(token)
+
+
+def test_a_deleted_store_is_said_in_one_line(tmp_path):
+    store = DiskStateStore(tmp_path / "s")
+    token = store.save(1, 1, {"a": np.ones(3, np.float32)})
+    import shutil
+
+    shutil.rmtree(tmp_path / "s")
+    with pytest.raises(StateStoreError) as e:
+        DiskStateStore(tmp_path / "s").load(token)
+    assert "the store is gone" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_cache_holds_at_most_its_bytes(tmp_path):
+    store = DiskStateStore(tmp_path, cache_bytes=3000)
+    tokens = [store.save(j, 0, {"a": np.full(250, j, np.float32)}) for j in range(5)]
+    for t in tokens:
+        store.load(t)
+    assert store._cached <= 3000 and len(store._cache) < 5
+
+
+def test_disk_gives_the_run_of_memory_and_keeps_one_version_per_client(tmp_path):
+    mem = run_to_end(local_core(ditto(tmp_path, "memory"), evaluate=True))
+    disk = run_to_end(local_core(ditto(tmp_path, "disk"), evaluate=True))
+    assert disk.digest() == mem.digest()
+    assert [h.get("accuracy") for h in disk.history] == [h.get("accuracy") for h in mem.history]
+    assert set(disk.client_states) == set(mem.client_states) and disk.client_states
+    for j, token in disk.client_states.items():
+        assert isinstance(token, StoredState)
+        mine, theirs = arrays(token), mem.client_states[j]
+        assert mine.keys() == theirs.keys()
+        assert all(np.array_equal(mine[k], theirs[k]) for k in mine)
+    store = DiskStateStore(disk.state_root)
+    assert store.files() == len(disk.client_states)  # older versions were deleted
+    assert not disk._readers and not disk._job_states
+
+
+def test_a_resume_reads_the_versions_its_checkpoint_names(tmp_path):
+    """The checkpoint refers to files; rounds after it write new versions and delete old ones,
+    but not the checkpoint's: a resumed core ends on the uninterrupted digest."""
+    cfg = ditto(tmp_path)
+    ref = run_to_end(local_core(cfg, evaluate=True))
+    crashed = local_core(cfg, evaluate=True)
+    for _ in range(3):
+        crashed.step()
+    files = checkpoint.pack({"core": crashed.state_dict()}, cfg, crashed.round)
+    crashed.checkpoint_written()
+    saved = {j: t for j, t in crashed.client_states.items()}
+    run_to_end(crashed)  # the run went on, and then died
+    for token in saved.values():
+        assert arrays(token)  # still readable
+    _, state = checkpoint.unpack(files)
+    resumed = local_core(cfg, evaluate=True)
+    resumed.load_state_dict(state["core"])
+    assert resumed.state_root == crashed.state_root
+    run_to_end(resumed)
+    assert resumed.digest() == ref.digest()
+
+
+@pytest.mark.slow
+def test_a_ray_run_with_two_workers_keeps_state_on_disk_and_says_where(
+    ray_cluster, mlflow_uri, tmp_path
+):
+    """Two workers write and read each other's clients' versions; the run ends on the
+    in-process digest, and its artifact is a manifest of the store, not the arrays."""
+    import json
+
+    from mlflow.tracking import MlflowClient
+
+    import raysim
+
+    cfg = ditto(tmp_path, tracking={"enabled": True})
+    res = raysim.run(cfg, ["workers.count=2", "workers.num_cpus=0.5"])
+    local = run_to_end(local_core(ditto(tmp_path, "memory"), evaluate=True))
+    assert res.weights_digest == local.digest()
+    tokens = res.client_states
+    assert tokens and all(isinstance(t, StoredState) for t in tokens.values())
+    root = next(iter(tokens.values())).root
+    assert DiskStateStore(root).files() == len(tokens)
+    for j, token in tokens.items():
+        assert all(np.array_equal(arrays(token)[k], v) for k, v in local.client_states[j].items())
+    client = MlflowClient(mlflow_uri)
+    names = {a.path for a in client.list_artifacts(res.run_id)}
+    assert "client_states.json" in names and "client_states.safetensors" not in names
+    manifest = json.load(open(client.download_artifacts(res.run_id, "client_states.json")))
+    assert manifest["store"] == root and len(manifest["clients"]) == len(tokens)

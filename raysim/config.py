@@ -303,6 +303,14 @@ class TrackingConfig(StrictModel):
     run_name: str | None = None
     parent_run_id: str | None = Field(None, description="nest this run under an MLflow run")
     tags: dict[str, str] = Field(default_factory=dict)
+    client_states: Literal["auto", "arrays", "manifest", "none"] = Field(
+        "auto",
+        description="clients' personal state at the run's end: arrays (client_states."
+        "safetensors), manifest (clients.state.store: disk; the store's files, "
+        "client_states.json), none; auto: arrays up to client_states_max_mb, above it a "
+        "manifest (disk) or nothing (memory), said in one line",
+    )
+    client_states_max_mb: float = Field(1024.0, ge=0, description="auto's limit")
 
 
 class CheckpointConfig(StrictModel):
@@ -398,6 +406,11 @@ class RunConfig(StrictModel):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> RunConfig:
+        if self.tracking.client_states == "manifest" and self.clients.state.store != "disk":
+            raise ValueError(
+                "tracking.client_states=manifest lists the files of a store on disk: set "
+                "clients.state.store=disk, or tracking.client_states to arrays or none"
+            )
         if self.clients.per_round > self.clients.num:
             raise ValueError(
                 f"clients.per_round ({self.clients.per_round}) exceeds clients.num "

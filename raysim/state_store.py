@@ -78,7 +78,8 @@ class DiskStateStore:
         disk, then renamed into place (a crash leaves either no new version or a whole one)."""
         from safetensors.numpy import save
 
-        arrays = {k: np.ascontiguousarray(v) for k, v in entry.items()}
+        # np.require, not ascontiguousarray: that one makes a 0-d array 1-d
+        arrays = {k: np.require(v, requirements="C") for k, v in entry.items()}
         data = save(arrays)
         token = StoredState(str(self.root), client, job, len(data))
         path = self.root / token.name

@@ -146,7 +146,13 @@ class Coordinator:
         server = server_context(cfg, dataset, layout)
         # the core first: a checkpoint that does not load leaves the MLflow run untouched
         self.core: CoordinatorCore = CoordinatorCore(
-            cfg, initial, dataset.client_sizes(), self.pool, evaluator, server=server
+            cfg,
+            initial,
+            dataset.client_sizes(),
+            self.pool,
+            evaluator,
+            server=server,
+            state_root=_state_root(cfg, session),
         )
         if saved is not None:
             self.core.load_state_dict({**saved["core"], "strategy_private": saved["private"]})
@@ -312,15 +318,20 @@ class Coordinator:
         self.pool.kill_worker(index)
 
     def client_states(self) -> dict[int, dict]:
-        """Every client's personal state as arrays; after ``finish``, the copy it fetched."""
-        return self._final_states or self.core.materialized_states()
+        """Every client's personal state as arrays; after ``finish``, what it recorded
+        (``CoordinatorCore.final_states``)."""
+        if self._final_states is not None:
+            return self._final_states
+        return self.core.materialized_states()
 
     def weights(self):
         return self.core.weights
 
     def finish(self) -> dict[str, Any]:
         core = self.core
-        self._final_states = core.materialized_states()  # one fetch for MLflow and the driver
+        self._final_states, note = core.final_states()  # one fetch for MLflow and the driver
+        if note:
+            core.warn(note)
         summary = {
             "metrics": core.final_metrics(),
             "history": core.history,
@@ -391,6 +402,16 @@ class Coordinator:
                 self.pool.close()
             for worker in self._started:  # started before a setup that failed
                 ray.kill(worker)
+
+
+def _state_root(cfg: RunConfig, session: str | None) -> str | None:
+    """``clients.state.store: disk``: the session's folder of the store, so that a coordinator
+    that replaces a dead one writes where it did (a resumed run takes its checkpoint's)."""
+    if cfg.clients.state.store != "disk" or session is None:
+        return None
+    from pathlib import Path
+
+    return str(Path(cfg.clients.state.dir).resolve() / session)
 
 
 def _node() -> str:

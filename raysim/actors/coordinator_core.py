@@ -27,7 +27,7 @@ from raysim.config import RunConfig
 from raysim.delays import build_delay_model
 from raysim.errors import LeakError
 from raysim.runtime import weights_digest
-from raysim.state_store import StoredState, store_at
+from raysim.state_store import StoredState, load_entry, store_at
 
 #: ``evaluator(global weights, client personal states, is_final_eval, round) -> metrics``; one
 #: with ``submit`` (``WorkerEvaluator``) is started at the round's end and read when settled
@@ -664,6 +664,38 @@ class CoordinatorCore:
     @property
     def weights(self) -> np.ndarray:
         return self.strategy.weights
+
+    def final_states(self) -> tuple[dict[int, Any], str | None]:
+        """What the run's end records of clients' personal state (``tracking.client_states``):
+        arrays by client, ``StoredState``s (a manifest of the store on disk) or nothing, and
+        the line that says why, where ``auto`` chose less than the arrays."""
+        mode = self.cfg.tracking.client_states
+        limit = self.cfg.tracking.client_states_max_mb * 2**20
+        if mode == "none" or not self.client_states:
+            return {}, None
+        stored = [s for s in self.client_states.values() if isinstance(s, StoredState)]
+        if stored:
+            total = sum(s.nbytes for s in stored)
+            if mode == "manifest" or (mode == "auto" and total > limit):
+                note = None
+                if mode == "auto":
+                    note = (
+                        f"clients' personal state ({total / 2**30:.2f} GiB) is above "
+                        "tracking.client_states_max_mb: the run logs client_states.json, a "
+                        f"manifest of its store at {stored[0].root}, instead of the arrays"
+                    )
+                return dict(self.client_states), note
+            return {j: dict(load_entry(s)) for j, s in self.client_states.items()}, None
+        if mode == "auto":
+            first = self.executor.get(next(iter(self.client_states.values())))
+            total = sum(np.asarray(v).nbytes for v in first.values()) * len(self.client_states)
+            if total > limit:
+                return {}, (
+                    f"clients' personal state (about {total / 2**30:.2f} GiB) is not logged: "
+                    "it is above tracking.client_states_max_mb; clients.state.store=disk keeps "
+                    "it on disk and logs a manifest, tracking.client_states=arrays logs it anyway"
+                )
+        return self.materialized_states(), None
 
     def materialized_states(self) -> dict[int, dict[str, np.ndarray]]:
         """Every client's personal state as arrays (``client_states`` may hold references); a

@@ -753,6 +753,7 @@ def main(argv: list[str] | None = None) -> int:
     from raysim.api import CoordinatorLost
     from raysim.errors import Diverged, LeakError, RunSetupError
     from raysim.quiet import quiet_libraries
+    from raysim.state_store import StateStoreError
 
     quiet_libraries()
     try:
@@ -762,7 +763,7 @@ def main(argv: list[str] | None = None) -> int:
     except CoordinatorLost as e:  # the run is marked FAILED; the message says where it stopped
         errors.print(f"raysim: error: {e}", style="red", markup=False)
         return 1
-    except (LeakError, RunSetupError, Diverged) as e:  # raised in the coordinator; Ray wraps it
+    except (LeakError, RunSetupError, Diverged, StateStoreError) as e:  # Ray wraps them
         cause = getattr(e, "cause", None) or e
         errors.print(f"raysim: error: {cause}", style="red", markup=False)
         return 1

@@ -657,17 +657,22 @@ def test_rounds_are_numbered_one_to_rounds_everywhere():
     assert core.final_metrics()["rounds"] == core.history[-1]["round"] == core.round == 3
 
 
-def test_ray_address_auto_in_the_environment_is_named_as_such(tmp_path, capsys, monkeypatch):
-    """RAY_ADDRESS=auto with no cluster: one line that names RAY_ADDRESS, not a flag the user
-    never gave, and says to unset it."""
+def test_ray_address_auto_in_the_environment_is_named_as_such(monkeypatch):
+    """RAY_ADDRESS=auto with no cluster: the refusal names RAY_ADDRESS, not a flag the user
+    never gave, and says to unset it (the preflight, as ``raysim run`` calls it before Ray)."""
     import ray._private.services as services
+
+    from raysim.config import load_config
 
     def none_running(address, temp_dir):
         raise ConnectionError("Could not find any running Ray instance.")
 
     monkeypatch.setattr(services, "get_ray_address_from_environment", none_running)
     monkeypatch.setenv("RAY_ADDRESS", "auto")
-    line = one_line_error(capsys, ["run", QUICKSTART])
-    assert "RAY_ADDRESS auto: no Ray cluster was started" in line and "unset RAY_ADDRESS" in line
-    line = one_line_error(capsys, ["run", QUICKSTART, "--address", "auto"])
-    assert line.startswith("raysim: error: --address auto:") and "leave --address out" in line
+    cfg = load_config(QUICKSTART)
+    with pytest.raises(api.ClusterError) as e:
+        api.preflight(cfg, None)
+    assert "RAY_ADDRESS auto: no Ray cluster was started" in str(e.value)
+    assert "unset RAY_ADDRESS" in str(e.value)
+    with pytest.raises(api.ClusterError, match=r"^--address auto: .*leave --address out"):
+        api.preflight(cfg, "auto")

@@ -194,3 +194,25 @@ def test_a_killed_process_loses_no_clients_state(ray_cluster, mlflow_uri, tmp_pa
     for j, token in res.client_states.items():
         assert all(np.array_equal(arrays(token)[k], v) for k, v in local.client_states[j].items())
     assert DiskStateStore(root).files() >= len(res.client_states)
+
+
+@pytest.mark.slow
+def test_resuming_a_run_whose_store_was_deleted_says_so_in_one_line(
+    ray_cluster, mlflow_uri, tmp_path, capsys
+):
+    import shutil
+
+    import raysim
+    from raysim import cli
+
+    cfg = ditto(tmp_path, tracking={"enabled": True}, checkpoint={"every": 2})
+    session = raysim.RunSession(cfg)
+    for _ in range(3):
+        session.step()
+    session.close()  # stopped after round 3, its checkpoint after round 2
+    shutil.rmtree(tmp_path / "states")
+    capsys.readouterr()
+    assert cli.main(["run", "--resume", session.run_id]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0], err
+    assert "personal-state store" in err[0] and "is gone" in err[0]

@@ -8,6 +8,7 @@ only calls ``step()`` until ``done``.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -27,7 +28,7 @@ from raysim.config import RunConfig
 from raysim.delays import build_delay_model
 from raysim.errors import LeakError
 from raysim.runtime import weights_digest
-from raysim.state_store import StoredState, load_entry, store_at
+from raysim.state_store import StateStoreError, StoredState, load_entry, store_at
 
 #: ``evaluator(global weights, client personal states, is_final_eval, round) -> metrics``; one
 #: with ``submit`` (``WorkerEvaluator``) is started at the round's end and read when settled
@@ -607,6 +608,13 @@ class CoordinatorCore:
             for j, st in state["client_states"].items()
         }
         self.state_root = state.get("state_root") or self.state_root
+        roots = {s.root for s in self.client_states.values() if isinstance(s, StoredState)}
+        gone = sorted(r for r in roots if not os.path.isdir(r))
+        if gone:
+            raise StateStoreError(
+                f"the run's personal-state store {gone[0]} is gone: its checkpoint refers to "
+                "the clients' states there (clients.state.store: disk); a resume needs it back"
+            )
         # the checkpoint resumed from may be resumed again: its versions stay
         self._checkpointed = {s for s in self.client_states.values() if isinstance(s, StoredState)}
         self.history = [dict(h) for h in state["history"]]

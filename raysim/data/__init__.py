@@ -3,12 +3,8 @@
 Everything returned is plain numpy so a single Ray object-store copy serves all workers.
 """
 
-from raysim.data.federated import (
-    DataConfig,
-    FederatedDataset,
-    LabelledSet,
-    build_federated_dataset,
-)
+from raysim.data.container import FederatedDataset, LabelledSet
+from raysim.data.federated import DataConfig, build_federated_dataset
 from raysim.data.flan import load_flan
 from raysim.data.hf import HFConfig
 from raysim.data.partition import PartitionConfig

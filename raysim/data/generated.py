@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from raysim.data.federated import FederatedDataset
+from raysim.data.container import FederatedDataset
 from raysim.data.synthetic import (
     SyntheticConfig,
     client_samples,

@@ -6,8 +6,12 @@ import os
 import platform
 import statistics
 import sys
+import threading
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -63,3 +67,88 @@ def peak_rss_mb() -> float:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class TreeMemory(threading.Thread):
+    """Polls a process and every process under it (Ray's and raysim's) every ``every_s``: the
+    peak resident memory per role (``driver``: the process itself, ``coordinator``, ``worker``:
+    the largest), and with ``pss`` the peak of their summed proportional set size (shared
+    memory counted once; slower to read)."""
+
+    def __init__(self, pid: int, every_s: float = 0.05, pss: bool = False) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.every_s, self.pss = pid, every_s, pss
+        self.peak: dict[str, int] = {"driver": 0, "coordinator": 0, "worker": 0, "pss": 0}
+        self.done = threading.Event()
+
+    @staticmethod
+    def role(cmdline: str) -> str | None:
+        if "ray::Coordinator" in cmdline:
+            return "coordinator"
+        return "worker" if "ray::Worker" in cmdline else None
+
+    def run(self) -> None:
+        import psutil
+
+        root = psutil.Process(self.pid)
+        while not self.done.is_set():
+            try:
+                procs = [root, *root.children(recursive=True)]
+            except psutil.Error:
+                return
+            pss = 0
+            for p in procs:
+                try:
+                    role = "driver" if p.pid == self.pid else self.role(" ".join(p.cmdline()))
+                    if role is not None:
+                        self.peak[role] = max(self.peak[role], p.memory_info().rss)
+                    if self.pss:
+                        pss += p.memory_full_info().pss
+                except psutil.Error:
+                    continue
+            self.peak["pss"] = max(self.peak["pss"], pss)
+            time.sleep(self.every_s)
+
+
+@dataclass
+class Watched:
+    """A finished ``raysim run``: its memory (``TreeMemory``), seconds and MLflow run."""
+
+    memory: TreeMemory
+    seconds: float
+    run: Any
+    client: Any
+
+    def metric(self, key: str) -> list[float]:
+        """The run's values of ``key`` in step order."""
+        history = self.client.get_metric_history(self.run.info.run_id, key)
+        return [m.value for m in sorted(history, key=lambda m: m.step)]
+
+
+def raysim_run(
+    args: Sequence[str], folder: Path, every_s: float = 0.05, pss: bool = False
+) -> Watched:
+    """``raysim run ARGS`` in ``folder`` on a fresh sqlite store there, its memory watched.
+    Exits with the command's stderr if it fails."""
+    import subprocess
+
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
+    env.pop("RAY_ADDRESS", None)
+    argv = [sys.executable, "-m", "raysim.cli", "run", *args]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(
+        argv, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    watch = TreeMemory(proc.pid, every_s, pss)
+    watch.start()
+    _, err = proc.communicate()
+    watch.done.set()
+    took = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"raysim run {' '.join(args)}: exit {proc.returncode}: {err[-600:]}")
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("raysim").experiment_id])
+    return Watched(watch, took, run, client)

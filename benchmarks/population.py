@@ -14,83 +14,22 @@ the coordinator at 10^6 within 2 GB.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 
-from common import ROOT, machine
+from common import ROOT, machine, raysim_run
 
 EXAMPLE = ROOT / "examples" / "synthetic.yaml"
 
 
-def _role(cmdline: str) -> str | None:
-    if "ray::Coordinator" in cmdline:
-        return "coordinator"
-    if "ray::Worker" in cmdline:
-        return "worker"
-    return None
-
-
-class PeakMemory(threading.Thread):
-    """Polls the resident memory of a process and its descendants; the peak per role."""
-
-    def __init__(self, pid: int, every_s: float = 0.05) -> None:
-        super().__init__(daemon=True)
-        self.pid, self.every_s = pid, every_s
-        self.peak: dict[str, int] = {"driver": 0, "coordinator": 0, "worker": 0}
-        self.done = threading.Event()
-
-    def run(self) -> None:
-        import psutil
-
-        root = psutil.Process(self.pid)
-        while not self.done.is_set():
-            try:
-                procs = [root, *root.children(recursive=True)]
-            except psutil.Error:
-                return
-            for p in procs:
-                try:
-                    role = "driver" if p.pid == self.pid else _role(" ".join(p.cmdline()))
-                    if role is not None:
-                        self.peak[role] = max(self.peak[role], p.memory_info().rss)
-                except psutil.Error:
-                    continue
-            time.sleep(self.every_s)
-
-
 def one_run(clients: int, rounds: int, store: Path) -> dict[str, float]:
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{store / 'mlflow.db'}"}
-    env.pop("RAY_ADDRESS", None)
-    argv = [sys.executable, "-m", "raysim.cli", "run", str(EXAMPLE)]
-    argv += [f"clients.num={clients}", f"rounds={rounds}"]
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(
-        argv, cwd=store, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    watch = PeakMemory(proc.pid)
-    watch.start()
-    out, err = proc.communicate()
-    watch.done.set()
-    total = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise SystemExit(f"J={clients}: exit {proc.returncode}: {err.strip()[-400:]}")
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
-    exp = client.get_experiment_by_name("raysim")
-    (run,) = client.search_runs([exp.experiment_id], max_results=1)
-    walls = client.get_metric_history(run.info.run_id, "round_wall_s")
-    steady = [m.value for m in sorted(walls, key=lambda m: m.step)][2:]
+    done = raysim_run([str(EXAMPLE), f"clients.num={clients}", f"rounds={rounds}"], store)
+    peak = done.memory.peak
     return {
-        "round_s": statistics.median(steady),
-        "command_s": total,
-        **{f"{k}_gb": v / 2**30 for k, v in watch.peak.items()},
+        "round_s": statistics.median(done.metric("round_wall_s")[2:]),
+        "command_s": done.seconds,
+        **{f"{k}_gb": peak[k] / 2**30 for k in ("driver", "coordinator", "worker")},
     }
 
 

@@ -16,48 +16,18 @@ visit without the state's I/O).
 from __future__ import annotations
 
 import argparse
-import os
+import json
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
-from common import ROOT, machine
+from common import ROOT, machine, raysim_run
 
 EXAMPLE = ROOT / "examples" / "synthetic.yaml"
 PLUGIN = ROOT / "benchmarks" / "plugins" / "ballast.py"
-
-
-class PeakPss(threading.Thread):
-    """The peak of the summed PSS of a process and all its descendants."""
-
-    def __init__(self, pid: int, every_s: float = 0.5) -> None:
-        super().__init__(daemon=True)
-        self.pid, self.every_s, self.peak = pid, every_s, 0
-        self.done = threading.Event()
-
-    def run(self) -> None:
-        import psutil
-
-        root = psutil.Process(self.pid)
-        while not self.done.is_set():
-            try:
-                procs = [root, *root.children(recursive=True)]
-            except psutil.Error:
-                return
-            total = 0
-            for p in procs:
-                try:
-                    total += p.memory_full_info().pss
-                except psutil.Error:
-                    continue
-            self.peak = max(self.peak, total)
-            time.sleep(self.every_s)
 
 
 def disk_round_trip(folder: Path, mib: float, repeats: int = 5) -> float:
@@ -77,55 +47,34 @@ def disk_round_trip(folder: Path, mib: float, repeats: int = 5) -> float:
 
 
 def one_run(args: argparse.Namespace, mib: float, folder: Path) -> dict[str, float]:
-    store = folder / "mlflow.db"
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{store}"}
-    env.pop("RAY_ADDRESS", None)
-    argv = [sys.executable, "-m", "raysim.cli", "run", str(EXAMPLE)]
-    argv += [
-        f"clients.num={args.clients}",
-        f"clients.per_round={args.per_round}",
-        f"rounds={args.rounds}",
-        f"algorithm={{name: ballast, module: {PLUGIN}, mib: {mib}}}",
-        "clients.state.store=disk",
-        f"clients.state.dir={folder / 'states'}",
-        f"eval.every={args.rounds}",
-    ]
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(
-        argv, cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    done = raysim_run(
+        [
+            str(EXAMPLE),
+            f"clients.num={args.clients}",
+            f"clients.per_round={args.per_round}",
+            f"rounds={args.rounds}",
+            f"algorithm={{name: ballast, module: {PLUGIN}, mib: {mib}}}",
+            "clients.state.store=disk",
+            f"clients.state.dir={folder / 'states'}",
+            f"eval.every={args.rounds}",
+        ],
+        folder,
+        every_s=0.5,
+        pss=True,
     )
-    watch = PeakPss(proc.pid)
-    watch.start()
-    _, err = proc.communicate()
-    watch.done.set()
-    took = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise SystemExit(f"{mib} MiB: exit {proc.returncode}: {err.strip()[-600:]}")
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
-    (run,) = client.search_runs([client.get_experiment_by_name("raysim").experiment_id])
-    m = run.data.metrics
-    walls = sorted(client.get_metric_history(run.info.run_id, "round_wall_s"), key=lambda x: x.step)
-    steady = [w.value for w in walls][2:]
-    workers = len(client.list_artifacts(run.info.run_id)) and _workers(client, run.info.run_id)
+    m = done.run.data.metrics
+    with tempfile.TemporaryDirectory() as tmp:
+        path = done.client.download_artifacts(done.run.info.run_id, "workers.json", tmp)
+        workers = len(json.loads(Path(path).read_text()))
     return {
-        "command_s": took,
-        "round_s": statistics.median(steady),
+        "command_s": done.seconds,
+        "round_s": statistics.median(done.metric("round_wall_s")[2:]),
         "visits": m.get("ballast_visits", 0.0),
         "broken": m.get("ballast_broken", -1.0),
-        "peak_pss_gb": watch.peak / 2**30,
+        "peak_pss_gb": done.memory.peak["pss"] / 2**30,
         "workers": float(workers),
         "store_gb": sum(f.stat().st_size for f in (folder / "states").rglob("*")) / 2**30,
     }
-
-
-def _workers(client, run_id: str) -> int:
-    import json
-
-    with tempfile.TemporaryDirectory() as tmp:
-        path = client.download_artifacts(run_id, "workers.json", tmp)
-        return len(json.loads(Path(path).read_text()))
 
 
 def main() -> None:

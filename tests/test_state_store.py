@@ -175,7 +175,10 @@ def test_a_ray_run_with_two_workers_keeps_state_on_disk_and_says_where(
 @pytest.mark.parametrize(
     "fault",
     [
-        ["faults.kill_worker.round=2", "faults.kill_worker.worker=1"],
+        # on demand (-m matrix): a re-run job reads and writes the store as any job does
+        pytest.param(
+            ["faults.kill_worker.round=2", "faults.kill_worker.worker=1"], marks=pytest.mark.matrix
+        ),
         ["checkpoint.every=2", "faults.kill_coordinator.round=3"],
     ],
     ids=["worker killed", "coordinator killed"],

@@ -287,6 +287,14 @@ class EvalConfig(StrictModel):
     max_new_tokens: int = Field(16, ge=1)
     batch_size: int = Field(16, ge=1)
     id: bool = Field(True, description="also evaluate each client on its own test split")
+    clients: int | None = Field(
+        None,
+        ge=1,
+        description="per-client evaluation (personal state, adaptation, shifted inputs) over "
+        "this many clients, the same every round: a sample drawn once from the seed, or for "
+        "personal state the first clients to have one; None: every client (every client with "
+        "personal state)",
+    )
     local_accuracy: bool = Field(
         False,
         description="each job scores its trained model on the test images of its own classes "

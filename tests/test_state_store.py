@@ -219,3 +219,48 @@ def test_resuming_a_run_whose_store_was_deleted_says_so_in_one_line(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "Traceback" not in err[0], err
     assert "personal-state store" in err[0] and "is gone" in err[0]
+
+
+# --------------------------------------------------------------------------- eval.clients
+def _evaluator(group: str, clients: int | None, num: int = 1000, adapt: bool = False):
+    from raysim.actors.evaluation import WorkerEvaluator
+    from raysim.config import EvalConfig
+
+    return WorkerEvaluator(
+        None,
+        {"test": None},
+        group,
+        EvalConfig(clients=clients),
+        global_group="global",
+        adapt=adapt,
+        num_clients=num,
+        seed=7,
+    )
+
+
+def test_eval_clients_scores_the_first_clients_with_personal_state_every_round():
+    ev = _evaluator("personal", 2)
+    states = {5: {}, 2: {}, 9: {}, 1: {}}  # in the order the clients first had one
+    assert [j.client for j in ev.jobs(states, False) if j.client is not None] == [2, 5]
+    everyone = _evaluator("personal", None)
+    assert [j.client for j in everyone.jobs(states, False) if j.client is not None] == [1, 2, 5, 9]
+
+
+def test_eval_clients_draws_one_sample_of_the_population_for_adapted_views():
+    ev = _evaluator("global", 10, adapt=True)
+    first = [j.client for j in ev.jobs({}, False) if j.client is not None]
+    assert len(first) == 10 and first == sorted(first)
+    assert first == [j.client for j in ev.jobs({}, True, round=5) if j.client is not None]
+    assert len([j for j in _evaluator("global", None, adapt=True).jobs({}, False)]) == 1001
+    other = _evaluator("global", 10, adapt=True)
+    other_seed = type(other)(
+        None, {"test": None}, "global", other.cfg, adapt=True, num_clients=1000, seed=8
+    )
+    assert other_seed.sample != ev.sample
+
+
+def test_eval_clients_bounds_a_personal_runs_evaluation(tmp_path):
+    core = run_to_end(local_core(ditto(tmp_path, eval={"every": 1, "clients": 3}), evaluate=True))
+    assert [h["clients_evaluated"] for h in core.history][-1] == 3
+    full = run_to_end(local_core(ditto(tmp_path), evaluate=True))
+    assert full.history[-1]["clients_evaluated"] == len(full.client_states) > 3

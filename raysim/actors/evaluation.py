@@ -22,6 +22,8 @@ from raysim.actors.jobs import EvalJob
 
 #: the classification test set: its metrics keep bare names (``accuracy``, ``loss``)
 BARE_SET = "test"
+#: rng = default_rng([seed, EVAL_SAMPLE_TAG]) draws ``eval.clients``' sample
+EVAL_SAMPLE_TAG = 0xE7A1
 
 
 def metric_key(eval_set: str, metric: str) -> str:
@@ -59,6 +61,13 @@ class WorkerEvaluator:
         self.shifted = shifted
         self.cfg = eval_cfg
         self.last_clients: list[dict[str, Any]] = []
+        #: ``eval.clients``: the clients a per-client evaluation scores where no personal state
+        #: decides (drawn once; sorted), None: all of them
+        n = getattr(eval_cfg, "clients", None)
+        self.sample: list[int] | None = None
+        if n is not None and n < num_clients:
+            rng = np.random.default_rng([seed, EVAL_SAMPLE_TAG])
+            self.sample = sorted(rng.choice(num_clients, size=n, replace=False).tolist())
 
     @property
     def per_client(self) -> bool:
@@ -82,7 +91,11 @@ class WorkerEvaluator:
                 jobs.append(EvalJob(len(jobs), (self.own[j],), j, **common))
             return jobs
         personal = self.group != self.global_group
-        clients = sorted(states) if personal else range(self.num_clients)
+        n = getattr(self.cfg, "clients", None)
+        if personal:  # states are kept in the order clients first had one: the first n of them
+            clients = sorted(list(states)[:n] if n else states)
+        else:
+            clients = self.sample if self.sample is not None else range(self.num_clients)
         for j in clients:
             sets = self.shared + ((self.own[j],) if self.cfg.id and j in self.own else ())
             if sets:

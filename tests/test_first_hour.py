@@ -349,7 +349,12 @@ def _only_run(uri: str):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("phase", "sign"), [("Ray starting", "gcs_server"), ("workers starting", "Coordinator")]
+    ("phase", "sign"),
+    [
+        ("Ray starting", "gcs_server"),
+        # on demand: the coordinator's stop() during set-up; reliability.py stops there too
+        pytest.param("workers starting", "Coordinator", marks=pytest.mark.matrix),
+    ],
 )
 def test_sigterm_to_the_process_group_during_start_up_stops_within_2s(tmp_path, phase, sign):
     """Issue 42.1: `timeout` and batch schedulers signal the whole group, Ray's processes too;

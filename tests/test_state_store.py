@@ -199,7 +199,22 @@ def test_a_killed_process_loses_no_clients_state(ray_cluster, mlflow_uri, tmp_pa
     assert DiskStateStore(root).files() >= len(res.client_states)
 
 
-@pytest.mark.slow
+def test_a_checkpoint_whose_store_was_deleted_is_refused_before_any_round(tmp_path):
+    import shutil
+
+    cfg = ditto(tmp_path)
+    core = local_core(cfg)
+    for _ in range(3):
+        core.step()
+    files = checkpoint.pack({"core": core.state_dict()}, cfg, core.round)
+    shutil.rmtree(tmp_path / "states")
+    _, state = checkpoint.unpack(files)
+    with pytest.raises(StateStoreError, match=r"personal-state store .* is gone") as e:
+        local_core(cfg).load_state_dict(state["core"])
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.matrix  # the CLI's line for the refusal above, through Ray and MLflow
 def test_resuming_a_run_whose_store_was_deleted_says_so_in_one_line(
     ray_cluster, mlflow_uri, tmp_path, capsys
 ):

@@ -169,6 +169,7 @@ def test_a_ray_run_with_two_workers_keeps_state_on_disk_and_says_where(
     assert "client_states.json" in names and "client_states.safetensors" not in names
     manifest = json.load(open(client.download_artifacts(res.run_id, "client_states.json")))
     assert manifest["store"] == root and len(manifest["clients"]) == len(tokens)
+    assert client.get_run(res.run_id).data.tags["raysim.state_store"] == root
 
 
 @pytest.mark.slow

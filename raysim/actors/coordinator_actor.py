@@ -174,6 +174,10 @@ class Coordinator:
                     self.tracker.run_id, "raysim.coordinator_restarts", str(restarts)
                 )
             self.tracker.log_placement(node, self.pool.describe())
+            if self.core.state_root is not None:  # clients.state.store: disk: where it lives
+                self.tracker.client.set_tag(
+                    self.tracker.run_id, "raysim.state_store", self.core.state_root
+                )
             private = self.core.strategy.private_artifacts()
             if private and resume is None:
                 self.tracker.log_private(private)

@@ -49,6 +49,14 @@ class StoredState:
 _STORES: dict[str, DiskStateStore] = {}
 
 
+def run_folder(parent: str, name: str | None = None) -> str:
+    """A run's store: the folder ``name`` (default: a fresh unique one) inside ``parent``
+    (``clients.state.dir``), as an absolute path every process of the run reads alike."""
+    import uuid
+
+    return str(Path(parent).resolve() / (name or uuid.uuid4().hex))
+
+
 def store_at(root: str) -> DiskStateStore:
     """This process's ``DiskStateStore`` of ``root`` (one cache per store and process)."""
     store = _STORES.get(root)

@@ -413,9 +413,9 @@ def _state_root(cfg: RunConfig, session: str | None) -> str | None:
     that replaces a dead one writes where it did (a resumed run takes its checkpoint's)."""
     if cfg.clients.state.store != "disk" or session is None:
         return None
-    from pathlib import Path
+    from raysim.state_store import run_folder
 
-    return str(Path(cfg.clients.state.dir).resolve() / session)
+    return run_folder(cfg.clients.state.dir, session)
 
 
 def _node() -> str:

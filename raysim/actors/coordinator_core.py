@@ -28,7 +28,7 @@ from raysim.config import RunConfig
 from raysim.delays import build_delay_model
 from raysim.errors import LeakError
 from raysim.runtime import weights_digest
-from raysim.state_store import StateStoreError, StoredState, load_entry, store_at
+from raysim.state_store import StateStoreError, StoredState, load_entry, run_folder, store_at
 
 #: ``evaluator(global weights, client personal states, is_final_eval, round) -> metrics``; one
 #: with ``submit`` (``WorkerEvaluator``) is started at the round's end and read when settled
@@ -161,10 +161,7 @@ class CoordinatorCore:
         #: newest checkpoint (a set); one nothing reads and no client holds is deleted
         self.state_root = state_root
         if cfg.clients.state.store == "disk" and state_root is None:
-            import uuid
-            from pathlib import Path
-
-            self.state_root = str(Path(cfg.clients.state.dir).resolve() / uuid.uuid4().hex)
+            self.state_root = run_folder(cfg.clients.state.dir)
         self._readers: defaultdict[StoredState, int] = defaultdict(int)
         self._job_states: dict[int, StoredState] = {}
         self._eval_states: list[StoredState] = []
@@ -267,11 +264,15 @@ class CoordinatorCore:
         ):
             store_at(stored.root).delete(stored)
 
+    def _stored(self) -> set[StoredState]:
+        """The clients' current versions on disk (``clients.state.store: disk``)."""
+        return {s for s in self.client_states.values() if isinstance(s, StoredState)}
+
     def checkpoint_written(self) -> None:
         """The checkpoint of ``state_dict()`` is durable: the stored versions it refers to are
         kept from now on, and those only the previous one kept can go."""
         before = self._checkpointed
-        self._checkpointed = {s for s in self.client_states.values() if isinstance(s, StoredState)}
+        self._checkpointed = self._stored()
         for stored in before - self._checkpointed:
             self._collect(stored)
 
@@ -608,15 +609,13 @@ class CoordinatorCore:
             for j, st in state["client_states"].items()
         }
         self.state_root = state.get("state_root") or self.state_root
-        roots = {s.root for s in self.client_states.values() if isinstance(s, StoredState)}
-        gone = sorted(r for r in roots if not os.path.isdir(r))
+        self._checkpointed = self._stored()  # the checkpoint resumed from may be resumed again
+        gone = sorted({s.root for s in self._checkpointed if not os.path.isdir(s.root)})
         if gone:
             raise StateStoreError(
                 f"the run's personal-state store {gone[0]} is gone: its checkpoint refers to "
                 "the clients' states there (clients.state.store: disk); a resume needs it back"
             )
-        # the checkpoint resumed from may be resumed again: its versions stay
-        self._checkpointed = {s for s in self.client_states.values() if isinstance(s, StoredState)}
         self.history = [dict(h) for h in state["history"]]
         self.evaluations = [dict(e) for e in state["evaluations"]]
         self.totals = defaultdict(float, state["totals"])
@@ -681,7 +680,7 @@ class CoordinatorCore:
         limit = self.cfg.tracking.client_states_max_mb * 2**20
         if mode == "none" or not self.client_states:
             return {}, None
-        stored = [s for s in self.client_states.values() if isinstance(s, StoredState)]
+        stored = self._stored()
         if stored:
             total = sum(s.nbytes for s in stored)
             if mode == "manifest" or (mode == "auto" and total > limit):
@@ -690,7 +689,7 @@ class CoordinatorCore:
                     note = (
                         f"clients' personal state ({total / 2**30:.2f} GiB) is above "
                         "tracking.client_states_max_mb: the run logs client_states.json, a "
-                        f"manifest of its store at {stored[0].root}, instead of the arrays"
+                        f"manifest of its store at {self.state_root}, instead of the arrays"
                     )
                 return dict(self.client_states), note
             return {j: dict(load_entry(s)) for j, s in self.client_states.items()}, None

@@ -180,7 +180,10 @@ def test_a_ray_run_with_two_workers_keeps_state_on_disk_and_says_where(
         pytest.param(
             ["faults.kill_worker.round=2", "faults.kill_worker.worker=1"], marks=pytest.mark.matrix
         ),
-        ["checkpoint.every=2", "faults.kill_coordinator.round=3"],
+        # on demand too: the in-process resume test holds the checkpoint's files the same way
+        pytest.param(
+            ["checkpoint.every=2", "faults.kill_coordinator.round=3"], marks=pytest.mark.matrix
+        ),
     ],
     ids=["worker killed", "coordinator killed"],
 )

@@ -105,6 +105,31 @@ def run_clock(cfg: RunConfig, size: int) -> dict[str, float]:
     }
 
 
+def sampling(populations: list[int], per_round: int, rounds: int, sigma: float) -> None:
+    """``Schedule.dispatch`` alone at each population (ms a round, median; traced allocation
+    peak), against the smallest population, in this one process."""
+    import tracemalloc
+
+    from raysim.clock import Schedule
+    from raysim.delays import build_delay_model, parse_delay_params
+
+    params = parse_delay_params({"kind": "half_normal", "sigma": sigma})
+    base = None
+    for j in populations:
+        schedule = Schedule(j, per_round, build_delay_model(params, j, 0), 0)
+        tracemalloc.start()
+        times = []
+        for k in range(rounds):
+            t0 = time.perf_counter()
+            schedule.dispatch(k)
+            times.append(time.perf_counter() - t0)
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        ms = float(np.median(times[3:])) * 1e3
+        base = base or ms
+        report(f"sampling.{j}", round_ms=ms, vs_smallest=ms / base, peak_kb=peak / 1024)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=10_000)
@@ -116,8 +141,16 @@ def main() -> None:
     parser.add_argument("--big-per-round", type=int, default=5_000)
     parser.add_argument("--big-rounds", type=int, default=50)
     parser.add_argument("--profile", action="store_true", help="cProfile the first run")
+    parser.add_argument(
+        "--sampling",
+        action="store_true",
+        help="only the schedule's sampling, 100 clients a round from 10^3 to 10^8 clients",
+    )
     args = parser.parse_args()
     print(f"machine={machine()}", flush=True)
+    if args.sampling:
+        sampling([10**3, 10**4, 10**6, 10**8], 100, 200, args.sigma)
+        return
 
     cfg = make_config(args.clients, args.per_round, args.rounds, args.sigma)
     profiler = cProfile.Profile() if args.profile else None

@@ -51,6 +51,8 @@ class Result:
     #: set when the run finished but its artifacts could not be written: why, and where the
     #: driver saved the weights instead (the MLflow run is then marked FAILED)
     unsaved: str | None = None
+    #: ``clients.state.store: disk``: the folder of the run's personal-state store
+    state_store: str | None = None
 
 
 #: where the driver saves a finished run's weights when the artifact store refuses them
@@ -172,7 +174,11 @@ class RunSession:
 
         from raysim.actors.coordinator_actor import CONCURRENCY_GROUPS, Coordinator
         from raysim.actors.pool import WorkerLaunch
-        from raysim.placement import check_store_outlives_job, coordinator_options
+        from raysim.placement import (
+            check_state_outlives_job,
+            check_store_outlives_job,
+            coordinator_options,
+        )
         from raysim.resources import plan_resources
 
         if resume is not None and not isinstance(resume, ResumeSource):
@@ -196,6 +202,7 @@ class RunSession:
                 cfg.tracking.uri or default_tracking_uri()
             )
         check_store_outlives_job(self.tracking_uri)
+        check_state_outlives_job(cfg)
         if not ray.is_initialized():
             if self.tracking_uri:  # before ray.init, for every Ray process (ENVIRONMENT.md)
                 os.environ["MLFLOW_TRACKING_URI"] = self.tracking_uri
@@ -458,6 +465,7 @@ class RunSession:
             weights=np.array(weights),
             client_states=states,
             unsaved=unsaved,
+            state_store=summary.get("state_store"),
         )
 
     def _end_own_workers(self) -> None:

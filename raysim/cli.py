@@ -177,6 +177,12 @@ def _run_command(args: argparse.Namespace, started: list[Any]) -> int:
     result = _run_with_progress(cfg, resume, args.address, started.append)
     console.print(_summary_table(result))
     console.print(f"weights sha256: {result.weights_digest}", soft_wrap=True, highlight=False)
+    if result.state_store:  # clients.state.store: disk; a path is not cut short in a table
+        console.print(
+            f"personal-state store: {result.state_store}",
+            soft_wrap=True,
+            highlight=False,
+        )
     if result.unsaved:
         errors.print(f"raysim: error: {result.unsaved}", style="red", markup=False)
         return 1

@@ -34,7 +34,12 @@ class Dispatches:
 
 
 class Schedule:
-    """Generates dispatches round by round from its own RNG stream ``(seed, SCHEDULE_STREAM)``."""
+    """Generates dispatches round by round from its own RNG stream ``(seed, SCHEDULE_STREAM)``.
+
+    It keeps only the clients in flight (``in flight`` ≤ clients per round × the longest delay),
+    never an array over the population: a round costs the same at 10^3 and 10^6 clients. Idle
+    clients are drawn as ranks among the idle (``rng.choice(#idle)``) and mapped to client ids
+    past the busy ones, the same draws as choosing from the array of idle ids."""
 
     def __init__(self, num_clients: int, per_round: int, delay_model: DelayModel, seed: int):
         if per_round < 1 or num_clients < 1:
@@ -43,7 +48,9 @@ class Schedule:
         self.per_round = per_round
         self.delay_model = delay_model
         self.rng = np.random.default_rng([seed, SCHEDULE_STREAM])
-        self.busy_until = np.zeros(num_clients, dtype=np.int64)  # idle when busy_until <= k
+        #: clients in flight, and the round from which each is idle again
+        self.busy = np.zeros(0, dtype=np.int64)
+        self.busy_until = np.zeros(0, dtype=np.int64)
         self.next_round = 0
 
     def dispatch(self, k: int) -> Dispatches:
@@ -51,35 +58,54 @@ class Schedule:
         if k != self.next_round:
             raise ValueError(f"schedule asked for round {k}, expected {self.next_round}")
         self.next_round += 1
-        idle = np.flatnonzero(self.busy_until <= k)
-        size = min(self.per_round, len(idle))
-        chosen = self.rng.choice(idle, size=size, replace=False) if size else idle[:0]
+        still = self.busy_until > k
+        self.busy, self.busy_until = self.busy[still], self.busy_until[still]
+        idle = self.num_clients - len(self.busy)
+        size = min(self.per_round, idle)
+        ranks = self.rng.choice(idle, size=size, replace=False) if size else np.zeros(0, np.int64)
+        chosen = idle_by_rank(ranks, np.sort(self.busy))
         delays = self.delay_model.sample(self.rng, chosen)
         arrival_rounds = self.delay_model.delivery_round(k, delays)
-        self.busy_until[chosen] = arrival_rounds + 1
+        self.busy = np.concatenate([self.busy, chosen])
+        self.busy_until = np.concatenate([self.busy_until, arrival_rounds + 1])
         return Dispatches(k, chosen, delays, k + delays, arrival_rounds)
 
     def state_dict(self) -> dict[str, Any]:
-        """RNG position, busy clients, next round and the delay model's state (for checkpoints)."""
+        """RNG position, clients in flight, next round and the delay model's state."""
+        order = np.argsort(self.busy)
         return {
             "rng": self.rng.bit_generator.state,
-            "busy_until": self.busy_until.copy(),
+            "num_clients": self.num_clients,
+            "busy": np.stack([self.busy[order], self.busy_until[order]], axis=1),
             "next_round": self.next_round,
             "delay_model": self.delay_model.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        busy = np.asarray(state["busy_until"], dtype=np.int64)
-        if busy.shape != (self.num_clients,):
-            raise ValueError(f"schedule state is for {len(busy)} clients, not {self.num_clients}")
+        if "busy_until" in state:  # a checkpoint of an earlier version: one entry per client
+            dense = np.asarray(state["busy_until"], dtype=np.int64)
+            n, clients = len(dense), np.flatnonzero(dense)
+            busy = np.stack([clients, dense[clients]], axis=1)
+        else:
+            n, busy = int(state["num_clients"]), np.asarray(state["busy"], dtype=np.int64)
+        if n != self.num_clients:
+            raise ValueError(f"schedule state is for {n} clients, not {self.num_clients}")
         self.rng.bit_generator.state = state["rng"]
-        self.busy_until = busy.copy()
+        self.busy, self.busy_until = busy[:, 0].copy(), busy[:, 1].copy()
         self.next_round = int(state["next_round"])
         self.delay_model.load_state_dict(state["delay_model"])
 
     def in_flight(self, k: int) -> int:
         """Clients dispatched and not yet delivered before the end of round ``k``'s dispatch."""
         return int(np.count_nonzero(self.busy_until > k))
+
+
+def idle_by_rank(ranks: np.ndarray, busy: np.ndarray) -> np.ndarray:
+    """The client ids of ``ranks`` among the idle clients, ``busy`` being the sorted ids of the
+    others: the ``r``-th idle id is ``r`` plus the busy ids before it (``busy[j] - j`` idle ids
+    come before ``busy[j]``)."""
+    before = busy - np.arange(len(busy), dtype=np.int64)
+    return ranks.astype(np.int64) + np.searchsorted(before, ranks, side="right")
 
 
 @dataclass(frozen=True)

@@ -153,3 +153,15 @@ def check_store_outlives_job(tracking_uri: str | None) -> None:
         "runtime env (the MLflow server on the head, cluster/README.md) or "
         "tracking.uri=sqlite:////ABSOLUTE/PATH/mlflow.db",
     )
+
+
+def check_state_outlives_job(cfg: RunConfig) -> None:
+    """Refuse a personal-state store (``clients.state.store: disk``) inside a Ray job's
+    temporary working directory: a resume needs it after the job."""
+    if cfg.clients.state.store == "disk":
+        check_outlives_job(
+            cfg.clients.state.dir,
+            f"the personal-state store (clients.state.dir={cfg.clients.state.dir})",
+            "set clients.state.dir to an absolute path outside it that every node mounts, e.g. "
+            "clients.state.dir=/mnt/shared/raysim-states",
+        )

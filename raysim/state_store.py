@@ -10,12 +10,17 @@ and a crash in the middle of a write leaves the previous version whole (the new 
 beside and renamed into place). The coordinator deletes a version once nothing can read it
 (``CoordinatorCore``'s holders). Files sit in folders of 1,000 clients.
 
-Where a run has several nodes, the directory must be one they all mount.
+Where a run has several nodes, the directory must be one they all mount (NFS, a shared volume).
+The coordinator marks the store it makes (``STORE.json``); a process that finds no mark where
+the store should be (a worker on another node, whose disk does not have it) stops the run in one
+line instead of writing a store of its own.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -26,6 +31,8 @@ import numpy as np
 
 #: clients per folder of the store
 SHARD = 1000
+#: the file that marks a run's store, written by its coordinator
+MARKER = "STORE.json"
 
 
 class StateStoreError(RuntimeError):
@@ -57,10 +64,29 @@ def run_folder(parent: str, name: str | None = None) -> str:
     return str(Path(parent).resolve() / (name or uuid.uuid4().hex))
 
 
+def open_store(root: str) -> DiskStateStore:
+    """The run's store, made (and marked) by its coordinator if it is not there yet."""
+    marker = Path(root) / MARKER
+    if not marker.is_file():
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        tmp = marker.with_name(f".{MARKER}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"made_on": socket.gethostname(), "pid": os.getpid()}))
+        os.replace(tmp, marker)
+    return store_at(root)
+
+
 def store_at(root: str) -> DiskStateStore:
-    """This process's ``DiskStateStore`` of ``root`` (one cache per store and process)."""
+    """This process's ``DiskStateStore`` of ``root`` (one cache per store and process); the
+    first call in a process checks that the store is there (``open_store`` marked it)."""
     store = _STORES.get(root)
     if store is None:
+        if not (Path(root) / MARKER).is_file():
+            raise StateStoreError(
+                f"the run's personal-state store {root} is not on this node "
+                f"({socket.gethostname()}): clients.state.dir must be a folder every node of "
+                "the cluster mounts (NFS, a shared volume), or set clients.state.store=memory "
+                "(if the folder was shared, it has been deleted)"
+            )
         store = _STORES[root] = DiskStateStore(root)
     return store
 

@@ -12,7 +12,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -424,14 +424,17 @@ class Tracker:
         self,
         config: Mapping[str, Any],
         weights: dict[str, np.ndarray],
-        client_rows: Sequence[Mapping[str, Any]],
+        client_rows: Iterable[Mapping[str, Any]],
         history: Sequence[Mapping[str, float]],
         summary: Mapping[str, Any],
         client_states: Mapping[int, Mapping[str, np.ndarray]] | None = None,
         tables: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
         workers: Sequence[Mapping[str, Any]] | None = None,
+        client_columns: Sequence[str] | None = None,
     ) -> None:
-        """Resolved config, weights (safetensors), per-client table, accuracy plot, summary,
+        """Resolved config, weights (safetensors), per-client table (``clients.csv``, written
+        row by row under ``client_columns``; default: every key of any row), accuracy plot,
+        summary,
         the strategy's own tables (``strategy/NAME.csv``) and what each worker did
         (``workers.json``: jobs, seconds training and evaluating, peak GPU memory)."""
         self.flush()
@@ -443,7 +446,10 @@ class Tracker:
             save_file(
                 {k: np.ascontiguousarray(v) for k, v in weights.items()}, d / "weights.safetensors"
             )
-            (d / "clients.csv").write_text(rows_csv(client_rows))
+            if client_columns is None:
+                client_rows = list(client_rows)
+                client_columns = list(dict.fromkeys(k for r in client_rows for k in r))
+            write_rows_csv(d / "clients.csv", client_rows, client_columns)
             stored = {j: s for j, s in (client_states or {}).items() if hasattr(s, "root")}
             if stored:  # clients.state.store: disk: where each client's last version is
                 manifest = {
@@ -492,6 +498,15 @@ def rows_csv(rows: Sequence[Mapping[str, Any]]) -> str:
     writer.writeheader()
     writer.writerows(rows)
     return buf.getvalue()
+
+
+def write_rows_csv(path: Path, rows: Iterable[Mapping[str, Any]], columns: Sequence[str]) -> None:
+    """``rows`` written one by one under ``columns`` (none is held once written: 10^6 clients'
+    rows); a key a row lacks is an empty cell."""
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(columns), restval="")
+        writer.writeheader()
+        writer.writerows(rows)
 
 
 def _import_plotting() -> Any:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import random
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -91,11 +92,32 @@ def _stop(procs: list[subprocess.Popen]) -> None:
         proc.wait()
 
 
+def can_hide_folders() -> bool:
+    """Whether a process here may mount over a folder in a mount namespace of its own
+    (``unshare --mount``: root, or a user namespace, with the ``unshare`` tool)."""
+    probe = (
+        subprocess.run(
+            ["unshare", "--mount", "sh", "-c", "mount -t tmpfs none /mnt"],
+            capture_output=True,
+            check=False,
+        )
+        if shutil.which("unshare")
+        else None
+    )
+    return probe is not None and probe.returncode == 0
+
+
 @contextmanager
 def loopback_cluster(
-    head_cpus: int = 2, worker_cpus: int = 2, worker_gpus: int = 1
+    head_cpus: int = 2,
+    worker_cpus: int = 2,
+    worker_gpus: int = 1,
+    node_local: Path | None = None,
 ) -> Iterator[Loopback]:
-    """A head with ``head_cpus`` and no GPU, and a worker node with ``worker_gpus`` logical GPUs."""
+    """A head with ``head_cpus`` and no GPU, and a worker node with ``worker_gpus`` logical GPUs.
+    ``node_local``: a folder the worker node does not share with the head: its processes see an
+    empty folder of their own there (a tmpfs in a mount namespace: ``can_hide_folders``), as a
+    node of a real cluster sees its own local disk."""
     temp = Path(tempfile.mkdtemp(prefix="rl", dir="/tmp"))  # Ray's socket paths must stay short
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
@@ -130,10 +152,15 @@ def loopback_cluster(
         )  # fmt: skip
         _wait_ready(procs[0], head_log, "Ray runtime started", 120)
         node_log = temp / "node.log"
+        node = [RAY, "start", *common, *own_ports(), f"--address=127.0.0.1:{gcs_port}",
+                f"--num-cpus={worker_cpus}", f"--num-gpus={worker_gpus}"]  # fmt: skip
+        if node_local is not None:
+            node_local.mkdir(parents=True, exist_ok=True)
+            hide = f'mount -t tmpfs none "{node_local}" && exec "$@"'
+            node = ["unshare", "--mount", "sh", "-c", hide, "sh", *node]
         procs.append(
             subprocess.Popen(
-                [RAY, "start", *common, *own_ports(), f"--address=127.0.0.1:{gcs_port}",
-                 f"--num-cpus={worker_cpus}", f"--num-gpus={worker_gpus}"],
+                node,
                 env=env, stdout=node_log.open("w"), stderr=subprocess.STDOUT,
                 start_new_session=True,
             )

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+import tracemalloc
 
 import numpy as np
 import pytest
 from scipy import stats
 
-from raysim.clock import ArrivalQueue, PendingJob, Schedule
+from raysim.clock import SCHEDULE_STREAM, ArrivalQueue, PendingJob, Schedule, idle_by_rank
 from raysim.delays import build_delay_model, parse_delay_params
 
 
@@ -55,6 +56,48 @@ def test_sampling_invariants():
         assert set(d.clients.tolist()) <= set(idle.tolist())
         assert (d.arrival_rounds == np.floor(k + d.delays)).all()
         busy_until[d.clients] = d.arrival_rounds + 1
+
+
+@pytest.mark.parametrize("J, S, sigma", [(60, 10, 5.0), (500, 10, 20.0), (20_000, 300, 3.0)])
+def test_draws_as_from_the_array_of_idle_clients(J, S, sigma):
+    """Drawing ranks among the idle clients (``Schedule``, which keeps only those in flight)
+    gives the very draws of choosing from the array of idle ids over the whole population, so
+    runs keep their results."""
+    s = schedule(J=J, S=S, seed=3, kind="half_normal", sigma=sigma)
+    model = build_delay_model(parse_delay_params({"kind": "half_normal", "sigma": sigma}), J, 3)
+    rng = np.random.default_rng([3, SCHEDULE_STREAM])
+    busy_until = np.zeros(J, dtype=np.int64)
+    for k in range(150):
+        idle = np.flatnonzero(busy_until <= k)
+        chosen = rng.choice(idle, size=min(S, len(idle)), replace=False)
+        delays = model.sample(rng, chosen)
+        busy_until[chosen] = model.delivery_round(k, delays) + 1
+        d = s.dispatch(k)
+        assert np.array_equal(d.clients, chosen) and np.array_equal(d.delays, delays)
+    again = schedule(J=J, S=S, seed=3, kind="half_normal", sigma=sigma)
+    again.load_state_dict(s.state_dict())
+    assert np.array_equal(again.dispatch(150).clients, s.dispatch(150).clients)
+
+
+def test_idle_by_rank():
+    busy = np.array([2, 3, 7])
+    idle = np.setdiff1d(np.arange(10), busy)
+    assert idle_by_rank(np.arange(len(idle)), busy).tolist() == idle.tolist()
+
+
+def test_a_round_allocates_nothing_per_client():
+    """Issue 43: sampling 100 of 10^7 clients, in flight for rounds, allocates kilobytes, not
+    an array over the population (one int64 per client would be 80 MB)."""
+    tracemalloc.start()
+    try:
+        s = schedule(J=10**7, S=100, kind="half_normal", sigma=5.0)
+        for k in range(20):
+            s.dispatch(k)
+        s.state_dict()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert s.in_flight(19) > 100 and peak < 1 << 20, peak
 
 
 @pytest.mark.parametrize("sigma, expected", [(5.0, 45.0), (20.0, 164.6)])

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from raysim.config import ConfigError, load_config
-from raysim.placement import check_store_node, check_store_outlives_job
+from raysim.placement import check_state_outlives_job, check_store_node, check_store_outlives_job
 from raysim.tracking import node_local, store_path
 from tests.conftest import ROOT, tiny
 
@@ -146,6 +146,15 @@ def test_a_store_inside_a_ray_jobs_temporary_copy_is_refused(tmp_path, monkeypat
     check_store_outlives_job("sqlite:////elsewhere/mlflow.db")
     assert store_path("http://127.0.0.1:5000") is None
 
+    # the personal-state store's default folder (relative) would be in the copy too
+    def disk(folder: str):
+        state = {"store": "disk", "dir": folder}
+        return load_config(tiny(clients={"num": 20, "per_round": 5, "state": state}))
+
+    with pytest.raises(ConfigError, match=r"personal-state store.*vanish.*clients\.state\.dir="):
+        check_state_outlives_job(disk("raysim-states"))
+    check_state_outlives_job(disk("/elsewhere/states"))
+
 
 def test_coordinator_node_is_a_switch_that_leaves_results_alone():
     from raysim.checkpoint import config_hash
@@ -185,13 +194,17 @@ def _healthy(proc: subprocess.Popen, port: int) -> None:
 def test_jobs_on_a_multi_process_cluster_land_in_the_heads_mlflow(ray_cluster, tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from tests.loopback import RAY, free_port, loopback_cluster
+    from tests.loopback import RAY, can_hide_folders, free_port, loopback_cluster
 
     port = free_port()
     server = _mlflow_server(port, tmp_path, dict(os.environ))  # starts while the cluster does
     uri = f"http://127.0.0.1:{port}"
+    # a folder the GPU node does not share with the head: it sees an empty one of its own there
+    hidden = tmp_path / "node-local" if can_hide_folders() else None
     try:
-        with loopback_cluster(head_cpus=2, worker_cpus=2, worker_gpus=1) as cluster:
+        with loopback_cluster(
+            head_cpus=2, worker_cpus=2, worker_gpus=1, node_local=hidden
+        ) as cluster:
             _healthy(server, port)
 
             def submit(*entrypoint: str) -> subprocess.CompletedProcess:
@@ -208,9 +221,17 @@ def test_jobs_on_a_multi_process_cluster_land_in_the_heads_mlflow(ray_cluster, t
 
             small = ["rounds=2", "clients.per_round=4", "workers.count=4", "workers.num_cpus=0",
                      "workers.num_gpus=0.25", f"tracking.uri={uri}"]  # fmt: skip
-            job = submit("raysim", "run", "examples/quickstart.yaml", *small,
-                         "tracking.experiment=loopback", "--address", "auto")  # fmt: skip
+            # Ditto's personal models in a store both nodes see: the coordinator (head) and the
+            # workers (GPU node) write and read each other's files; the end names the folder
+            shared = tmp_path / "shared"
+            personal = ["algorithm.name=ditto", "clients.state.store=disk"]
+            job = submit("raysim", "run", "examples/quickstart.yaml", *small, *personal,
+                         f"clients.state.dir={shared}", "tracking.experiment=loopback",
+                         "--address", "auto")  # fmt: skip
             assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-2000:]
+            (store,) = shared.iterdir()
+            assert (store / "STORE.json").is_file() and list(store.glob("*/*.safetensors"))
+            assert f"personal-state store: {store}\n" in job.stdout
             client = MlflowClient(uri)
             (run,) = client.search_runs([client.get_experiment_by_name("loopback").experiment_id])
             assert run.info.status == "FINISHED"
@@ -252,6 +273,22 @@ def test_jobs_on_a_multi_process_cluster_land_in_the_heads_mlflow(ray_cluster, t
             assert lost.returncode != 0
             assert "would vanish with the job" in lost.stdout
             assert "Traceback" not in lost.stdout
+            if hidden is None:
+                pytest.skip("no mount namespace here (unshare --mount): a store only the head "
+                            "has is untested; everything before this line passed")  # fmt: skip
+            # a store the workers' node does not see (the coordinator makes it on the head,
+            # beside the tracking store): one line naming the setting, no file written
+            apart = submit("raysim", "run", "examples/quickstart.yaml", *small, *personal,
+                           f"clients.state.dir={hidden / 'states'}",
+                           "tracking.experiment=loopback-apart", "--address", "auto")  # fmt: skip
+            assert apart.returncode != 0
+            # one line (ray job submit repeats the job's last lines when it fails)
+            said = {ln for ln in apart.stdout.splitlines() if ln.startswith("raysim: error")}
+            assert len(said) == 1, apart.stdout[-3000:]
+            (said,) = said
+            assert "is not on this node" in said
+            assert "clients.state.dir" in said and "Traceback" not in apart.stdout
+            assert not list((hidden / "states").rglob("*.safetensors"))
     finally:
         server.terminate()
         server.wait(timeout=30)

@@ -283,3 +283,18 @@ def test_eval_clients_bounds_a_personal_runs_evaluation(tmp_path):
     assert [h["clients_evaluated"] for h in core.history][-1] == 3
     full = run_to_end(local_core(ditto(tmp_path), evaluate=True))
     assert full.history[-1]["clients_evaluated"] == len(full.client_states) > 3
+
+
+def test_the_driver_gets_the_client_rows_up_to_a_bound_and_clients_csv_all(tmp_path, caplog):
+    """Issue 43: ``Result.clients`` carries every row up to a bound, above it none, said in
+    one line; the rows for ``clients.csv`` join each client's counters with its last scores."""
+    core = run_to_end(local_core(ditto(tmp_path, eval={"every": 1, "clients": 3}), evaluate=True))
+    rows = list(core.client_rows())
+    assert [r["client"] for r in rows] == sorted(core.stats) and len(rows) > 3
+    assert sum("accuracy" in r for r in rows) == 3  # eval.clients: 3
+    columns = core.client_columns()
+    assert columns[:3] == ["client", "num_samples", "dispatched"] and "accuracy" in columns
+    assert core.result_rows() == rows
+    with caplog.at_level("WARNING", logger="raysim"):
+        assert core.result_rows(limit=len(rows) - 1) == []
+    assert f"{len(rows)} clients took part: Result.clients is left empty" in caplog.text

@@ -25,6 +25,31 @@ def test_client_table_takes_every_column_of_any_row():
     assert rows_csv(rows).splitlines() == ["client,samples,accuracy", "0,3,", "1,4,0.5"]
 
 
+def test_clients_csv_is_written_row_by_row(tmp_path):
+    """Issue 43: a table of 10^5 clients' rows goes to ``clients.csv`` as they are made (the
+    rows held at once would be tens of MB); a row without a later column has an empty cell."""
+    import csv
+    import tracemalloc
+
+    from raysim.tracking import write_rows_csv
+
+    def rows():
+        for j in range(100_000):
+            yield {"client": j, "loss": j / 7} | ({"accuracy": 0.5} if j == 3 else {})
+
+    tracemalloc.start()
+    try:
+        write_rows_csv(tmp_path / "c.csv", rows(), ["client", "loss", "accuracy"])
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 << 20, peak
+    with open(tmp_path / "c.csv", newline="") as f:
+        table = list(csv.DictReader(f))
+    assert len(table) == 100_000 and table[3]["accuracy"] == "0.5" and table[4]["accuracy"] == ""
+    assert float(table[99_999]["loss"]) == 99_999 / 7
+
+
 def test_batched_rounds_reach_the_store_together_and_before_a_checkpoint(tmp_path):
     """Inside ``rounds_batched`` (a driver call's rounds, ``Coordinator.advance``) the rounds
     wait and go in one request; a checkpoint written meanwhile, to MLflow or to a directory

@@ -341,7 +341,8 @@ class Coordinator:
             "history": core.history,
             "weights_digest": core.digest(),
             "run_id": self.tracker.run_id if self.tracker else None,
-            "clients": self._client_rows(),
+            "clients": core.result_rows(),
+            "state_store": core.state_root,
         }
         if self.tracker is not None:
             self.tracker.log_round(
@@ -353,12 +354,13 @@ class Coordinator:
                 self.tracker.log_final(
                     self.cfg.to_dict(),
                     self.named_weights(),
-                    summary["clients"],
+                    core.client_rows(),
                     core.history,
                     {"weights_digest": summary["weights_digest"], **summary["metrics"]},
                     self._final_states,
                     core.strategy.tables(),
                     self.pool.describe(),
+                    core.client_columns(),
                 )
             except OSError as e:  # the driver saves the weights where the user is instead
                 summary["unsaved"] = f"the run's artifacts could not be written ({e})"
@@ -368,14 +370,6 @@ class Coordinator:
 
     def named_weights(self) -> dict[str, Any]:
         return self._layout.unflatten(self.core.weights)
-
-    def _client_rows(self) -> list[dict[str, Any]]:
-        """Per-client training counters joined with the last per-client evaluation."""
-        rows = self.core.client_table()
-        last = {r["client"]: r for r in getattr(self.evaluator, "last_clients", [])}
-        for row in rows:
-            row.update({k: v for k, v in last.get(row["client"], {}).items() if k != "client"})
-        return rows
 
     def fail(self, status: str = "FAILED") -> None:
         if self.tracker is not None and not self.tracker.ended:

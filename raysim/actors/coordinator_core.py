@@ -11,8 +11,9 @@ import logging
 import os
 import time
 from collections import defaultdict
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 import numpy as np
@@ -28,16 +29,40 @@ from raysim.config import RunConfig
 from raysim.delays import build_delay_model
 from raysim.errors import LeakError
 from raysim.runtime import weights_digest
-from raysim.state_store import StateStoreError, StoredState, load_entry, run_folder, store_at
+from raysim.state_store import (
+    StateStoreError,
+    StoredState,
+    load_entry,
+    open_store,
+    run_folder,
+    store_at,
+)
 
 #: ``evaluator(global weights, client personal states, is_final_eval, round) -> metrics``; one
 #: with ``submit`` (``WorkerEvaluator``) is started at the round's end and read when settled
 Evaluator = Callable[[np.ndarray, dict, bool, int], dict[str, float]]
 
 
-@dataclass
+#: the most per-client rows a finished run hands back to its driver (``Result.clients``)
+RESULT_ROWS = 100_000
+#: ``CoordinatorCore.client_table``'s columns
+CLIENT_COLUMNS = (
+    "client",
+    "num_samples",
+    "dispatched",
+    "arrived",
+    "rejected",
+    "dropped_late",
+    "mean_train_loss",
+    "mean_staleness_rounds",
+    "last_round",
+)
+
+
+@dataclass(slots=True)
 class ClientStats:
-    """Per-client counters for the per-client metrics table."""
+    """Per-client counters for the per-client metrics table (kept for clients that were
+    dispatched only: a population of 10^6 that a run visits 2,000 times holds 2,000)."""
 
     dispatched: int = 0
     arrived: int = 0
@@ -162,6 +187,7 @@ class CoordinatorCore:
         self.state_root = state_root
         if cfg.clients.state.store == "disk" and state_root is None:
             self.state_root = run_folder(cfg.clients.state.dir)
+        self._store_opened = False  # made and marked with the first job that may write to it
         self._readers: defaultdict[StoredState, int] = defaultdict(int)
         self._job_states: dict[int, StoredState] = {}
         self._eval_states: list[StoredState] = []
@@ -233,7 +259,7 @@ class CoordinatorCore:
         b = self._broadcasts.get(dispatch_round)
         if b is None:
             return ClientJob(
-                job_id, client, dispatch_round, self.cfg.seed, state, store=self.state_root
+                job_id, client, dispatch_round, self.cfg.seed, state, store=self._job_store()
             )
         own = b.downlink.per_client.get(client)
         return ClientJob(
@@ -244,8 +270,15 @@ class CoordinatorCore:
             state,
             b.handle,
             dict(own or {}) or None,
-            store=self.state_root,
+            store=self._job_store(),
         )
+
+    def _job_store(self) -> str | None:
+        """The store a job writes its client's new version to (made on the first call)."""
+        if self.state_root is not None and not self._store_opened:
+            open_store(self.state_root)
+            self._store_opened = True
+        return self.state_root
 
     def _unread(self, stored: StoredState) -> None:
         """One reader of ``stored`` is done; delete it if nothing else can read it."""
@@ -514,7 +547,10 @@ class CoordinatorCore:
         m.update(self.strategy.metrics())
         m.update(log.server_metrics)
         if evaluating:
-            states, final = dict(self.client_states), self.done
+            # eval.clients: N scores the first N clients to have personal state: only theirs
+            # are read (not a copy of 10^6 clients' entries each round)
+            n, final = self.cfg.eval.clients, self.done
+            states = dict(islice(self.client_states.items(), n) if n else self.client_states)
             self._eval_states = [s for s in states.values() if isinstance(s, StoredState)]
             for stored in self._eval_states:  # read by the evaluation until it settles
                 self._readers[stored] += 1
@@ -558,7 +594,7 @@ class CoordinatorCore:
                 }
                 for k, b in self._broadcasts.items()
             },
-            "stats": {j: asdict(s) for j, s in self.stats.items()},
+            "client_stats": stats_columns(self.stats),
             "client_states": self.materialized_states(),
             "state_root": self.state_root,
             "history": [dict(h) for h in self.history],
@@ -601,9 +637,7 @@ class CoordinatorCore:
         }
         self.schedule.load_state_dict(state["schedule"])
         self.queue.load_state_dict(state["queue"])
-        self.stats = defaultdict(
-            ClientStats, {int(j): ClientStats(**s) for j, s in state["stats"].items()}
-        )
+        self.stats = defaultdict(ClientStats, stats_from_columns(state))
         self.client_states = {
             int(j): st if isinstance(st, StoredState) else dict(st)
             for j, st in state["client_states"].items()
@@ -733,26 +767,69 @@ class CoordinatorCore:
             out["leaks_reported"] = self.totals["leaks_reported"]
         return out
 
-    def client_table(self) -> list[dict[str, float]]:
-        rows = []
+    def client_table(self) -> Iterator[dict[str, float]]:
+        """One row per client dispatched so far, in client order (made as it is read: a
+        ``clients.csv`` of 10^6 rows is written row by row)."""
         for client in sorted(self.stats):
             s = self.stats[client]
-            rows.append(
-                {
-                    "client": client,
-                    "num_samples": int(self.client_sizes[client]),
-                    "dispatched": s.dispatched,
-                    "arrived": s.arrived,
-                    "rejected": s.rejected,
-                    "dropped_late": s.dropped_late,
-                    "mean_train_loss": s.train_loss_sum / s.arrived if s.arrived else float("nan"),
-                    "mean_staleness_rounds": s.staleness_sum / s.arrived
-                    if s.arrived
-                    else float("nan"),
-                    "last_round": s.last_round,
-                }
-            )
-        return rows
+            yield {
+                "client": client,
+                "num_samples": int(self.client_sizes[client]),
+                "dispatched": s.dispatched,
+                "arrived": s.arrived,
+                "rejected": s.rejected,
+                "dropped_late": s.dropped_late,
+                "mean_train_loss": s.train_loss_sum / s.arrived if s.arrived else float("nan"),
+                "mean_staleness_rounds": s.staleness_sum / s.arrived if s.arrived else float("nan"),
+                "last_round": s.last_round,
+            }
+
+    def client_rows(self) -> Iterator[dict[str, Any]]:
+        """``client_table`` joined with the last per-client evaluation, row by row."""
+        last = {r["client"]: r for r in getattr(self.evaluator, "last_clients", [])}
+        for row in self.client_table():
+            row.update({k: v for k, v in last.get(row["client"], {}).items() if k != "client"})
+            yield row
+
+    def client_columns(self) -> list[str]:
+        """``clients.csv``'s columns: the counters', then those of the last evaluation."""
+        columns = dict.fromkeys(CLIENT_COLUMNS)
+        for row in getattr(self.evaluator, "last_clients", []):
+            columns.update(dict.fromkeys(row))
+        return list(columns)
+
+    def result_rows(self, limit: int = RESULT_ROWS) -> list[dict[str, Any]]:
+        """The rows that go back to the driver (``Result.clients``): every row up to
+        ``limit``; above, none, said in one line (``clients.csv`` has them)."""
+        n = len(self.stats)
+        if n <= limit:
+            return list(self.client_rows())
+        self.warn(
+            f"{n} clients took part: Result.clients is left empty (it carries up to {limit} "
+            "rows); the run's clients.csv artifact has every row"
+        )
+        return []
 
     def digest(self) -> str:
         return weights_digest(self.strategy.weights)
+
+
+def stats_columns(stats: Mapping[int, ClientStats]) -> dict[str, np.ndarray]:
+    """Per-client counters as columns (a checkpoint's ``client_stats``: arrays pickle at memory
+    speed, where a dict per client of 10^6 would not)."""
+    clients = sorted(stats)
+    out = {"client": np.array(clients, dtype=np.int64)}
+    for name in ClientStats.__slots__:
+        kind = np.float64 if name == "train_loss_sum" else np.int64
+        out[name] = np.fromiter((getattr(stats[c], name) for c in clients), kind, len(clients))
+    return out
+
+
+def stats_from_columns(state: Mapping[str, Any]) -> dict[int, ClientStats]:
+    """``CoordinatorCore.stats`` from a checkpoint (columns; a dict per client before them)."""
+    if "client_stats" not in state:
+        return {int(j): ClientStats(**s) for j, s in state["stats"].items()}
+    cols = state["client_stats"]
+    names = ClientStats.__slots__
+    rows = zip(*(cols[n].tolist() for n in names), strict=True)
+    return {c: ClientStats(*row) for c, row in zip(cols["client"].tolist(), rows, strict=True)}

@@ -14,6 +14,7 @@ Otherwise the global model answers everywhere, with bare metric names.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from itertools import islice
 from typing import Any
 
 import numpy as np
@@ -93,7 +94,7 @@ class WorkerEvaluator:
         personal = self.group != self.global_group
         n = getattr(self.cfg, "clients", None)
         if personal:  # states are kept in the order clients first had one: the first n of them
-            clients = sorted(list(states)[:n] if n else states)
+            clients = sorted(islice(states, n) if n else states)
         else:
             clients = self.sample if self.sample is not None else range(self.num_clients)
         for j in clients:

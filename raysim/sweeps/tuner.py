@@ -124,7 +124,12 @@ def tune(
     from ray.tune.execution.class_cache import _ActorClassCache
 
     from raysim.api import local_resources, preflight
-    from raysim.placement import check_outlives_job, check_store_outlives_job, trial_pin
+    from raysim.placement import (
+        check_outlives_job,
+        check_state_outlives_job,
+        check_store_outlives_job,
+        trial_pin,
+    )
     from raysim.ray_start import check_reachable, ensure_ray, ray_address
 
     # trials that an interrupt left unstarted have no results yet: Tune warns about each of them
@@ -138,6 +143,7 @@ def tune(
     base = _base(cfg)
     check_space(base, section)
     check_store_outlives_job(base["tracking"]["uri"] if cfg.tracking.enabled else None)
+    check_state_outlives_job(cfg)
     storage_path = Path(storage).expanduser().resolve()
     check_outlives_job(
         Path(resume) if resume is not None else storage_path,

@@ -238,6 +238,14 @@ class WorkersConfig(StrictModel):
         description="batched: clients per pass; groups are cut from the round's jobs in schedule "
         "order, so results do not depend on the pool",
     )
+    late_jobs: Literal["together", "at_dispatch"] = Field(
+        "together",
+        description="batched, with delays: together: a job that arrives in a later round waits, "
+        "and every job in flight that has not run trains when the first of them is due, in "
+        "groups cut from them in dispatch order (each client from the version it was dispatched "
+        "on), so groups grow with the delays; at_dispatch: each round's jobs train at once, in "
+        "groups of that round only. Both follow from the schedule alone",
+    )
     transport: Literal["auto", "calls", "in_process"] = Field(
         "auto",
         description="how the coordinator reaches its workers: auto: a Ray Compiled Graph to each "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
@@ -174,9 +175,14 @@ class CoordinatorCore:
         self._versions: dict[int, _Version] = {}
         self._broadcasts: dict[int, _Broadcast] = {}  # by dispatch round
         self._job_ids = 0
-        #: each dispatch round's submitted jobs, (job id, client) in schedule order, while any
-        #: is in flight: a resumed run re-forms the groups that trained together from them
-        self._submissions: dict[int, list[tuple[int, int]]] = {}
+        #: each submission's jobs, (job id, client, dispatch round) in schedule order, by the
+        #: round it went out in, while any is in flight: a resumed run re-forms the groups that
+        #: trained together from them
+        self._submissions: dict[int, list[tuple[int, int, int]]] = {}
+        #: ``workers.late_jobs: together``: jobs dispatched and not sent yet (each with its
+        #: version's handle), sent together when the first of them is due (``_send_due``)
+        self._together = cfg.workers.late_jobs == "together" and 1 < cfg.group_size() < sys.maxsize
+        self._waiting: list[tuple[ClientJob, int, int]] = []  # (job, version, arrival round)
         self.stats: dict[int, ClientStats] = defaultdict(ClientStats)
         #: Personal state per client (simulated client storage; the strategy never sees it).
         #: personal state by client: arrays, or executor handles (``materialized_states``)
@@ -347,6 +353,7 @@ class CoordinatorCore:
         log = self._log = RoundLog()
         try:
             self._dispatch(k, log)
+            self._send_due(k)
             if self.cfg.faults.kill_worker and self.cfg.faults.kill_worker.round == k:
                 self.executor.kill_worker(self.cfg.faults.kill_worker.worker)
         finally:
@@ -413,10 +420,26 @@ class CoordinatorCore:
             self.queue.push(PendingJob(client, k, self.version, t_arr, r_arr, self._job_ids))
             if r_arr < self.cfg.rounds:
                 jobs.append(self._client_job(self._job_ids, client, k))
+                if self._together:
+                    self._waiting.append((jobs[-1], self.version, r_arr))
         log.bytes_down += len(d) * v.weights.nbytes
-        if jobs:
-            self._submissions[k] = [(j.job_id, j.client) for j in jobs]
+        if jobs and not self._together:
+            self._submissions[k] = [(j.job_id, j.client, k) for j in jobs]
             self.executor.submit(v.handle, jobs)
+
+    def _send_due(self, k: int) -> None:
+        """``workers.late_jobs: together``: once a waiting job is due in round ``k``, every
+        waiting job goes out in one submission, in dispatch order (groups are cut from it:
+        ``job_groups``), each on its own version. Which jobs wait together follows from the
+        schedule alone, so results do not depend on the pool, a killed worker or a resume."""
+        if not any(due <= k for _, _, due in self._waiting):
+            return
+        waiting, self._waiting = self._waiting, []
+        jobs = [job for job, _, _ in waiting]
+        self._submissions[k] = [(j.job_id, j.client, j.dispatch_round) for j in jobs]
+        handles = [self._versions[v].handle for _, v, _ in waiting]
+        same = all(h is handles[0] for h in handles)
+        self.executor.submit(handles[0] if same else handles, jobs)
 
     def _warn_unused_faults(self, k: int, dispatched: set[int]) -> None:
         """A ``faults.corrupt_updates`` entry whose client is not sampled that round corrupts
@@ -576,6 +599,7 @@ class CoordinatorCore:
             "version": self.version,
             "job_ids": self._job_ids,
             "submissions": self._live_submissions(),
+            "waiting": [job.job_id for job, _, _ in self._waiting],
             "schedule": self.schedule.state_dict(),
             "queue": self.queue.state_dict(),
             # weights of every version that in-flight jobs were dispatched on (and the current)
@@ -631,8 +655,8 @@ class CoordinatorCore:
         self.round = int(state["round"])
         self.version = int(state["version"])
         self._job_ids = int(state["job_ids"])
-        self._submissions = {
-            int(k): [(int(j), int(c)) for j, c in sub]
+        self._submissions = {  # (job, client), dispatched in round k, before version 2
+            int(k): [(int(e[0]), int(e[1]), int(e[2] if len(e) > 2 else k)) for e in sub]
             for k, sub in state.get("submissions", {}).items()
         }
         self.schedule.load_state_dict(state["schedule"])
@@ -663,8 +687,20 @@ class CoordinatorCore:
         for job in pending:
             if job.dispatch_version not in self._versions:
                 raise ValueError(f"checkpoint lacks model version {job.dispatch_version}")
+        waiting = set(state.get("waiting", []))
+        self._waiting = [
+            (
+                self._client_job(j.job_id, j.client, j.dispatch_round),
+                j.dispatch_version,
+                j.arrival_round,
+            )
+            for j in sorted(pending, key=lambda j: j.job_id)
+            if j.job_id in waiting
+        ]
+        pending = [j for j in pending if j.job_id not in waiting]
         size = getattr(self.executor, "group_size", 1)
-        if size > 1 and all(j.dispatch_round in self._submissions for j in pending):
+        sent = {e[0] for sub in self._submissions.values() for e in sub}
+        if size > 1 and all(j.job_id in sent for j in pending):
             self._resubmit_groups(pending, size)
             return
         by_version: dict[int, list[ClientJob]] = defaultdict(list)
@@ -678,27 +714,32 @@ class CoordinatorCore:
     def _resubmit_groups(self, pending: list[PendingJob], size: int) -> None:
         """In-flight jobs that trained in groups (batched execution, or clients that train
         together) go out again in their original groups: a batched client's float rounding
-        depends on its group's shapes, so each group is re-formed from its round's submission
-        (``job_groups``), mates that arrived before the checkpoint included; their results are
-        fetched and dropped."""
+        depends on its group's shapes, so each group is re-formed from its submission
+        (``job_groups``), mates that arrived before the checkpoint included (on a pending
+        mate's version: only their shapes count); their results are fetched and dropped."""
         wanted = {j.job_id: j for j in pending}
         mates: list[int] = []
-        for k in sorted({j.dispatch_round for j in pending}):
+        for k in sorted(self._submissions):
             for group in job_groups(self._submissions[k], size):
-                ids = [job_id for job_id, _ in group]
+                ids = [job_id for job_id, _, _ in group]
                 if not any(i in wanted for i in ids):
                     continue
-                version = next(wanted[i].dispatch_version for i in ids if i in wanted)
-                jobs = [self._client_job(job_id, client, k) for job_id, client in group]
-                self.executor.submit(self._versions[version].handle, jobs)
+                first = next(wanted[i].dispatch_version for i in ids if i in wanted)
+                versions = [wanted[i].dispatch_version if i in wanted else first for i in ids]
+                handles = [self._versions[v].handle for v in versions]
+                jobs = [self._client_job(job_id, client, r) for job_id, client, r in group]
+                same = all(v == first for v in versions)
+                self.executor.submit(handles[0] if same else handles, jobs)
                 mates += [i for i in ids if i not in wanted]
         for job_id in mates:
             self.executor.result(job_id)
 
-    def _live_submissions(self) -> dict[int, list[tuple[int, int]]]:
-        """``_submissions`` of the rounds with a job in flight (the rest are dropped)."""
-        live = {j.dispatch_round for j in self.queue.jobs()}
-        self._submissions = {k: v for k, v in self._submissions.items() if k in live}
+    def _live_submissions(self) -> dict[int, list[tuple[int, int, int]]]:
+        """``_submissions`` with a job in flight (the rest are dropped)."""
+        live = {j.job_id for j in self.queue.jobs()}
+        self._submissions = {
+            k: v for k, v in self._submissions.items() if any(e[0] in live for e in v)
+        }
         return dict(self._submissions)
 
     # ----------------------------------------------------------------- results

@@ -26,7 +26,9 @@ class Executor(Protocol):
         with the executor (``ClientResult.state``); in-process handles are the values."""
 
     def submit(self, handle: Any, jobs: list[ClientJob]) -> None:
-        """Start jobs on the version behind ``handle``; may run eagerly in the background."""
+        """Start jobs on the version behind ``handle`` (or a list of one handle per job: jobs
+        dispatched on several versions, trained together); may run eagerly in the
+        background."""
 
     def result(self, job_id: int) -> ClientResult:
         """Block until the job's result is there."""
@@ -72,9 +74,10 @@ class InProcessExecutor:
     def get(self, handle: Any) -> Any:
         return handle
 
-    def submit(self, handle: np.ndarray, jobs: list[ClientJob]) -> None:
-        for job in jobs:
-            self._pending[job.job_id] = (handle, job)
+    def submit(self, handle: Any, jobs: list[ClientJob]) -> None:
+        handles = handle if isinstance(handle, list) else [handle] * len(jobs)
+        for job, h in zip(jobs, handles, strict=True):
+            self._pending[job.job_id] = (h, job)
         if self.runner.group_size > 1:
             for group in job_groups(jobs, self.runner.group_size):
                 for job in group:
@@ -87,11 +90,14 @@ class InProcessExecutor:
         group = self._together.pop(job_id, None)
         if group is None or len(group) == 1:
             return self.runner.run(weights, job)
+        starts = {job_id: weights}
         for other in group:
             if other.job_id != job_id:
-                self._pending.pop(other.job_id)
+                starts[other.job_id] = self._pending.pop(other.job_id)[0]
                 self._together.pop(other.job_id)
-        for result in self.runner.run_batch(weights, group):
+        versions = [starts[other.job_id] for other in group]
+        same = all(v is versions[0] for v in versions)
+        for result in self.runner.run_batch(versions[0] if same else versions, group):
             self._done[result.job_id] = result
         return self._done.pop(job_id)
 

@@ -210,8 +210,14 @@ class RayWorkerPool:
         return out
 
     def submit(self, handle: Any, jobs: list[ClientJob]) -> None:
+        """``handle``: the version every job starts from, or a list of one per job."""
+        by_job = (
+            {j.job_id: h for j, h in zip(jobs, handle, strict=True)}
+            if isinstance(handle, list)
+            else None
+        )
         for worker, batch in self._batches(jobs):
-            sent = self._send(worker, "train", handle, batch)
+            sent = self._send(worker, "train", batch_handle(handle, by_job, batch), batch)
             self._remaining[sent] = len(batch)
             for i, job in enumerate(batch):
                 self._where[job.job_id] = (sent, i)
@@ -398,6 +404,16 @@ def busy_workers(cfg: RunConfig, size: int, group: int) -> int:
     if cfg.workers.count != "auto" or group == 1 or cfg.delays.kind != "none":
         return size
     return max(1, min(size, math.ceil(cfg.clients.per_round / group)))
+
+
+def batch_handle(handle: Any, by_job: dict[int, Any] | None, batch: list[ClientJob]) -> Any:
+    """What a batch starts from: ``handle``, or where each job has its own (``by_job``), one
+    handle for the batch when they agree, else the list of the batch's, in its order."""
+    if by_job is None:
+        return handle
+    handles = [by_job[j.job_id] for j in batch]
+    first = handles[0]
+    return first if all(h is first for h in handles) else handles
 
 
 class _Sent:

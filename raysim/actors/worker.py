@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -147,34 +147,36 @@ class ClientRunner:
         ctx, active = self._context(weights, job)
         return self._result(weights, job, ctx, active, self.client_algorithm.train(ctx))
 
-    def run_together(self, weights: np.ndarray, jobs: list[ClientJob]) -> list[ClientResult]:
+    def run_together(self, weights: Weights, jobs: list[ClientJob]) -> list[ClientResult]:
         """A group of jobs trained together: coupled in one ``train_together`` call when the
         method's clients train together (each on its own replica of the model), else in one
         batched pass per step (``ClientAlgorithm.train_batched``: the global parameters of each
-        client stacked, the rest of the resident model shared), else one after another."""
+        client stacked, the rest of the resident model shared), else one after another.
+        ``weights``: the version they all start from, or one per job (``each_job``)."""
         algo = self.client_algorithm
         if algo.trains_together:
             return self._run_coupled(weights, jobs)
+        starting = each_job(weights, jobs)
         why = self.sequential_reason()  # this model at all (asked once): load no job twice
         if why:
             self._notice(why)
-            return [self.run(weights, job) for job in jobs]
+            return [self.run(w, job) for w, job in zip(starting, jobs, strict=True)]
         prepared, starts = [], []
         groups = [g.name for g in self.model.groups]
-        for job in jobs:
+        for weights, job in zip(starting, jobs, strict=True):
             ctx, active = self._context(weights, job)
             starts.append(
                 {g: [p.detach().clone() for p in self.model.group_parameters(g)] for g in groups}
             )
-            prepared.append((job, ctx, active))
-        ctxs = [ctx for _, ctx, _ in prepared]
+            prepared.append((weights, job, ctx, active))
+        ctxs = [ctx for _, _, ctx, _ in prepared]
         why = algo.unbatchable(ctxs)
         if why:
             self._notice(why)
-            return [self.run(weights, job) for job in jobs]
+            return [self.run(w, job) for w, job in zip(starting, jobs, strict=True)]
         finals, metrics = algo.train_batched(self.model, ctxs, starts)
         results = []
-        for (job, ctx, active), final, m in zip(prepared, finals, metrics, strict=True):
+        for (weights, job, ctx, active), final, m in zip(prepared, finals, metrics, strict=True):
             self._load(weights, job)
             with torch.no_grad():
                 for group, tensors in final.items():
@@ -390,8 +392,9 @@ class ClientRunner:
         self.eval_s += time.perf_counter() - t0
         return out
 
-    def run_batch(self, weights: np.ndarray, jobs: list[ClientJob]) -> list[ClientResult]:
-        """The jobs' results; each carries its share of the batch's wall time (``seconds``)."""
+    def run_batch(self, weights: Weights, jobs: list[ClientJob]) -> list[ClientResult]:
+        """The jobs' results; each carries its share of the batch's wall time (``seconds``).
+        ``weights``: the version every job starts from, or one per job (``each_job``)."""
         t0 = time.perf_counter()
         if self.group_size > 1 and len(jobs) > 1:
             out = self.run_together(weights, jobs)
@@ -399,12 +402,26 @@ class ClientRunner:
                 r.seconds = (time.perf_counter() - t0) / len(out)
         else:
             out = []
-            for job in jobs:
+            for w, job in zip(each_job(weights, jobs), jobs, strict=True):
                 t = time.perf_counter()
-                out.append(self.run(weights, job))
+                out.append(self.run(w, job))
                 out[-1].seconds = time.perf_counter() - t
         self.train_s += time.perf_counter() - t0
         return out
+
+
+#: what a batch of jobs starts from: one global version, or one per job
+Weights = np.ndarray | Sequence[np.ndarray]
+
+
+def each_job(weights: Weights, jobs: Sequence[ClientJob]) -> list[np.ndarray]:
+    """The global version each job starts from: the batch's one, or each its own (asynchronous
+    jobs computed together across dispatch rounds: ``CoordinatorCore``'s lazy groups)."""
+    if isinstance(weights, np.ndarray):
+        return [weights] * len(jobs)
+    if len(weights) != len(jobs):
+        raise ValueError(f"{len(weights)} versions for {len(jobs)} jobs")
+    return list(weights)
 
 
 def deterministic_cuda() -> None:

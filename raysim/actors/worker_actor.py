@@ -63,7 +63,10 @@ class Worker:
         coordinator that the pool hands back as a reference, so the coordinator never copies it
         and the next job's worker reads it straight from the object store. A result's ``state``
         is None where the state went out that way, ``{}`` where the model keeps none; a state
-        written to disk (``StoredState``, a few bytes) stays in its result."""
+        written to disk (``StoredState``, a few bytes) stays in its result. ``weights``: the
+        version (resolved by Ray), or a list of one version ref per job."""
+        if isinstance(weights, list):  # refs inside a list are not resolved by the call
+            weights = _versions(weights)
         results = self._attached(data).run_batch(weights, jobs)
         states = [None if isinstance(r.state, StoredState) else r.state for r in results]
         for r in results:
@@ -95,7 +98,10 @@ class Worker:
         import ray
 
         kind, weights, jobs, data = request
-        weights = ray.get(weights) if isinstance(weights, ray.ObjectRef) else np.array(weights)
+        if isinstance(weights, list):
+            weights = _versions(weights)
+        else:
+            weights = ray.get(weights) if isinstance(weights, ray.ObjectRef) else np.array(weights)
         jobs = [
             dataclasses.replace(j, own={k: np.array(v) for k, v in j.own.items()})
             if getattr(j, "own", None)
@@ -134,3 +140,13 @@ class Worker:
             "torch_threads": torch.get_num_threads(),
             "base_params": sum(p.numel() for p in runner.model.module.parameters()),
         }
+
+
+def _versions(refs: list[Any]) -> list[Any]:
+    """One version per job, each distinct ref fetched once (values pass as copies)."""
+    import numpy as np
+    import ray
+
+    unique = list(dict.fromkeys(r for r in refs if isinstance(r, ray.ObjectRef)))
+    got = dict(zip(unique, ray.get(unique), strict=True))
+    return [got[r] if isinstance(r, ray.ObjectRef) else np.array(r) for r in refs]

@@ -8,6 +8,7 @@ The table reports, per row, how many tries there were, how many survived, and ho
     python benchmarks/reliability.py                 # everything (about 3 h on 2 CPUs)
     python benchmarks/reliability.py --only inputs   # the bad-input half (about 3 min)
     python benchmarks/reliability.py --only faults   # the fault half (about 15-20 min)
+    python benchmarks/reliability.py --only store    # personal state on disk (about 3 min)
     python benchmarks/reliability.py --only methods  # method x example (about 2.5 h: ~25 s a run)
     python benchmarks/reliability.py --only methods --examples quickstart  # one example's row
 
@@ -22,8 +23,10 @@ line with exit 2 before Ray starts.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -146,6 +149,13 @@ BAD_INPUTS: dict[str, Callable[[Path], list[str] | tuple[list[str], dict[str, st
         "algorithm.buffer_sise=3",
     ],
     "another tool's name (learning_rate)": lambda d: ["run", QUICK, "local.learning_rate=0.1"],
+    # personal state (issue 43)
+    "a manifest of a store in memory": lambda d: [
+        "run",
+        QUICK,
+        "algorithm.name=ditto",
+        "tracking.client_states=manifest",
+    ],
     # CLI flags and clusters (no Ray cluster runs on the machine)
     "run without config": lambda d: ["run"],
     "unreachable --address": lambda d: ["run", QUICK, "--address", "127.0.0.1:7"],
@@ -501,6 +511,82 @@ def coordinator_kills(
     print(f"  {row.name}: {row.survived}/{row.tried}", flush=True)
 
 
+#: Ditto on the quickstart with its personal models in a store on disk (issue 43)
+DISK_RUN = ["run", QUICK, "algorithm.name=ditto", "rounds=10", "clients.state.store=disk",
+            "clients.state.dir=states"]  # fmt: skip
+
+
+def _checkpoint_round(store: Path) -> int:
+    """The round the newest run's newest checkpoint resumes at (0: none yet)."""
+    if not _tagged_run(store, "raysim.checkpoint_round"):
+        return 0
+    return int(_runs(store)[0].data.tags["raysim.checkpoint_round"])
+
+
+def personal_store(rows: list[Row], tries: int, rng: random.Random) -> None:
+    """Personal state on disk: the memory store's run; a worker killed, and the coordinator's
+    process killed, at random moments, end on the same weights with every client's state there;
+    a resume whose store was deleted is refused in one line, the run left KILLED."""
+    with tempfile.TemporaryDirectory() as tmp:
+        reference = _final_digest(raysim(DISK_RUN, Path(tmp)).stdout)
+        memory = _final_digest(raysim([*DISK_RUN, "clients.state.store=memory"], Path(tmp)).stdout)
+    row = Row("store", "disk store: the memory store's weights", tried=1)
+    row.survived = int(reference is not None and memory == reference)
+    row.lost = 1 - row.survived
+    rows.append(row)
+    kill = Row("store", "disk store: a worker killed at a random round")
+    for _ in range(tries):
+        kill.tried += 1
+        with tempfile.TemporaryDirectory() as tmp:
+            k = rng.randrange(0, 10)
+            res = raysim([*DISK_RUN, f"faults.kill_worker.round={k}"], Path(tmp))
+            ok = _final_digest(res.stdout) == reference
+            kill.survived += int(ok)
+            kill.lost += int(not ok)
+    rows.append(kill)
+    coord = Row("store", "disk store: the coordinator's process killed at a random moment")
+    for _ in range(tries):
+        coord.tried += 1
+        with tempfile.TemporaryDirectory() as tmp:
+            store = Path(tmp)
+            proc = _popen([*DISK_RUN, "checkpoint.every=3"], store)
+            killed = False
+            while not killed and proc.poll() is None:
+                pid = _coordinator_pid(proc.pid)
+                if pid is not None and _set_up_for(store, rng.uniform(0.0, 1.5)):
+                    os.kill(pid, signal.SIGKILL)
+                    killed = True
+                time.sleep(0.05)
+            out, err = proc.communicate(timeout=600)
+            ok = killed and proc.returncode == 0 and _final_digest(out) == reference
+            coord.survived += int(ok)
+            coord.lost += int(not ok)
+            if not ok:
+                coord.note = f"rc {proc.returncode}, killed: {killed}; {_tail(err)}"
+    rows.append(coord)
+    gone = Row("store", "a resume whose store was deleted", tried=1)
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Path(tmp)
+        longer = [*DISK_RUN, "rounds=200", "checkpoint.every=1"]  # stopped long before its end
+        proc = _popen(longer, store, start_new_session=True)
+        while proc.poll() is None and _checkpoint_round(store) < 2:
+            time.sleep(0.05)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        proc.communicate(timeout=120)
+        for folder in (store / "states").iterdir():
+            shutil.rmtree(folder)
+        res = raysim(["run", "--resume", _run_id(store) or "none"], store)
+        lines = res.stderr.strip().splitlines()
+        ok = res.returncode == 1 and len(lines) == 1 and "is gone" in lines[0]
+        ok = ok and "RUNNING" not in _statuses(store)
+        gone.survived, gone.lost = int(ok), int(not ok)
+        gone.note = _tail(res.stderr)[:90]
+    rows.append(gone)
+    for r in rows[-4:]:
+        print(f"  {r.name}: {r.survived}/{r.tried} {r.note}", flush=True)
+
+
 def _freeze(path: Path, frozen: bool) -> None:
     """Make ``path`` unwritable, even for root (``chattr +i``), or writable again."""
     subprocess.run(["chattr", "-R", "+i" if frozen else "-i", str(path)], check=True)
@@ -612,6 +698,7 @@ def main() -> None:
         "stops": lambda ref, t, rng, s: group_stops(rows, t),
         "concurrent": lambda ref, t, rng, s: concurrent_runs(rows),
         "stale-cluster": lambda ref, t, rng, s: stale_cluster_file(rows, ref),
+        "store": lambda ref, t, rng, s: personal_store(rows, t, rng),
     }
     parser.add_argument("--only", choices=["inputs", "methods", "faults", *faults], default=None)
     parser.add_argument("--tries", type=int, default=2, help="tries per random fault row")

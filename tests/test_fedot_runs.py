@@ -56,6 +56,7 @@ SMOKE = [
 
 
 @pytest.mark.slow
+@pytest.mark.matrix  # suite time: FedOT through a killed worker runs in CI (exact centring, below)
 def test_the_fedot_example_gives_the_in_process_digest_on_2_workers_through_a_kill_and_a_resume(
     tmp_path,
 ):

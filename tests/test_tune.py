@@ -267,6 +267,7 @@ print(json.dumps({"idle": idle, "trial": pids[0], "worker": worker}))
 
 
 @pytest.mark.slow
+@pytest.mark.matrix  # suite time: a start-up speed property, on demand (pytest -m matrix)
 def test_a_trial_and_its_worker_start_in_processes_ray_kept_idle(tmp_path):
     """In a fresh private Ray, a trial's process takes a worker process that Ray started with
     the node, as a plain run's actors do, instead of waiting for a new one: Tune's own runtime

@@ -298,3 +298,18 @@ def test_the_driver_gets_the_client_rows_up_to_a_bound_and_clients_csv_all(tmp_p
     with caplog.at_level("WARNING", logger="raysim"):
         assert core.result_rows(limit=len(rows) - 1) == []
     assert f"{len(rows)} clients took part: Result.clients is left empty" in caplog.text
+
+
+def test_a_store_this_process_does_not_see_is_refused_in_one_line(tmp_path):
+    """What a worker on a node without the run's store meets (the loopback cluster test in
+    ``tests/test_cluster.py`` shows it across nodes): no mark of the coordinator's store there,
+    one line naming the setting; once the coordinator made the store, it opens."""
+    from pathlib import Path
+
+    from raysim.state_store import open_store, run_folder, store_at
+
+    root = run_folder(str(tmp_path / "states"))
+    with pytest.raises(StateStoreError, match=r"is not on this node .*clients\.state\.dir must"):
+        store_at(root)
+    assert not Path(root).exists()  # nothing made where the store should have been
+    assert open_store(root) is store_at(root) and (Path(root) / "STORE.json").is_file()

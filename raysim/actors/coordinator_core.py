@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from raysim.actors.executor import Executor
-from raysim.actors.jobs import ClientJob, job_groups
+from raysim.actors.jobs import ClientJob, job_groups, one_or_each
 from raysim.algorithms.base import Diverged, Downlink, Strategy, Update
 from raysim.algorithms.context import ServerContext
 from raysim.algorithms.hooks import compose
@@ -181,7 +181,7 @@ class CoordinatorCore:
         self._submissions: dict[int, list[tuple[int, int, int]]] = {}
         #: ``workers.late_jobs: together``: jobs dispatched and not sent yet (each with its
         #: version's handle), sent together when the first of them is due (``_send_due``)
-        self._together = cfg.workers.late_jobs == "together" and 1 < cfg.group_size() < sys.maxsize
+        self._jobs_wait = cfg.workers.late_jobs == "together" and 1 < cfg.group_size() < sys.maxsize
         self._waiting: list[tuple[ClientJob, int, int]] = []  # (job, version, arrival round)
         self.stats: dict[int, ClientStats] = defaultdict(ClientStats)
         #: Personal state per client (simulated client storage; the strategy never sees it).
@@ -420,10 +420,10 @@ class CoordinatorCore:
             self.queue.push(PendingJob(client, k, self.version, t_arr, r_arr, self._job_ids))
             if r_arr < self.cfg.rounds:
                 jobs.append(self._client_job(self._job_ids, client, k))
-                if self._together:
+                if self._jobs_wait:
                     self._waiting.append((jobs[-1], self.version, r_arr))
         log.bytes_down += len(d) * v.weights.nbytes
-        if jobs and not self._together:
+        if jobs and not self._jobs_wait:
             self._submissions[k] = [(j.job_id, j.client, k) for j in jobs]
             self.executor.submit(v.handle, jobs)
 
@@ -437,9 +437,7 @@ class CoordinatorCore:
         waiting, self._waiting = self._waiting, []
         jobs = [job for job, _, _ in waiting]
         self._submissions[k] = [(j.job_id, j.client, j.dispatch_round) for j in jobs]
-        handles = [self._versions[v].handle for _, v, _ in waiting]
-        same = all(h is handles[0] for h in handles)
-        self.executor.submit(handles[0] if same else handles, jobs)
+        self.executor.submit(one_or_each([self._versions[v].handle for _, v, _ in waiting]), jobs)
 
     def _warn_unused_faults(self, k: int, dispatched: set[int]) -> None:
         """A ``faults.corrupt_updates`` entry whose client is not sampled that round corrupts
@@ -726,10 +724,10 @@ class CoordinatorCore:
                     continue
                 first = next(wanted[i].dispatch_version for i in ids if i in wanted)
                 versions = [wanted[i].dispatch_version if i in wanted else first for i in ids]
-                handles = [self._versions[v].handle for v in versions]
                 jobs = [self._client_job(job_id, client, r) for job_id, client, r in group]
-                same = all(v == first for v in versions)
-                self.executor.submit(handles[0] if same else handles, jobs)
+                self.executor.submit(
+                    one_or_each([self._versions[v].handle for v in versions]), jobs
+                )
                 mates += [i for i in ids if i not in wanted]
         for job_id in mates:
             self.executor.result(job_id)
@@ -860,8 +858,9 @@ def stats_columns(stats: Mapping[int, ClientStats]) -> dict[str, np.ndarray]:
     speed, where a dict per client of 10^6 would not)."""
     clients = sorted(stats)
     out = {"client": np.array(clients, dtype=np.int64)}
+    zero = ClientStats()
     for name in ClientStats.__slots__:
-        kind = np.float64 if name == "train_loss_sum" else np.int64
+        kind = np.float64 if isinstance(getattr(zero, name), float) else np.int64
         out[name] = np.fromiter((getattr(stats[c], name) for c in clients), kind, len(clients))
     return out
 

@@ -7,7 +7,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from raysim.actors.jobs import ClientJob, ClientResult, EvalJob, job_groups
+from raysim.actors.jobs import ClientJob, ClientResult, EvalJob, job_groups, one_or_each
 
 
 class Executor(Protocol):
@@ -95,9 +95,8 @@ class InProcessExecutor:
             if other.job_id != job_id:
                 starts[other.job_id] = self._pending.pop(other.job_id)[0]
                 self._together.pop(other.job_id)
-        versions = [starts[other.job_id] for other in group]
-        same = all(v is versions[0] for v in versions)
-        for result in self.runner.run_batch(versions[0] if same else versions, group):
+        versions = one_or_each([starts[other.job_id] for other in group])
+        for result in self.runner.run_batch(versions, group):
             self._done[result.job_id] = result
         return self._done.pop(job_id)
 

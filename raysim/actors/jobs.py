@@ -24,6 +24,13 @@ def job_groups(jobs: list[ClientJob], size: int) -> list[list[ClientJob]]:
     return [jobs[s : s + size] for s in range(0, len(jobs), size)]
 
 
+def one_or_each(handles: list[Any]) -> Any:
+    """The versions a submission's jobs start from, as ``Executor.submit`` takes them: one
+    handle where every job has the same (the same object), else the list, one per job."""
+    first = handles[0]
+    return first if all(h is first for h in handles) else handles
+
+
 @dataclass(frozen=True)
 class ClientJob:
     """One virtual client's local training on a given global model version."""

@@ -15,7 +15,7 @@ import numpy as np
 import ray
 
 from raysim.actors.compiled import MAX_IN_FLIGHT, WorkerLink, in_actor
-from raysim.actors.jobs import ClientJob, ClientResult, EvalJob, job_groups
+from raysim.actors.jobs import ClientJob, ClientResult, EvalJob, job_groups, one_or_each
 from raysim.actors.worker_actor import Worker
 
 if TYPE_CHECKING:
@@ -411,9 +411,7 @@ def batch_handle(handle: Any, by_job: dict[int, Any] | None, batch: list[ClientJ
     handle for the batch when they agree, else the list of the batch's, in its order."""
     if by_job is None:
         return handle
-    handles = [by_job[j.job_id] for j in batch]
-    first = handles[0]
-    return first if all(h is first for h in handles) else handles
+    return one_or_each([by_job[j.job_id] for j in batch])
 
 
 class _Sent:

@@ -342,7 +342,9 @@ class Coordinator:
             "weights_digest": core.digest(),
             "run_id": self.tracker.run_id if self.tracker else None,
             "clients": core.result_rows(),
-            "state_store": core.state_root,
+            # the store's folder, where a client's state went to it (a method with none
+            # leaves it empty: nothing to keep)
+            "state_store": core.state_root if core.stored_states() else None,
         }
         if self.tracker is not None:
             self.tracker.log_round(

@@ -303,7 +303,7 @@ class CoordinatorCore:
         ):
             store_at(stored.root).delete(stored)
 
-    def _stored(self) -> set[StoredState]:
+    def stored_states(self) -> set[StoredState]:
         """The clients' current versions on disk (``clients.state.store: disk``)."""
         return {s for s in self.client_states.values() if isinstance(s, StoredState)}
 
@@ -311,7 +311,7 @@ class CoordinatorCore:
         """The checkpoint of ``state_dict()`` is durable: the stored versions it refers to are
         kept from now on, and those only the previous one kept can go."""
         before = self._checkpointed
-        self._checkpointed = self._stored()
+        self._checkpointed = self.stored_states()
         for stored in before - self._checkpointed:
             self._collect(stored)
 
@@ -665,7 +665,8 @@ class CoordinatorCore:
             for j, st in state["client_states"].items()
         }
         self.state_root = state.get("state_root") or self.state_root
-        self._checkpointed = self._stored()  # the checkpoint resumed from may be resumed again
+        # the checkpoint resumed from may be resumed again: its versions stay
+        self._checkpointed = self.stored_states()
         gone = sorted({s.root for s in self._checkpointed if not os.path.isdir(s.root)})
         if gone:
             raise StateStoreError(
@@ -753,7 +754,7 @@ class CoordinatorCore:
         limit = self.cfg.tracking.client_states_max_mb * 2**20
         if mode == "none" or not self.client_states:
             return {}, None
-        stored = self._stored()
+        stored = self.stored_states()
         if stored:
             total = sum(s.nbytes for s in stored)
             if mode == "manifest" or (mode == "auto" and total > limit):

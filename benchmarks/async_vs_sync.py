@@ -53,14 +53,15 @@ def matching_rounds(cfg: RunConfig, target: int, limit: int = 10_000) -> int:
 
 
 def timed_run(cfg: RunConfig) -> dict[str, float]:
-    """Step one ``RunSession``; wall of the stepping loop and the jobs computed."""
+    """Run one ``RunSession``'s rounds as ``raysim run`` does (``RunSession.rounds``: the
+    coordinator runs rounds in batches per driver call); their wall and the jobs computed."""
     from raysim.api import RunSession
 
     session = RunSession(cfg)
     try:
         session.workers()  # every worker actor constructed before the clock starts
         t0 = time.perf_counter()
-        history = [session.step() for _ in range(cfg.rounds)]
+        history = list(session.rounds())  # `raysim run`'s path: rounds in batches per call
         wall = time.perf_counter() - t0
     finally:
         session.close()

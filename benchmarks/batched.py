@@ -8,7 +8,9 @@ Four ways, interleaved per repeat so that this VM's drift hits them alike:
 - ``sequential`` / ``batched``: raysim's coordinator and one worker in this process
   (``local_core``, no Ray), ``workers.execution`` sequential or batched (groups of
   ``--group-size``);
-- ``ray_batched``: a ``RunSession`` on local Ray with ``--workers`` workers, batched.
+- ``ray_batched``: a ``RunSession`` on local Ray with ``--workers`` workers, batched, its rounds
+  run as ``raysim run`` runs them (``RunSession.rounds``: batches of rounds per driver call,
+  evaluation overlapped) with MLflow on (a fresh sqlite store).
 
 Steady-state per-round wall = median over rounds after the first 3, evaluation included (every
 round in the quickstart). The goal of issue 23 is ``batched_vs_plain`` ≤ 0.5. ``--epochs 5`` is
@@ -52,15 +54,19 @@ def run_inprocess(cfg: RunConfig) -> tuple[list[float], np.ndarray]:
 def one_setting(args: argparse.Namespace, epochs: int) -> None:
     base = [
         f"rounds={args.rounds}",
-        "tracking.enabled=false",
         "delays.kind=none",
         f"local.epochs={epochs}",
         f"workers.group_size={args.group_size}",
     ]
-    seq_cfg = load_config(QUICKSTART, [*base, "workers.execution=sequential"])
-    bat_cfg = load_config(QUICKSTART, [*base, "workers.execution=batched"])
+    off = "tracking.enabled=false"  # in process; the Ray side logs to MLflow, as `raysim run`
+    seq_cfg = load_config(QUICKSTART, [*base, off, "workers.execution=sequential"])
+    bat_cfg = load_config(QUICKSTART, [*base, off, "workers.execution=batched"])
     ray_over = [f"workers.count={max(args.workers, 1)}", "workers.num_cpus=1"]
-    ray_cfg = load_config(QUICKSTART, [*base, "workers.execution=batched", *ray_over])
+    store = Path(tempfile.mkdtemp()) / "mlflow.db"  # a fresh store
+    ray_cfg = load_config(
+        QUICKSTART,
+        [*base, "workers.execution=batched", *ray_over, f"tracking.uri=sqlite:///{store}"],
+    )
     walls: dict[str, list[float]] = {k: [] for k in ("plain", "sequential", "batched", "ray")}
     gap = 0.0
     for _ in range(args.repeats):
@@ -71,7 +77,7 @@ def one_setting(args: argparse.Namespace, epochs: int) -> None:
         walls["batched"].append(steady(w))
         gap = max(gap, float(np.abs(bat_weights - seq_weights).max()))
         if args.workers:
-            walls["ray"].append(steady(run_raysim(ray_cfg)[0]))
+            walls["ray"].append(steady(run_raysim(ray_cfg, advance=True)[0]))
     med = {k: statistics.median(v) for k, v in walls.items() if v}
     report(f"epochs{epochs}.round_s", **med)
     report(f"epochs{epochs}.max_weight_gap_batched_vs_sequential", value=gap)

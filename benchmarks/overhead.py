@@ -66,8 +66,11 @@ def run_raysim(cfg: RunConfig, advance: bool | None = None) -> tuple[list[float]
         session.close()
 
 
-def run_plain(cfg: RunConfig, threads: int) -> tuple[list[float], str]:
-    """The same FedAvg run as a plain single-process PyTorch loop with ``threads`` threads."""
+def run_plain(
+    cfg: RunConfig, threads: int, scores: dict[str, float] | None = None
+) -> tuple[list[float], str]:
+    """The same FedAvg run as a plain single-process PyTorch loop with ``threads`` threads;
+    ``scores`` gets the last evaluation's (accuracy, loss)."""
     torch.set_num_threads(threads)
     dataset = build_federated_dataset(cfg.data, cfg.clients.num, cfg.seed)
     weights = initial_weights(cfg, dataset)
@@ -105,7 +108,9 @@ def run_plain(cfg: RunConfig, threads: int) -> tuple[list[float], str]:
             weights = weights + WeightedMean.combine(deltas, [n / total for n in sizes])
         if (k + 1) % cfg.eval.every == 0 or k + 1 == cfg.rounds:
             set_flat(model, weights)
-            evaluate(model, x_test, y_test)
+            scored = evaluate(model, x_test, y_test)
+            if scores is not None:
+                scores.update(scored)
         walls.append(time.perf_counter() - t0)
     if len(queue):
         raise RuntimeError("the plain loop only reproduces runs without delays")

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from raysim import timeline
 from raysim.checkpoint import ResumeSource, prepare_resume
 from raysim.config import ConfigError, RunConfig, load_config
 from raysim.ray_start import (  # noqa: F401  (re-exported: raysim.api is where users look)
@@ -173,6 +174,8 @@ class RunSession:
         import ray
 
         from raysim.actors.coordinator_actor import CONCURRENCY_GROUPS, Coordinator
+
+        timeline.role("driver")
         from raysim.actors.pool import WorkerLaunch
         from raysim.placement import (
             check_state_outlives_job,
@@ -390,7 +393,9 @@ class RunSession:
             if not limit:  # the fault's round: ``step`` injects it
                 yield self.step()
                 continue
-            for metrics in self._call("advance", limit, ADVANCE_S, overlap):
+            with timeline.span("driver call", self.round):
+                batch = self._call("advance", limit, ADVANCE_S, overlap)
+            for metrics in batch:
                 self.round += 1
                 yield metrics
 

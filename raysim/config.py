@@ -241,10 +241,10 @@ class WorkersConfig(StrictModel):
     late_jobs: Literal["together", "at_dispatch"] = Field(
         "together",
         description="batched, with delays: together: a job that arrives in a later round waits, "
-        "and every job in flight that has not run trains when the first of them is due, in "
-        "groups cut from them in dispatch order (each client from the version it was dispatched "
-        "on), so groups grow with the delays; at_dispatch: each round's jobs train at once, in "
-        "groups of that round only. Both follow from the schedule alone",
+        "until one of them is due; then the waiting jobs train, earliest arrival first, in as "
+        "many full groups as the due jobs need (the rest wait on), each client from the version "
+        "it was dispatched on, so groups grow with the delays; at_dispatch: each round's jobs "
+        "train at once, in groups of that round only. Both follow from the schedule alone",
     )
     transport: Literal["auto", "calls", "in_process"] = Field(
         "auto",

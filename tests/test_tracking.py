@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import threading
+
+import pytest
+
 from raysim.tracking import default_tracking_uri, plot_curves, rows_csv, schema_template
 
 
@@ -77,11 +81,30 @@ def test_batched_rounds_reach_the_store_together_and_before_a_checkpoint(tmp_pat
         Checkpointer(cfg, t).save({"core": {}}, 3)
         assert steps() == [0, 1, 2]
         t.log_round(3, {"accuracy": 0.4})
+    t.flush()  # the block's rounds went behind; a flush waits for them
     assert steps() == [0, 1, 2, 3]
+
+    # the write goes behind: the block ends while it is under way, the next write waits for it
+    gate, real = threading.Event(), t.client.log_batch
+    t.client.log_batch = lambda *a, **k: gate.wait(30) and real(*a, **k)
     with t.rounds_batched():
         t.log_round(4, {"accuracy": 0.5})
-        t.fail("KILLED")
+    assert steps() == [0, 1, 2, 3]  # under way
+    gate.set()
+    t.flush()
     assert steps() == [0, 1, 2, 3, 4]
+
+    # a write behind that fails raises where the next write waits for it
+    t.client.log_batch = lambda *a, **k: (_ for _ in ()).throw(OSError("disk full"))
+    with t.rounds_batched():
+        t.log_round(5, {"accuracy": 0.6})
+    with pytest.raises(OSError, match="disk full"):
+        t.flush()
+    t.client.log_batch = real
+    with t.rounds_batched():
+        t.log_round(6, {"accuracy": 0.7})
+        t.fail("KILLED")
+    assert steps() == [0, 1, 2, 3, 4, 6]
     assert t.client.get_run(t.run_id).info.status == "KILLED"
 
 

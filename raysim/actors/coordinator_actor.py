@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
+from raysim import timeline
 from raysim.actors.executor import InProcessExecutor
 from raysim.actors.pool import RayWorkerPool, WorkerLaunch
 from raysim.errors import Diverged, RunSetupError
@@ -62,6 +63,7 @@ class Coordinator:
 
         prefer_huge_pages()  # before torch is imported: the server's model-sized arithmetic
         quiet_libraries()
+        timeline.role("coordinator")
         self._setup_error: RunSetupError | None = None
         #: the round the newest checkpoint resumes at (None: none written or restored)
         self.saved_round: int | None = None
@@ -284,7 +286,8 @@ class Coordinator:
         dispatched (``CoordinatorCore.step``); the metrics returned are the same."""
         out, t0 = [], time.perf_counter()
         batched = self.tracker.rounds_batched() if self.tracker else contextlib.nullcontext()
-        with batched:  # the rounds of this call reach MLflow in one request
+        with timeline.span("advance call", self.core.round), batched:
+            # the rounds of this call reach MLflow in one request, as ``batched`` ends
             try:
                 while True:
                     out.append(self.step(settle=not overlap))

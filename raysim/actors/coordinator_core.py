@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from raysim import timeline
 from raysim.actors.executor import Executor
 from raysim.actors.jobs import ClientJob, job_groups, one_or_each
 from raysim.algorithms.base import Diverged, Downlink, Strategy, Update
@@ -352,15 +353,18 @@ class CoordinatorCore:
         k, t0 = self.round, time.perf_counter()
         log = self._log = RoundLog()
         try:
-            self._dispatch(k, log)
-            self._send_due(k)
+            with timeline.span("dispatch", k):
+                self._dispatch(k, log)
+                self._send_due(k)
             if self.cfg.faults.kill_worker and self.cfg.faults.kill_worker.round == k:
                 self.executor.kill_worker(self.cfg.faults.kill_worker.worker)
         finally:
             self.settle()  # the last round's evaluation, queued ahead of this round's jobs
-        for job in self.queue.pop_round(k):
-            self._deliver(job, k, log)
-        self._bump(self._timed(self.strategy.on_round_end, k))
+        with timeline.span("arrivals", k):
+            for job in self.queue.pop_round(k):
+                self._deliver(job, k, log)
+        with timeline.span("round end (server)", k):
+            self._bump(self._timed(self.strategy.on_round_end, k))
         self.round += 1
         if len(self._submissions) > 64:
             self._live_submissions()
@@ -369,11 +373,13 @@ class CoordinatorCore:
                 self.stats[job.client].dropped_late += 1
                 self._release(job.dispatch_version)
                 self._release_broadcast(job.dispatch_round)
-        metrics = self._round_metrics(k, log, time.perf_counter() - t0)
+        with timeline.span("metrics, evaluation sent", k):
+            metrics = self._round_metrics(k, log, time.perf_counter() - t0)
         self.history.append(metrics)
         if self._pending is None:  # no evaluation this round: logged now
             if self.tracker is not None:
-                self.tracker.log_round(k + 1, metrics)
+                with timeline.span("log round", k):
+                    self.tracker.log_round(k + 1, metrics)
         elif settle or self.done:
             self.settle()  # logged with its evaluation
         return metrics
@@ -385,14 +391,16 @@ class CoordinatorCore:
             return
         k, metrics, fetch = self._pending
         self._pending = None
-        ev = fetch()
+        with timeline.span("evaluation wait", k):
+            ev = fetch()
         read, self._eval_states = self._eval_states, []
         for stored in read:
             self._unread(stored)
         self.evaluations.append({"round": float(k + 1), **ev})
         metrics.update(ev)
         if self.tracker is not None:
-            self.tracker.log_round(k + 1, metrics)
+            with timeline.span("log round", k):
+                self.tracker.log_round(k + 1, metrics)
 
     def _dispatch(self, k: int, log: RoundLog) -> None:
         if not self.strategy.uses_clients:
@@ -428,16 +436,23 @@ class CoordinatorCore:
             self.executor.submit(v.handle, jobs)
 
     def _send_due(self, k: int) -> None:
-        """``workers.late_jobs: together``: once a waiting job is due in round ``k``, every
-        waiting job goes out in one submission, in dispatch order (groups are cut from it:
-        ``job_groups``), each on its own version. Which jobs wait together follows from the
-        schedule alone, so results do not depend on the pool, a killed worker or a resume."""
-        if not any(due <= k for _, _, due in self._waiting):
+        """``workers.late_jobs: together``: once a waiting job is due in round ``k``, waiting
+        jobs go out in one submission, each on its own version, earliest arrival first (ties
+        by job id): as many full groups (``job_groups``) as the due jobs need, the last one
+        filled up with jobs due later; the rest keep waiting for the next submission, so no
+        group is sent short while jobs still wait. Which jobs train together follows from
+        the schedule alone, so results do not depend on the pool, a killed worker or a
+        resume."""
+        due = sum(1 for _, _, r in self._waiting if r <= k)
+        if not due:
             return
-        waiting, self._waiting = self._waiting, []
-        jobs = [job for job, _, _ in waiting]
+        size = self.cfg.group_size()
+        ordered = sorted(self._waiting, key=lambda w: (w[2], w[0].job_id))
+        cut = -(-due // size) * size
+        sending, self._waiting = ordered[:cut], ordered[cut:]
+        jobs = [job for job, _, _ in sending]
         self._submissions[k] = [(j.job_id, j.client, j.dispatch_round) for j in jobs]
-        self.executor.submit(one_or_each([self._versions[v].handle for _, v, _ in waiting]), jobs)
+        self.executor.submit(one_or_each([self._versions[v].handle for _, v, _ in sending]), jobs)
 
     def _warn_unused_faults(self, k: int, dispatched: set[int]) -> None:
         """A ``faults.corrupt_updates`` entry whose client is not sampled that round corrupts
@@ -458,7 +473,8 @@ class CoordinatorCore:
 
     def _deliver(self, job: PendingJob, k: int, log: RoundLog) -> None:
         t0 = time.perf_counter()
-        result = self.executor.result(job.job_id)
+        with timeline.span("result wait", k):
+            result = self.executor.result(job.job_id)
         log.wait_s += time.perf_counter() - t0
         read = self._job_states.pop(job.job_id, None)
         if read is not None:  # the job's worker is done with the version it was sent

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -47,9 +48,10 @@ class ClientJob:
     #: ``clients.state.store: disk``: the store the job's new state is written to
     store: str | None = None
 
-    @property
+    @cached_property
     def seed(self) -> int:
-        """Derived on the worker, so the coordinator's hot loop does not pay for it."""
+        """Derived on the worker, so the coordinator's hot loop does not pay for it (once a
+        job: a worker asks for it three times)."""
         return client_seed(self.run_seed, self.client, self.dispatch_round)
 
 

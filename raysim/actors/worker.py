@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from raysim import timeline
 from raysim.actors.jobs import ClientJob, ClientResult, EvalJob
 from raysim.algorithms.base import ClientContext
 from raysim.algorithms.registry import BEHAVIOURS, get_method
@@ -174,7 +175,8 @@ class ClientRunner:
         if why:
             self._notice(why)
             return [self.run(w, job) for w, job in zip(starting, jobs, strict=True)]
-        finals, metrics = algo.train_batched(self.model, ctxs, starts)
+        with timeline.span("batched pass", jobs[0].dispatch_round):
+            finals, metrics = algo.train_batched(self.model, ctxs, starts)
         results = []
         for (weights, job, ctx, active), final, m in zip(prepared, finals, metrics, strict=True):
             self._load(weights, job)

@@ -40,7 +40,9 @@ class Worker:
         import torch._dynamo  # noqa: F401 - torch.optim imports it on first use (~1.5 s)
 
         import raysim.actors.worker  # noqa: F401 - the runner, the models, the training loop
+        from raysim import timeline
 
+        timeline.role("worker")
         self._threads = threads
         self._runner: ClientRunner | None = None
 
@@ -65,9 +67,13 @@ class Worker:
         is None where the state went out that way, ``{}`` where the model keeps none; a state
         written to disk (``StoredState``, a few bytes) stays in its result. ``weights``: the
         version (resolved by Ray), or a list of one version ref per job."""
+        from raysim import timeline
+
         if isinstance(weights, list):  # refs inside a list are not resolved by the call
-            weights = _versions(weights)
-        results = self._attached(data).run_batch(weights, jobs)
+            with timeline.span("fetch versions", jobs[0].dispatch_round):
+                weights = _versions(weights)
+        with timeline.span("train", jobs[0].dispatch_round):
+            results = self._attached(data).run_batch(weights, jobs)
         states = [None if isinstance(r.state, StoredState) else r.state for r in results]
         for r in results:
             if not isinstance(r.state, StoredState):
@@ -78,7 +84,10 @@ class Worker:
     def evaluate_batch(
         self, weights: np.ndarray, jobs: list[EvalJob], data: list[Any]
     ) -> list[dict[str, dict[str, float]]]:
-        return self._attached(data).evaluate_batch(weights, jobs)
+        from raysim import timeline
+
+        with timeline.span("evaluate"):
+            return self._attached(data).evaluate_batch(weights, jobs)
 
     def serve(self, request: tuple[Any, ...] | None) -> bytes | None:
         """A request through the worker's compiled graph (``raysim.actors.compiled``): ``(kind,
@@ -97,11 +106,16 @@ class Worker:
         import numpy as np
         import ray
 
+        from raysim import timeline
+
         kind, weights, jobs, data = request
-        if isinstance(weights, list):
-            weights = _versions(weights)
-        else:
-            weights = ray.get(weights) if isinstance(weights, ray.ObjectRef) else np.array(weights)
+        with timeline.span("link: the version", getattr(jobs[0], "dispatch_round", -1)):
+            if isinstance(weights, list):
+                weights = _versions(weights)
+            elif isinstance(weights, ray.ObjectRef):
+                weights = ray.get(weights)
+            else:
+                weights = np.array(weights)
         jobs = [
             dataclasses.replace(j, own={k: np.array(v) for k, v in j.own.items()})
             if getattr(j, "own", None)

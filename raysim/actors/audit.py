@@ -197,7 +197,13 @@ def matches(
 
 
 class LeakAuditor:
-    """Checks payloads against ``secrets``; a leak raises ``LeakError`` naming block and payload."""
+    """Checks payloads against ``secrets``; a leak raises ``LeakError`` naming block and payload.
+    It holds the blocks' values (and tables made from them), so it refuses to be pickled."""
+
+    def __reduce__(self):  # noqa: D105
+        from raysim.algorithms.private import REFUSAL, PrivateStateError
+
+        raise PrivateStateError(REFUSAL)
 
     def __init__(
         self,
@@ -269,9 +275,11 @@ class LeakAuditor:
             for s in big
         ]
         #: the same words on the device, indexed by their first words (``ExactCopies``)
-        self.exact = ExactCopies(
-            [torch.as_tensor(w.view(np.int32), device=self.device) for w in self.words]
-        )
+        with warnings.catch_warnings():  # the secrets are read-only; these only read them
+            warnings.simplefilter("ignore", UserWarning)
+            self.exact = ExactCopies(
+                [torch.as_tensor(w.view(np.int32), device=self.device) for w in self.words]
+            )
 
     # ------------------------------------------------------------------------------- public
     def check(self, payload: Any, where: str) -> None:

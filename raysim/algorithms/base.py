@@ -20,7 +20,7 @@ from ..errors import Diverged as Diverged  # re-exported: a strategy raises it
 from ..models.layout import DEFAULT_GROUPS, ParamGroup, check_groups
 from ..models.registry import ModelWrapper
 from .context import ServerContext
-from .private import PrivateTensors
+from .private import REFUSAL, PrivateStateError, PrivateTensors, private_array
 from .spec import MethodParams as MethodParams  # re-exported: the torch-free half lives in spec
 from .spec import MethodSpec
 from .spec import Needs as Needs
@@ -80,6 +80,14 @@ class Secret:
     indices: np.ndarray
     values: np.ndarray
     shape: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        # the auditor's own copy of the block: a ``PrivateArray``, which refuses to be pickled
+        # (a closure that captures it, or the Secret, fails instead of shipping the values)
+        object.__setattr__(self, "values", private_array(self.values))
+
+    def __reduce__(self):  # noqa: D105
+        raise PrivateStateError(REFUSAL)
 
 
 class Stateful:

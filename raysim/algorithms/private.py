@@ -22,17 +22,41 @@ class PrivateStateError(RuntimeError):
     """Private server state was about to be serialised (sent to a worker or pickled)."""
 
 
+REFUSAL = (
+    "server-private tensors cannot be serialised: keep them on the server (rebuild them in "
+    "Strategy.setup, or persist them through Strategy.private_state)"
+)
+
+
+class PrivateArray(np.ndarray):
+    """A read-only array that refuses to be pickled: a server-private tensor handed out of
+    ``PrivateTensors`` (or a ``Secret``'s values) stays private when a closure captures the
+    array itself rather than its holder. Views, slices and copies (``astype``) keep the type;
+    ``np.ascontiguousarray`` and ``np.asarray(..., subok=False)`` give a plain array, for the
+    server's own deliberate writes (``private/foundation.safetensors``)."""
+
+    def __reduce__(self):  # noqa: D105
+        raise PrivateStateError(REFUSAL)
+
+    def __reduce_ex__(self, protocol):  # noqa: D105
+        return self.__reduce__()
+
+
+def private_array(values: np.ndarray) -> PrivateArray:
+    """A read-only ``PrivateArray`` copy of ``values``."""
+    out = np.array(values, copy=True).view(PrivateArray)
+    out.flags.writeable = False
+    return out
+
+
 class PrivateTensors(Mapping[str, np.ndarray]):
-    """A read-only name → array mapping that cannot be pickled, copied by Ray or checkpointed."""
+    """A read-only name → array mapping that cannot be pickled, copied by Ray or checkpointed;
+    its arrays (``PrivateArray``) refuse to be pickled as well."""
 
     __slots__ = ("_arrays",)
 
     def __init__(self, arrays: Mapping[str, np.ndarray]) -> None:
-        frozen = {}
-        for name, value in arrays.items():
-            a = np.array(value, copy=True)
-            a.flags.writeable = False
-            frozen[name] = a
+        frozen = {name: private_array(value) for name, value in arrays.items()}
         object.__setattr__(self, "_arrays", frozen)
 
     def __getitem__(self, name: str) -> np.ndarray:
@@ -48,10 +72,7 @@ class PrivateTensors(Mapping[str, np.ndarray]):
         return f"PrivateTensors({len(self._arrays)} tensors, contents withheld)"
 
     def __reduce__(self):  # noqa: D105 - pickle, cloudpickle, copy and Ray all come through here
-        raise PrivateStateError(
-            "server-private tensors cannot be serialised: keep them on the server (rebuild them "
-            "in Strategy.setup, or persist them through Strategy.private_state)"
-        )
+        raise PrivateStateError(REFUSAL)
 
     def __reduce_ex__(self, protocol):  # noqa: D105
         return self.__reduce__()

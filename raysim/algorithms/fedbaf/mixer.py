@@ -6,11 +6,14 @@ After the base strategy produced ``w'`` from ``w_t``:
     α_t = (ψ/τ_0)·u_t, u_t ~ U(1, 2) from a server-only stream,   c_t = α_t τ_t
     w_{t+1} = (w' + c_t·w_pre) / (1 + c_t)      on matched coordinates only; the rest stay w'
 
-Norms and the mix run in torch float32 on the server's device (``ServerContext.device``: the
-coordinator's GPU when it has one), as §8.2 asks; the float64 numpy form they replaced
-(``mix_float64``, kept as the reference) agrees within 1e-5 relative on r_t (so on c_t) and within
-1e-6 of the weights' scale on the mixed weights (``tests/test_fedbaf.py``). τ_0 is floored at 1e-12
-and a zero vector normalises to zero (§2.5). ``tau_scope`` picks the vector of the norms (§2.4 (c));
+The mix runs in torch float32 on the server's device (``ServerContext.device``: the coordinator's
+GPU when it has one), as §8.2 asks, within 1e-6 of the weights' scale of the float64 numpy form it
+replaced (``mix_float64``, kept as the reference); r_t is accumulated in float64 there
+(``unit_distance``), within 1e-9 relative of ``r_float64`` down to r_t = 1e-5
+(``tests/test_fedbaf.py``). τ_0 comes from the first
+round whose τ_t is above 1e-12, c_t = 0 before it (``tau0_from``; the spec's floor at round 0 would
+make c_t ≈ 1e12·τ_t after a round-0 aggregate that did not move), and a zero vector normalises to
+zero (§2.5). ``tau_scope`` picks the vector of the norms (§2.4 (c));
 ``rng`` is ``seeded`` (reproducible, resumed with the run) or ``secure`` (OS entropy, deliberately
 not reproducible, §2.5). The foundation weights are read from ``foundation`` (a safetensors file or
 a directory holding ``model.safetensors``) in the server's process only, and held as
@@ -117,12 +120,25 @@ def unit(x: np.ndarray) -> np.ndarray:
     return x / n if n > 0 else np.zeros_like(x)
 
 
-def unit_t(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """``x / ‖x‖`` (zeros for a zero vector), written into ``out`` where given."""
-    n = torch.linalg.vector_norm(x)
-    if n > 0:
-        return torch.div(x, n, out=out) if out is not None else x / n
-    return out.zero_() if out is not None else torch.zeros_like(x)
+#: values per float64 piece of ``unit_distance`` (32 MiB of float64 at a time)
+PIECE = 1 << 22
+
+
+def unit_distance(a: torch.Tensor, b: torch.Tensor) -> float:
+    """``‖a/‖a‖ − b/‖b‖‖`` (a zero vector normalises to zero), accumulated in float64 a piece
+    at a time: in float32 the difference of two close unit vectors lost about 1e-9/r_t of
+    relative accuracy (1.5e-4 at r_t = 1e-5), and r_t sets c_t (issue 45 (10))."""
+    na = float(torch.linalg.vector_norm(a, dtype=torch.float64))
+    nb = float(torch.linalg.vector_norm(b, dtype=torch.float64))
+    total = torch.zeros((), dtype=torch.float64, device=a.device)
+    for lo in range(0, len(a), PIECE):
+        d = torch.zeros(len(a[lo : lo + PIECE]), dtype=torch.float64, device=a.device)
+        if na > 0:
+            d += a[lo : lo + PIECE].double() / na
+        if nb > 0:
+            d -= b[lo : lo + PIECE].double() / nb
+        total += torch.dot(d, d)
+    return math.sqrt(float(total))
 
 
 #: more contiguous runs than this and the matched coordinates are gathered by index instead
@@ -204,27 +220,27 @@ class FedBaF(Mixer):
         self.on_device = PrivateDeviceTensors(on)
         self.runs = runs(self.indices)
         self.scope_runs = self.runs if p.tau_scope == "matched" else runs(self.scope)
-        self.buffers = Buffers(self.device)  # the units of r_t, then c·w_pre
+        self.buffers = Buffers(self.device)  # c·w_pre, run by run
         if self.stream is None:
             secure = p.rng == "secure"
             self.stream = np.random.default_rng() if secure else ctx.rng("fedbaf/u")
 
     def coefficient(self, round_index: int, previous: np.ndarray, aggregated: np.ndarray) -> float:
         """c_t for this call (Alg. 1 lines 9–10), recording r_t, τ_t, u_t and α_t."""
-        a, b = self._scoped(aggregated), self._scoped(previous)
-        unit_a = unit_t(a, out=self.buffers.get("a", len(a)))
-        unit_b = unit_t(b, out=self.buffers.get("b", len(b)))
-        r = float(torch.linalg.vector_norm(unit_a.sub_(unit_b)))
+        r = unit_distance(self._scoped(aggregated), self._scoped(previous))
         tau = r / math.sqrt(round_index + 1)
-        if self.tau0 is None:
+        if self.tau0 is None and (tau > TAU0_FLOOR or self.params.tau0_from == "round_zero"):
             self.tau0 = max(tau, TAU0_FLOOR)
         u = float(self.stream.uniform(1.0, 2.0)) if self.params.alpha_random else 1.5
-        alpha = self.params.psi / self.tau0 * u
-        c = alpha * tau
+        if self.tau0 is None:  # nothing has moved yet: no mixing, τ_0 still to come
+            alpha = c = 0.0
+        else:
+            alpha = self.params.psi / self.tau0 * u
+            c = alpha * tau
         self.last = {
             "fedbaf_r": r,
             "fedbaf_tau": tau,
-            "fedbaf_tau0": self.tau0,
+            "fedbaf_tau0": self.tau0 or 0.0,
             "fedbaf_u": u,
             "fedbaf_alpha": alpha,
             "fedbaf_c": c,

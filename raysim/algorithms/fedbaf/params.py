@@ -19,6 +19,14 @@ class FedBaFParams(HookParams):
     exclude: list[str] = Field(default_factory=list, description="names never mixed (re.search)")
     tau_scope: Literal["all", "matched"] = Field("all", description="the norms' vector, §2.4 (c)")
     rng: Literal["seeded", "secure"] = Field("seeded", description="the u_t stream (§2.5)")
+    tau0_from: Literal["first_movement", "round_zero"] = Field(
+        "first_movement",
+        description="where τ_0 comes from (§2.2, §2.5's guard, §7.2 inv. 8): first_movement: "
+        "the first round whose τ_t is above 1e-12, with c_t = 0 until then (r_0 = 0: no "
+        "arrival, every round-0 update rejected, a warm-up); round_zero: round 0's, floored at "
+        "1e-12 as the spec writes it, which after r_0 = 0 makes c_t about 1e12·τ_t, and the "
+        "broadcast the foundation itself",
+    )
     alpha_random: bool = Field(
         True, description="false: u_t = 1.5 every round, a static α (§6.2's E0 control)"
     )

@@ -270,11 +270,13 @@ class FedBaF(Mixer):
         return {"fedbaf_matching": [{"line": line} for line in self.report.splitlines()]}
 
     def mix(self, round_index: int, previous: np.ndarray, aggregated: np.ndarray) -> np.ndarray:
-        if self.params.variant == "weight_init":
-            return aggregated
         out = torch.tensor(np.asarray(aggregated, dtype=np.float32), device=self.device)
+        if self.params.variant == "weight_init":
+            self._closeness(out)
+            return aggregated
         c = self.coefficient(round_index, previous, out)  # w' moved to the device once
         if c == 0.0:
+            self._closeness(out)
             return aggregated  # ψ = 0: the base algorithm, bit for bit (§7.2 inv. 1)
         pre = self.on_device["w_pre"]
         if self.runs is None:
@@ -286,7 +288,25 @@ class FedBaF(Mixer):
                 scaled = torch.mul(pre[at : at + hi - lo], c, out=self.buffers.get("a", hi - lo))
                 out[lo:hi].add_(scaled).div_(1.0 + c)
                 at += hi - lo
+        self._closeness(out)
         return out.cpu().numpy()
+
+    def _closeness(self, sent: torch.Tensor) -> None:
+        """How close the version this round publishes is to the foundation on the matched
+        coordinates (issue 45 (8)): ``fedbaf_pre_cosine`` and ``fedbaf_pre_distance``
+        (‖w − w_pre‖ / ‖w_pre‖), in float64, from the server's private copy. The auditor
+        refuses copies; these say how much of w_pre a broadcast carries short of one."""
+        if not len(self.indices):
+            return
+        pre = self.on_device["w_pre"].double()
+        if self.runs is None:
+            w = sent[self.on_device["indices"]].double()
+        else:
+            w = torch.cat([sent[lo:hi] for lo, hi in self.runs]).double()
+        norm_w, norm_pre = torch.linalg.vector_norm(w), torch.linalg.vector_norm(pre)
+        cosine = float(torch.dot(w, pre) / (norm_w * norm_pre)) if norm_w * norm_pre > 0 else 0.0
+        distance = float(torch.linalg.vector_norm(w - pre) / norm_pre) if norm_pre > 0 else 0.0
+        self.last = {**self.last, "fedbaf_pre_cosine": cosine, "fedbaf_pre_distance": distance}
 
     def _scoped(self, weights: np.ndarray | torch.Tensor) -> torch.Tensor:
         """``weights`` on ``tau_scope``'s coordinates as a float32 tensor on the device, only

@@ -77,8 +77,7 @@ def run_digest(client: Any, run_id: str) -> dict[str, Any]:
         h = history(key)
         return h[max(h)] if h else None
 
-    total, scale = history("dual_sum_norm"), history("client_dual_norm")
-    ratios = [total[k] / scale[k] for k in total if scale.get(k)]
+    ratios = list(history("dual_sum_ratio").values())  # from every client's stored head
     return {
         "zero_sum_residual": max(ratios) if ratios else None,
         "client_map_deviation": last("client_map_deviation"),

@@ -582,6 +582,9 @@ class CoordinatorCore:
         for key, values in sorted(log.client_metrics.items()):
             m[f"client_{key}"] = float(np.mean(values))  # mean over this round's arrivals
         m.update(self.strategy.metrics())
+        if self.strategy.reads_client_states:
+            states = {j: load_entry(s) for j, s in self.materialized_states().items()}
+            m.update(self.strategy.state_metrics(states))
         m.update(log.server_metrics)
         if evaluating:
             # eval.clients: N scores the first N clients to have personal state: only theirs

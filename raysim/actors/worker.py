@@ -398,7 +398,8 @@ class ClientRunner:
         """The jobs' results; each carries its share of the batch's wall time (``seconds``).
         ``weights``: the version every job starts from, or one per job (``each_job``)."""
         t0 = time.perf_counter()
-        if self.group_size > 1 and len(jobs) > 1:
+        coupled = self.client_algorithm.trains_together  # one job too: its own round's lockstep
+        if self.group_size > 1 and (len(jobs) > 1 or coupled):
             out = self.run_together(weights, jobs)
             for r in out:  # trained together: an even share each
                 r.seconds = (time.perf_counter() - t0) / len(out)

@@ -195,6 +195,15 @@ class Strategy(Stateful):
         """Server-side diagnostics to log after each round."""
         return {}
 
+    #: True: ``state_metrics`` is called after each round with every client's personal state
+    #: (a simulator's check of what a real server could not see; it reads them all: O(clients))
+    reads_client_states: bool = False
+
+    def state_metrics(self, states: Mapping[int, Mapping[str, np.ndarray]]) -> dict[str, float]:
+        """Diagnostics computed from the personal states of the clients that have one (by
+        client id) after a round, where ``reads_client_states``; logged with its metrics."""
+        return {}
+
     def tables(self) -> dict[str, list[dict[str, float]]]:
         """Named tables the run saves at its end as ``strategy/NAME.csv`` artifacts (per-round
         detail that does not fit one scalar per round, e.g. Feddle's coefficients)."""

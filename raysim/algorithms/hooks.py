@@ -135,6 +135,13 @@ class ComposedStrategy(Strategy):
         return self.base.stop_on_nonfinite
 
     @property
+    def reads_client_states(self) -> bool:
+        return self.base.reads_client_states
+
+    def state_metrics(self, states: Mapping[int, Mapping[str, np.ndarray]]) -> dict[str, float]:
+        return self.base.state_metrics(states)
+
+    @property
     def weights(self) -> np.ndarray:
         return self.base.weights
 

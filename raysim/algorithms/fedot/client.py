@@ -370,7 +370,11 @@ class FedOTClient(ClientAlgorithm):
         limits = []
         if p.gamma_cap != "none":
             peak = max(
-                (float(t.abs().max()) for r in runs for t in r.model.potential.curvature()),
+                (
+                    float(t.detach().abs().max())
+                    for r in runs
+                    for t in r.model.potential.curvature()
+                ),
                 default=0.0,
             )
             limits.append(p.gamma / peak if peak > p.gamma else 1.0)

@@ -222,12 +222,11 @@ def cap_spectral(weight: torch.Tensor) -> None:
 
 
 @torch.no_grad()
-def cap_curvature(
-    tensors: list[torch.Tensor], gamma: float, mode: Literal["clamp", "rescale"]
-) -> None:
-    """The γ cap of §4.3 on quadratic heads: ``clamp`` each entry (diagonal) or eigenvalue (full)
-    to [−γ, γ], or ``rescale`` the tensor so that its largest magnitude is γ (keeps sums at 0
-    when applied to every client alike, the pilot's global rescale)."""
+def cap_curvature(tensors: list[torch.Tensor], gamma: float, mode: str) -> None:
+    """The γ cap of §4.3 on one client's quadratic heads: ``clamp`` each entry (diagonal) or
+    eigenvalue (full) to [−γ, γ], or (any other mode: ``rescale_each``) rescale the tensor so
+    that its largest magnitude is γ. The pilot's global rescale (one factor for every client,
+    ``rescale_all``) is ``FedOTClient.project_together``'s, under exact centring."""
     for t in tensors:
         if t.ndim == 1:
             if mode == "clamp":

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from ..spec import MethodParams, MethodSpec, Needs
 
@@ -49,7 +49,10 @@ class FedOTParams(MethodParams):
     dual_centering: Literal["sync", "exact"] = Field(
         "sync",
         description="§3.3: re-centre Σ v_i = 0 at sync with the server's mean v̄ | at every "
-        "ascent step, the round's clients trained together on one worker (the code's mode)",
+        "ascent step, the round's clients trained together on one worker (the code's mode). "
+        "Only exact is Algorithm 1's projection at every step: under sync the descent sees "
+        "heads the round's ascent moved off centre (so n = 1 is plain ERM only under exact, or "
+        "with one simultaneous step, τ = 1; §7.2 invariant 9)",
     )
     cost: Literal["w2_reg", "w1_lip"] = Field(
         "w2_reg", description="eq. 10 (regularised W2) | eq. 8 (W1: ‖v_i‖ ≤ 1, spectral caps)"
@@ -64,16 +67,43 @@ class FedOTParams(MethodParams):
         "are | on e/σ_e, σ_e the std of the token-embedding table, so the matched moments are O(1)",
     )
     hidden: int = Field(32, ge=1, description="h_φ, width of the nn potential's trunk (§4.2)")
-    gamma_cap: Literal["none", "clamp", "rescale"] = Field(
-        "none", description="§4.3 cap ‖V_i‖₂ ≤ γ on quadratic heads (the code has none)"
+    gamma_cap: Literal["none", "clamp", "rescale_each", "rescale_all"] = Field(
+        "none",
+        description="§4.3 cap ‖V_i‖₂ ≤ γ on quadratic heads (the code has none): clamp each "
+        "entry or eigenvalue; rescale_each: each client's head alone, by its own largest "
+        "magnitude; rescale_all: one factor for every client's head, §9.2's pilot (a global "
+        "rescale that keeps Σ_i v_i = 0; needs dual_centering: exact). Under exact centring "
+        "every cap is one common factor",
     )
     trunk_cap: bool = Field(True, description="‖U_l‖₂ ≤ 1 after each ascent step and averaging")
+    dual_sum_check: bool = Field(
+        True,
+        description="log ‖Σ_i v_i‖ over all n clients after every round from their stored "
+        "heads, v_i = ṽ_i − v̄ (§3.3's zero-sum, claim A5; the simulator reads every client's "
+        "state for it: off for large n)",
+    )
     divergence_limit: float = Field(
         1e6, gt=0, description="stop the run when ‖v_i‖, ‖ψ_i − id‖ or the loss exceeds it"
     )
 
+    @field_validator("gamma_cap", mode="before")
+    @classmethod
+    def _no_ambiguous_rescale(cls, value: object) -> object:
+        if value == "rescale":
+            raise ValueError(
+                "gamma_cap: rescale is ambiguous: rescale_each scales each client's head alone "
+                "(what sync and batched centring did), rescale_all scales every client's by one "
+                "factor as §9.2's pilot did (dual_centering: exact)"
+            )
+        return value
+
     @model_validator(mode="after")
     def _check(self) -> FedOTParams:
+        if self.gamma_cap == "rescale_all" and self.dual_centering != "exact":
+            raise ValueError(
+                "gamma_cap: rescale_all needs every client's head at once: set "
+                "dual_centering: exact, or gamma_cap: rescale_each"
+            )
         if self.gda_mode == "simultaneous" and self.k_max not in (None, 1):
             raise ValueError("gda_mode simultaneous takes one ascent step per descent (k_max 1)")
         return self

@@ -3,8 +3,10 @@
 At round end: w (and the nn potential's trunk U, which travels in the global vector) ← the mean
 of the participants' copies (FedAvg's sample-weighted mean: uniform for the paper's equal m);
 U ← its spectral projection ‖U_l‖₂ ≤ 1 (§4.3); v̄ ← v̄ + (1/n) Σ_{i∈S} Δṽ_i over all n clients
-(sync centring, §3.3). θ_i and ṽ_i never reach it. Each round it logs ‖Σ_i v_i‖ as the
-bookkeeping leaves it (Σ Δṽ in float64 against n·v̄) and the trunk's norms, and it stops the run
+(sync centring, §3.3). θ_i and ṽ_i never reach it; with ``dual_sum_check`` the simulator hands it
+every client's stored head after each round, and it logs ‖Σ_i v_i‖ over all n clients with
+v_i = ṽ_i − v̄ (a client not yet sampled: ṽ_i = 0), and that norm over the mean ‖v_i‖. It logs the
+trunk's norms too, and it stops the run
 (``Diverged``) when anything it sees is not finite or a client's ‖v_i‖, ‖ψ_i − id‖ or loss passes
 ``divergence_limit``.
 """
@@ -22,6 +24,9 @@ from .channels import DUAL_DELTA, PERSONAL_SCALE, VBAR
 from .model import TRUNK_PREFIX
 from .params import FedOTParams
 
+#: the dual heads' names in a client's state (``model.DUAL``: the raw heads ṽ_i)
+HEAD_PREFIX = "potential.head."
+
 #: client metrics the divergence guard watches
 WATCHED = ("dual_norm", "map_deviation", "train_loss")
 
@@ -33,7 +38,6 @@ class FedOTStrategy(FedAvg):
     def __init__(self, params, initial_weights, num_clients) -> None:
         super().__init__(params, initial_weights, num_clients)
         self.vbar: np.ndarray | None = None  # float64, sized by the first Δṽ (the head's size)
-        self.delta_sum: np.ndarray | None = None  # Σ_i Δṽ_i in float64 (= Σ_i ṽ_i)
         self.round_deltas: list[np.ndarray] = []
 
     def setup(self, ctx: ServerContext) -> None:
@@ -41,6 +45,28 @@ class FedOTStrategy(FedAvg):
         self.trunk = [t for t in ctx.layout.select(pattern="^" + TRUNK_PREFIX) if len(t.shape) == 2]
 
     transient = ("trunk",)
+
+    @property
+    def reads_client_states(self) -> bool:
+        return self.params.dual_sum_check
+
+    def state_metrics(self, states) -> dict[str, float]:
+        """‖Σ_i v_i‖ over all n clients, v_i = ṽ_i − v̄, from their stored heads, and its ratio
+        to the mean ‖v_i‖ (§3.3: zero under sync centring once every client has been seen)."""
+        if self.vbar is None:
+            return {}
+        heads = [
+            np.concatenate([np.asarray(v, np.float64).ravel() for k, v in s.items()
+                            if k.startswith(HEAD_PREFIX)])
+            for s in states.values()
+        ]  # fmt: skip
+        unseen = self.num_clients - len(heads)  # their raw heads are still the built zeros
+        total = np.sum([*heads, np.zeros_like(self.vbar)], axis=0) - self.num_clients * self.vbar
+        norms = [np.linalg.norm(h - self.vbar) for h in heads]
+        norms += [np.linalg.norm(self.vbar)] * unseen
+        mean = float(np.mean(norms))
+        residual = float(np.linalg.norm(total))
+        return {"dual_sum_norm": residual, "dual_sum_ratio": residual / mean if mean else 0.0}
 
     def configure(self, round_index: int, clients: Sequence[int]) -> Downlink:
         tensors = {}
@@ -69,12 +95,8 @@ class FedOTStrategy(FedAvg):
             self.weights = project_trunk(self.weights, self.trunk)
         if self.round_deltas:
             if self.vbar is None:
-                size = len(self.round_deltas[0])
-                self.vbar = np.zeros(size, np.float64)
-                self.delta_sum = np.zeros(size, np.float64)
-            total = np.sum(self.round_deltas, axis=0)
-            self.vbar = self.vbar + total / self.num_clients
-            self.delta_sum = self.delta_sum + total
+                self.vbar = np.zeros(len(self.round_deltas[0]), np.float64)
+            self.vbar = self.vbar + np.sum(self.round_deltas, axis=0) / self.num_clients
             self.round_deltas = []
         for name, value in (("weights", self.weights), ("v̄", self.vbar)):
             if value is not None and not np.isfinite(value).all():
@@ -84,8 +106,6 @@ class FedOTStrategy(FedAvg):
     def metrics(self) -> dict[str, float]:
         out: dict[str, float] = {}
         if self.vbar is not None:
-            residual = self.delta_sum - self.num_clients * self.vbar
-            out["dual_sum_norm"] = float(np.linalg.norm(residual))
             out["dual_mean_norm"] = float(np.linalg.norm(self.vbar))
         if self.trunk:
             u = [self.weights[t.slice].reshape(t.shape) for t in self.trunk]

@@ -627,6 +627,20 @@ def test_the_divergence_guard_stops_the_run_and_says_why():
     assert core.round < 20
 
 
+def test_the_guard_watches_the_dual_term_too():
+    """Issue 45 (2): the colour cell at τ = 5 ran 200 rounds at chance with a dual term of 5e4
+    while ‖v_i‖, ‖ψ − id‖ and the loss stayed under ``divergence_limit``. The dual term has
+    its own limit: the same healthy run stops at a limit below its dual term, and runs to
+    the end at the default."""
+    healthy = run(fedot_cfg(rounds=3))
+    worst = max(h["client_dual_penalty"] for h in healthy.history)
+    assert 0 < worst < 1e3  # the default dual_limit
+    core = local_core(fedot_cfg(rounds=3, dual_limit=worst / 2))
+    with pytest.raises(Diverged, match=r"dual_penalty is .* \(dual_limit "):
+        while not core.done:
+            core.step()
+
+
 def test_fedot_on_an_sgd_with_momentum_is_refused_in_one_line_naming_the_setting():
     from raysim.config import ConfigError
     from tests.conftest import EXAMPLES

@@ -7,8 +7,8 @@ U ← its spectral projection ‖U_l‖₂ ≤ 1 (§4.3); v̄ ← v̄ + (1/n) Σ
 every client's stored head after each round, and it logs ‖Σ_i v_i‖ over all n clients with
 v_i = ṽ_i − v̄ (a client not yet sampled: ṽ_i = 0), and that norm over the mean ‖v_i‖. It logs the
 trunk's norms too, and it stops the run
-(``Diverged``) when anything it sees is not finite or a client's ‖v_i‖, ‖ψ_i − id‖ or loss passes
-``divergence_limit``.
+(``Diverged``) when anything it sees is not finite, a client's ‖v_i‖, ‖ψ_i − id‖ or loss passes
+``divergence_limit``, or its dual term λ·mean φ_i passes ``dual_limit``.
 """
 
 from __future__ import annotations
@@ -77,14 +77,16 @@ class FedOTStrategy(FedAvg):
         return Downlink(tensors=tensors)
 
     def on_arrival(self, update: Update) -> bool:
-        for key in WATCHED:
+        limits = {key: ("divergence_limit", self.params.divergence_limit) for key in WATCHED}
+        limits["dual_penalty"] = ("dual_limit", self.params.dual_limit)
+        for key, (name, limit) in limits.items():
             value = update.metrics.get(key)
-            if value is not None and not abs(value) <= self.params.divergence_limit:
+            if value is not None and not abs(value) <= limit:
                 who = f"round {update.arrival_round}: client {update.client_id}"
                 raise Diverged(
-                    f"{who}'s {key} is {value:.4g}"
-                    f" (divergence_limit {self.params.divergence_limit:g}); lower the step sizes"
-                    " (lr_map, lr_ascent, local.lr) or λ, or set gamma_cap (fedot.md §9.2)"
+                    f"{who}'s {key} is {value:.4g} ({name} {limit:g}); lower the step sizes"
+                    " (lr_map, lr_ascent, local.lr) or λ, raise ρ_v or ρ_U, or set gamma_cap"
+                    " (fedot.md §9.2)"
                 )
         self.round_deltas.append(np.asarray(update.extras[DUAL_DELTA], dtype=np.float64))
         return super().on_arrival(update)

@@ -351,6 +351,9 @@ class CoordinatorCore:
         if self.done:
             raise RuntimeError("the run is finished")
         k, t0 = self.round, time.perf_counter()
+        if not self.history:  # this process's first round (a resumed run says it again)
+            for line in self.strategy.notices():
+                self.warn(line)
         log = self._log = RoundLog()
         try:
             with timeline.span("dispatch", k):

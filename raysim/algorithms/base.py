@@ -195,6 +195,11 @@ class Strategy(Stateful):
         """Server-side diagnostics to log after each round."""
         return {}
 
+    def notices(self) -> list[str]:
+        """Lines the run should show and keep (``warnings.txt``) before its first round: a
+        setting that is allowed but known to misbehave; none by default."""
+        return []
+
     #: True: ``state_metrics`` is called after each round with every client's personal state
     #: (a simulator's check of what a real server could not see; it reads them all: O(clients))
     reads_client_states: bool = False

@@ -138,6 +138,9 @@ class ComposedStrategy(Strategy):
     def reads_client_states(self) -> bool:
         return self.base.reads_client_states
 
+    def notices(self) -> list[str]:
+        return self.base.notices()
+
     def state_metrics(self, states: Mapping[int, Mapping[str, np.ndarray]]) -> dict[str, float]:
         return self.base.state_metrics(states)
 

@@ -89,8 +89,8 @@ class FedOTParams(MethodParams):
         1e3,
         gt=0,
         description="stop the run when a client's dual term λ·mean φ_i exceeds it (a collapsed "
-        "ascent: the colour cell at τ = 5 grew it ×3 every 20 rounds to 5e4 at chance "
-        "accuracy, while healthy runs stay under 1)",
+        "ascent: the colour cell at τ = 5 under sync centring grew it ×3 every 20 rounds to 5e4 "
+        "at chance accuracy; the grid's healthy runs stay under 1)",
     )
 
     @field_validator("gamma_cap", mode="before")

@@ -68,6 +68,21 @@ class FedOTStrategy(FedAvg):
         residual = float(np.linalg.norm(total))
         return {"dual_sum_norm": residual, "dual_sum_ratio": residual / mean if mean else 0.0}
 
+    def notices(self) -> list[str]:
+        """The nn potential's local max problem is concave in (v_i, v₀) only where
+        λ² < 4ρ_vρ_U (its Hessian's 2×2 block, the trunk bias v₀ uncapped); otherwise the heads'
+        common drift can grow between syncs under sync centring (issue 45 (2))."""
+        p = self.params
+        rho_v, rho_u = p.rho
+        if p.potential != "nn" or p.dual_centering != "sync" or p.lam**2 < 4 * rho_v * rho_u:
+            return []
+        return [
+            f"fedot: λ² = {p.lam**2:.3g} ≥ 4ρ_vρ_U = {4 * rho_v * rho_u:.3g}: the nn potential's "
+            "local max problem is not concave in (v_i, v₀), so under sync centring the heads "
+            "can drift apart between syncs (the colour cell at τ = 5 collapsed so; ρ_U = 0.1 or "
+            "dual_centering: exact ran it to 85 %); dual_limit stops such a run"
+        ]
+
     def configure(self, round_index: int, clients: Sequence[int]) -> Downlink:
         tensors = {}
         if self.vbar is not None:
@@ -83,10 +98,17 @@ class FedOTStrategy(FedAvg):
             value = update.metrics.get(key)
             if value is not None and not abs(value) <= limit:
                 who = f"round {update.arrival_round}: client {update.client_id}"
+                exact = self.params.dual_centering == "sync" and key == "dual_penalty"
                 raise Diverged(
-                    f"{who}'s {key} is {value:.4g} ({name} {limit:g}); lower the step sizes"
-                    " (lr_map, lr_ascent, local.lr) or λ, raise ρ_v or ρ_U, or set gamma_cap"
-                    " (fedot.md §9.2)"
+                    f"{who}'s {key} is {value:.4g} ({name} {limit:g}); "
+                    + (
+                        "the heads' common drift between syncs grew: set dual_centering: exact "
+                        "(the colour cell at τ = 5 collapsed under sync and ran under exact), "
+                        "or lower lr_ascent, k_max or the local steps"
+                        if exact
+                        else "lower the step sizes (lr_map, lr_ascent, local.lr) or λ, raise "
+                        "ρ_v or ρ_U, or set gamma_cap (fedot.md §9.2)"
+                    )
                 )
         self.round_deltas.append(np.asarray(update.extras[DUAL_DELTA], dtype=np.float64))
         return super().on_arrival(update)

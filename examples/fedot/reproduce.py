@@ -67,6 +67,16 @@ FINAL_ONLY = {"l_fedavg500"}
 RESULTS = HERE / "results.json"
 
 
+def machine() -> str:
+    """Where a cell ran, kept with its results (the report may be written elsewhere)."""
+    import os
+    import platform
+
+    from raysim.machine import cpu_model
+
+    return f"{cpu_model()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+
+
 def run_digest(client: Any, run_id: str) -> dict[str, Any]:
     """What the report needs of one run's MLflow history (fedot.md §3.3, §8.1 metrics)."""
 
@@ -80,6 +90,7 @@ def run_digest(client: Any, run_id: str) -> dict[str, Any]:
     ratios = list(history("dual_sum_ratio").values())  # from every client's stored head
     return {
         "zero_sum_residual": max(ratios) if ratios else None,
+        "zero_sum_source": "stored_heads",
         "client_map_deviation": last("client_map_deviation"),
         "client_dual_penalty": last("client_dual_penalty"),
         "accuracy_curve": sorted(history("accuracy").items()),
@@ -156,6 +167,7 @@ class Reproduction:
                 "seconds": time.time() - t0,
                 "rounds": raw["rounds"],
                 "execution": self.execution,
+                "machine": machine(),
             }
             self.save()
             print(f"{label}: no run finished ({e})", flush=True)
@@ -173,6 +185,7 @@ class Reproduction:
             "seconds": time.time() - t0,
             "rounds": raw["rounds"],
             "execution": self.execution,
+            "machine": machine(),
         }
         self.save()
         print(f"{label}: {len(summary.table)} runs in {time.time() - t0:.0f} s", flush=True)

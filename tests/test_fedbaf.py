@@ -342,6 +342,8 @@ def test_the_foundation_s_arrays_and_the_auditor_s_copies_refuse_to_be_pickled(t
     assert float(held.sum()) == float(pre.sum()) and not held.flags.writeable
     plain = np.ascontiguousarray(secrets[0].values)
     assert type(plain) is np.ndarray
+    mixed = np.zeros(200, np.float32) + np.float32(0.01) * held  # a model the server mixes
+    assert type(mixed) is np.ndarray and pickle.loads(pickle.dumps(mixed)).shape == (200,)
     np.testing.assert_array_equal(pickle.loads(pickle.dumps(plain)), pre.astype(np.float32))
 
 

@@ -272,11 +272,11 @@ def test_feddle_mini_evaluates_at_rounds_10_to_200_and_reports_the_max_of_the_la
 class RoundRobinExecutor:
     """An in-process stand-in for a pool of ``n`` workers: each group of jobs that trains
     together (``job_groups``, as the Ray pool cuts them; one job each under sequential execution)
-    runs on runner ``first job_id % n`` as soon as it is submitted, the groups of a batch in
-    reverse order (as if they finished out of order), and evaluations alternate between runners."""
+    runs on the next runner in turn as soon as it is submitted, the groups of a batch in reverse
+    order (as if they finished out of order), and evaluations alternate between runners."""
 
     def __init__(self, runners):
-        self.runners, self.results, self.evals = runners, {}, 0
+        self.runners, self.results, self.evals, self.sent = runners, {}, 0, 0
         self.group_size = runners[0].group_size
 
     def put(self, weights):
@@ -287,7 +287,8 @@ class RoundRobinExecutor:
 
     def submit(self, handle, jobs):
         for group in reversed(job_groups(jobs, self.group_size)):
-            runner = self.runners[group[0].job_id % len(self.runners)]
+            runner = self.runners[self.sent % len(self.runners)]
+            self.sent += 1
             for result in runner.run_batch(handle, group):
                 self.results[result.job_id] = result
 

@@ -287,6 +287,44 @@ def test_the_gamma_rescale_says_whose_heads_it_scales():
         assert sum(p == pytest.approx(gamma) for p in step) == 1 < len(step)
 
 
+@pytest.mark.parametrize(
+    "cap",
+    [
+        {"gamma_cap": "clamp", "gamma": 0.01},
+        {"cost": "w1_lip"},
+        {"potential": "nn", "psi_family": "pixel_relu", "shift": "colour"},
+    ],
+    ids=["gamma_clamp", "w1_ball", "trunk_spectral"],
+)
+def test_each_cap_holds_after_every_ascent_step_and_binds(cap):
+    """Issue 45: the caps had no test of what they do. After every client ascent step (§4.3):
+    ``clamp`` keeps every curvature entry in [−γ, γ]; W1 keeps ‖v_i‖ ≤ 1; the trunk cap keeps
+    σ_max(V₁) ≤ 1. Each run is pushed (λ = 4) so that the cap binds: some step
+    ends exactly on its bound."""
+    seen: list[float] = []
+    project = FedOTClient.project
+
+    def spy(self, model, heads_, trunk):
+        project(self, model, heads_, trunk)
+        with torch.no_grad():
+            if "gamma_cap" in cap:
+                seen.append(max(float(t.abs().max()) for t in model.potential.curvature()))
+            elif cap.get("cost") == "w1_lip":
+                seen.append(float(np.linalg.norm(flat64(heads_))))
+            else:
+                seen.append(float(torch.linalg.matrix_norm(model.potential.trunk.weight, ord=2)))
+
+    bound = cap.get("gamma", 1.0)
+    shift = cap.get("shift", "affine")
+    algo = {k: v for k, v in cap.items() if k != "shift"}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(FedOTClient, "project", spy)
+        cfg = fedot_cfg(rounds=2, shift=shift, dual_limit=1e12, **{"lambda": 4.0}, **algo)
+        run(load_config(cfg.to_dict(), ["workers.execution=sequential"]))
+    assert seen and max(seen) <= bound * (1 + 1e-6)
+    assert any(v == pytest.approx(bound, rel=1e-6) for v in seen)
+
+
 def test_exact_centring_refuses_what_it_cannot_run_in_one_line():
     with pytest.raises(ConfigError, match="workers.count to a number"):
         load_config(fedot_cfg(dual_centering="exact").to_dict(), ["workers.count=per_client"])
@@ -543,6 +581,87 @@ def test_i11_the_simulator_reproduces_the_lockstep_reference(centring):
         np.testing.assert_allclose(states[i]["psi.a"], model.psi.a.detach().numpy(), atol=1e-6)
     w = torch.cat([q.detach().reshape(-1) for q in ls.models[0].predictor.parameters()])
     np.testing.assert_allclose(core.weights, w.numpy(), atol=1e-5)
+
+
+def gda_float64(cfg, w0: np.ndarray, rounds: int) -> tuple[np.ndarray, list, np.ndarray]:
+    """FedOT-GDA written out again in numpy float64, independent of raysim's client code: a
+    linear predictor (W, c) on ψ_i(x) = a_i ⊙ x + b_i, the diagonal quadratic potential
+    φ_i(y) = Σ_d (½ q_d y_d² + l_d y_d) with head v_i = (q_i, l_i), full participation, sync
+    centring (§3.3), alternating GDA (§3.4: k_max ascent steps on v_i with ψ_i(x) fixed, then
+    one descent step on (W, c) at η1 and (a_i, b_i) at η_θ, on one batch), FedAvg of (W, c) and
+    v̄ ← v̄ + mean Δṽ. Only the batch indices come from raysim (``step_batches``: sampling).
+    Returns the final global vector, each client's (a, b) and the effective heads ṽ_i − v̄."""
+    from raysim.actors.jobs import client_seed
+    from raysim.runtime import run_dataset
+    from raysim.training.loop import step_batches
+
+    p = cfg.algorithm.params
+    lam, rho_v = p.lam, p.rho[0]
+    lr, lr_map, lr_up = cfg.local.lr, p.lr_map, p.lr_ascent
+    ds = run_dataset(cfg)
+    n = cfg.clients.num
+    data = [tuple(np.asarray(a) for a in ds.client_data(i)) for i in range(n)]
+    d = data[0][0].shape[1]
+    classes = 10
+    W = w0[: classes * d].reshape(classes, d).astype(np.float64)
+    c = w0[classes * d :].astype(np.float64)
+    maps = [(np.ones(d), np.zeros(d)) for _ in range(n)]
+    raw = [np.zeros(2 * d) for _ in range(n)]  # ṽ_i = (q, l)
+    vbar = np.zeros(2 * d)
+    for r in range(rounds):
+        new_w, new_c, deltas = [], [], []
+        for i, (x, labels) in enumerate(data):
+            gen = torch.Generator().manual_seed(client_seed(cfg.seed, i, r))
+            steps = list(step_batches(len(labels), cfg.local, gen))
+            Wi, ci, (a, b) = W.copy(), c.copy(), (maps[i][0].copy(), maps[i][1].copy())
+            v = raw[i] - vbar
+            v0 = v.copy()
+            for idx in steps:
+                xb, yb = x[np.asarray(idx)].astype(np.float64), labels[np.asarray(idx)]
+                y = a * xb + b
+                for _ in range(p.ascent_steps):  # ascent: ∇_v = λ·mean features − 2ρ_v v
+                    feats = np.concatenate([0.5 * (y * y).mean(0), y.mean(0)])
+                    v = v + lr_up * (lam * feats - 2 * rho_v * v)
+                q, lin = v[:d], v[d:]
+                logits = y @ Wi.T + ci
+                prob = np.exp(logits - logits.max(1, keepdims=True))
+                prob /= prob.sum(1, keepdims=True)
+                g_logits = (prob - np.eye(classes)[yb]) / len(yb)
+                g_y = g_logits @ Wi + lam * (q * y + lin) / len(yb)  # CE + λ·mean φ
+                g_w, g_c = g_logits.T @ y, g_logits.sum(0)
+                g_a, g_b = (g_y * xb).sum(0), g_y.sum(0)
+                Wi, ci = Wi - lr * g_w, ci - lr * g_c
+                a, b = a - lr_map * g_a, b - lr_map * g_b
+            new_w.append(Wi)
+            new_c.append(ci)
+            maps[i] = (a, b)
+            deltas.append(v - v0)
+            raw[i] = raw[i] + (v - v0)
+        W, c = np.mean(new_w, axis=0), np.mean(new_c, axis=0)
+        vbar = vbar + np.sum(deltas, axis=0) / n
+    return np.concatenate([W.ravel(), c]), maps, [h - vbar for h in raw]
+
+
+def test_i11_the_simulator_matches_an_independent_float64_algorithm_1():
+    """Issue 45: the lockstep reference calls the simulator's own client code, so it cannot
+    catch an error in it. Against ``gda_float64`` (written from §3.3–§3.5 alone), three rounds
+    of τ = 2 on 3 clients end on the same predictor, maps and effective heads, to float32
+    rounding."""
+    cfg = fedot_cfg(n=3, rounds=3, potential="quad_diag", psi_family="affine_diag")
+    cfg = load_config(cfg.to_dict(), ["model.hidden=[]", "workers.execution=sequential"])
+    core = local_core(cfg)
+    w0 = core.weights.copy()
+    while not core.done:
+        core.step()
+    want_w, want_maps, want_heads = gda_float64(cfg, w0, 3)
+    np.testing.assert_allclose(core.weights, want_w, atol=2e-5)
+    states, vbar = core.materialized_states(), core.strategy.vbar
+    for i in range(3):
+        q, lin = np.split(want_heads[i], 2)
+        np.testing.assert_allclose(heads(states[i]) - vbar, np.concatenate([lin, q]), atol=1e-6)
+        np.testing.assert_allclose(states[i]["psi.a"], want_maps[i][0], atol=2e-5)
+        np.testing.assert_allclose(states[i]["psi.b"], want_maps[i][1], atol=2e-5)
+    assert np.abs(want_heads[0]).max() > 1e-3 and np.abs(want_maps[0][0] - 1).max() > 1e-4
 
 
 def test_i11_literal_alg1_takes_plain_gradient_steps_on_the_mean_objective():

@@ -49,10 +49,53 @@ def test_i14_fedmi_at_alpha_0_is_fedavg_and_at_alpha_1_is_local_only():
     assert not np.allclose(per_client(mid, "loss"), per_client(plain, "loss"))
 
 
-def test_fedmi_param_space_mixes_the_two_copies():
-    _, out = scores({"name": "fedmi", "alpha": 0.5, "space": "output"})
-    _, par = scores({"name": "fedmi", "alpha": 0.5, "space": "param"})
-    assert not np.array_equal(per_client(out, "loss"), per_client(par, "loss"))
+def client_context(cfg, client: int = 0):
+    """A trained run's client ``client``, loaded as its evaluation would load it: (runner,
+    context, global weights, the client's state)."""
+    from raysim.actors.jobs import ClientJob
+    from raysim.actors.worker import ClientRunner
+    from raysim.runtime import run_dataset
+
+    core = local_core(cfg)
+    while not core.done:
+        core.step()
+    runner = ClientRunner(cfg, run_dataset(cfg))
+    state = core.materialized_states().get(client)
+    job = ClientJob(-1, client, cfg.rounds, cfg.seed, state=state)
+    ctx, _ = runner._context(core.weights, job)
+    return runner, ctx, core.weights
+
+
+@pytest.mark.parametrize("alpha", [0.5, 0.25])
+def test_fedmi_mixes_as_its_space_says(alpha):
+    """Issue 45: this only checked that the two spaces differ. ``param``: the evaluated copy is
+    α·local + (1−α)·w, tensor by tensor; ``output``: the answer is
+    log(α·softmax(f_local) + (1−α)·softmax(f_w)), against two separate copies by hand."""
+    from raysim.algorithms.fedot.baselines import GLOBAL, PERSONAL
+
+    for space in ("param", "output"):
+        cfg = fedot_cfg(n=2, rounds=2, algorithm={"name": "fedmi", "alpha": alpha, "space": space})
+        runner, ctx, _ = client_context(cfg)
+        h, algo = ctx.model, runner.client_algorithm
+        local, shared = h.get_group(PERSONAL).copy(), h.get_group(GLOBAL).copy()
+        assert np.abs(local - shared).max() > 1e-3  # two copies that differ
+        x = torch.from_numpy(np.asarray(ctx.data[0][:7]))
+        with torch.no_grad():
+            h.use(PERSONAL)
+            p_local = torch.softmax(h.module(x), -1)
+            h.use(GLOBAL)
+            p_shared = torch.softmax(h.module(x), -1)
+        module = algo.adapt(ctx)
+        if space == "param":
+            assert module is None
+            np.testing.assert_allclose(
+                h.get_group(PERSONAL), alpha * local + (1 - alpha) * shared, rtol=1e-6, atol=1e-7
+            )
+        else:
+            with torch.no_grad():
+                got = module(x)
+            want = torch.log(alpha * p_local + (1 - alpha) * p_shared)
+            torch.testing.assert_close(got, want)
 
 
 def test_i14_fed_fomaml_with_alpha_0_is_sgd_at_beta_on_the_second_batches():
@@ -85,10 +128,31 @@ def test_i14_fed_fomaml_with_alpha_0_is_sgd_at_beta_on_the_second_batches():
     np.testing.assert_allclose(core.weights, expected, atol=1e-7)
 
 
-def test_fed_fomaml_adapts_with_one_step_before_testing():
-    _, none = scores({"name": "fed_fomaml", "eval_steps": 0})
-    _, one = scores({"name": "fed_fomaml", "eval_steps": 1})
-    assert not np.array_equal(per_client(none, "loss"), per_client(one, "loss"))
+def test_fed_fomaml_adapts_with_one_step_at_alpha_before_testing():
+    """Issue 45: this only checked that one step changes the loss. The adapted model is
+    w − α∇f(w; B) on one batch B of the client's adaptation stream, by hand; zero steps leave
+    w as it is."""
+    alpha = 0.03
+    cfg = fedot_cfg(n=2, rounds=1, algorithm={"name": "fed_fomaml", "alpha": alpha})
+    runner, ctx, w = client_context(cfg)
+    h = ctx.model
+    params = h.global_parameters()
+    batch = next(iter(step_batches(
+        len(ctx.data[1]), ctx.config.model_copy(update={"max_steps": 1, "epochs": 1}),
+        ctx.phase("adapt"),
+    )))  # fmt: skip
+    task = ClassificationTask()
+    x, y = (torch.as_tensor(np.asarray(a)[batch]) for a in ctx.data)
+    grads = torch.autograd.grad(task.loss(h.module, (x, y)), params)
+    want = [(q - alpha * g).detach().numpy().copy() for q, g in zip(params, grads, strict=True)]
+    runner.client_algorithm.adapt(ctx)
+    for q, expected in zip(params, want, strict=True):
+        np.testing.assert_allclose(q.detach().numpy(), expected, rtol=1e-6, atol=1e-7)
+    assert max(np.abs(g.numpy()).max() for g in grads) * alpha > 1e-5  # it moved
+    cfg0 = fedot_cfg(n=2, rounds=1, algorithm={"name": "fed_fomaml", "eval_steps": 0})
+    runner0, ctx0, w0 = client_context(cfg0)
+    runner0.client_algorithm.adapt(ctx0)
+    np.testing.assert_array_equal(ctx0.model.get_global(), w0)
 
 
 @pytest.mark.parametrize("name", ["l_fedavg", "fedmi", "fed_fomaml", "local_only", "fedot"])

@@ -201,7 +201,7 @@ class LeakAuditor:
     It holds the blocks' values (and tables made from them), so it refuses to be pickled."""
 
     def __reduce__(self):  # noqa: D105
-        from raysim.algorithms.private import REFUSAL, PrivateStateError
+        from raysim.algorithms.base import REFUSAL, PrivateStateError
 
         raise PrivateStateError(REFUSAL)
 

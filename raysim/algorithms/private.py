@@ -32,8 +32,17 @@ class PrivateArray(np.ndarray):
     """A read-only array that refuses to be pickled: a server-private tensor handed out of
     ``PrivateTensors`` (or a ``Secret``'s values) stays private when a closure captures the
     array itself rather than its holder. Views, slices and copies (``astype``) keep the type;
-    ``np.ascontiguousarray`` and ``np.asarray(..., subok=False)`` give a plain array, for the
-    server's own deliberate writes (``private/foundation.safetensors``)."""
+    arithmetic gives plain arrays (a model mixed with a secret is the server's to send: the
+    leak auditor judges those), and so do ``np.ascontiguousarray`` and ``np.asarray(...,
+    subok=False)``, for the server's own deliberate writes (``private/foundation.safetensors``)."""
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):  # noqa: D105
+        plain = [x.view(np.ndarray) if isinstance(x, PrivateArray) else x for x in inputs]
+        if "out" in kwargs:
+            kwargs["out"] = tuple(
+                x.view(np.ndarray) if isinstance(x, PrivateArray) else x for x in kwargs["out"]
+            )
+        return getattr(ufunc, method)(*plain, **kwargs)
 
     def __reduce__(self):  # noqa: D105
         raise PrivateStateError(REFUSAL)

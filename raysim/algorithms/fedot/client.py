@@ -139,7 +139,7 @@ class FedOTClient(ClientAlgorithm):
         if p.trunk_cap and trunk:
             cap_spectral(model.potential.trunk.weight)
         if p.cost == "w1_lip":
-            norm = math.sqrt(float(sq_norm(heads)))
+            norm = math.sqrt(float(torch.as_tensor(sq_norm(heads)).detach()))
             if norm > 1.0:
                 with torch.no_grad():
                     for t in heads:

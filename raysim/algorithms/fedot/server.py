@@ -13,6 +13,7 @@ trunk's norms too, and it stops the run
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -96,6 +97,8 @@ class FedOTStrategy(FedAvg):
         limits["dual_penalty"] = ("dual_limit", self.params.dual_limit)
         for key, (name, limit) in limits.items():
             value = update.metrics.get(key)
+            if key == "dual_penalty" and value is not None and math.isnan(value):
+                continue  # λ = 0: no dual term
             if value is not None and not abs(value) <= limit:
                 who = f"round {update.arrival_round}: client {update.client_id}"
                 exact = self.params.dual_centering == "sync" and key == "dual_penalty"

@@ -209,6 +209,36 @@ def test_the_mix_is_the_convex_combination_with_weight_c_over_1_plus_c(tmp_path)
     np.testing.assert_allclose(fixed.mix(0, prev, pre32.astype(np.float32)), pre32, rtol=1e-6)
 
 
+def test_proposition_2_s_bound_holds_for_random_points(tmp_path):
+    """Issue 45 (9), §5.3 Prop. 2 (inv. 11): with δ = max_k ‖w^k − w*‖ over the round's client
+    models and γ = ‖w_pre − w*‖ ≤ δ, the mixed model satisfies ‖w_{t+1} − w*‖ ≤ (δ + c·γ)/(1 + c)
+    ≤ δ, in float64, for the mixer's own output and c, over random w*, clients and w_pre (some
+    with γ = δ, the tight case). Control: a w_pre farther than δ can break the outer bound."""
+    rng = np.random.default_rng(12)
+    d, broken = 400, 0
+    for trial in range(40):
+        star = rng.normal(size=d)
+        clients = star + rng.normal(scale=rng.uniform(0.1, 2.0), size=(5, d))
+        delta = max(np.linalg.norm(w - star) for w in clients)
+        direction = rng.normal(size=d)
+        far = 3.0 if trial % 4 == 3 else (1.0 if trial % 4 == 2 else rng.uniform(0.1, 1.0))
+        pre = star + far * delta * direction / np.linalg.norm(direction)
+        m = mixer_on(tmp_path, pre)
+        agg = clients.mean(axis=0).astype(np.float32)
+        out = m.mix(0, (star + rng.normal(size=d)).astype(np.float32), agg).astype(np.float64)
+        c = m.last["fedbaf_c"]
+        pre32 = pre.astype(np.float32).astype(np.float64)
+        gamma = np.linalg.norm(pre32 - star)
+        dist = np.linalg.norm(out - star)
+        slack = 1e-6 * max(delta, gamma)  # float32 weights
+        if far <= 1.0:
+            assert dist <= (delta + c * gamma) / (1 + c) + slack
+            assert (delta + c * gamma) / (1 + c) <= delta + slack
+        else:
+            broken += dist > delta
+    assert broken  # γ > δ: the premise matters
+
+
 # --------------------------------------------------------------------------- inv. 4, matching
 def test_unmatched_and_integer_tensors_are_left_exactly_as_aggregated():
     layout = Layout(

@@ -188,6 +188,39 @@ def test_zero_vectors_give_no_nan_and_no_mixing(tmp_path):
             assert m3.last["fedbaf_r"] == pytest.approx(1.0) and m3.last["fedbaf_c"] > 0
 
 
+def test_the_schedule_ablations_of_section_3(tmp_path):
+    """§3's ablations: ``tau_decay: false`` gives c_t = ψ·u_t·r_t/r_0 (no √(t+1));
+    ``schedule: decay_only`` gives c_t = ψ·u_t/√(t+1) whatever the models (r_t still logged);
+    the default is r_t/√(t+1) against r_0."""
+    rng = np.random.default_rng(4)
+    pre = rng.normal(size=64)
+    steps = [(rng.normal(size=64).astype(np.float32), rng.normal(size=64).astype(np.float32))
+             for _ in range(4)]  # fmt: skip
+    seen = {}
+    for name, params in {
+        "default": {},
+        "no_decay": {"tau_decay": False},
+        "decay_only": {"schedule": "decay_only"},
+    }.items():
+        m = mixer_on(tmp_path, pre, **params)
+        rows = []
+        for t, (prev, agg) in enumerate(steps):
+            m.mix(t, prev, agg)
+            rows.append(dict(m.last))
+        seen[name] = rows
+    for name, rows in seen.items():
+        r0 = rows[0]["fedbaf_r"]
+        for t, row in enumerate(rows):
+            want = {
+                "default": row["fedbaf_r"] / np.sqrt(t + 1) / r0,
+                "no_decay": row["fedbaf_r"] / r0,
+                "decay_only": 1 / np.sqrt(t + 1),
+            }[name] * row["fedbaf_u"]
+            assert row["fedbaf_c"] == pytest.approx(want, rel=1e-12), (name, t)
+            assert row["fedbaf_r"] == pytest.approx(seen["default"][t]["fedbaf_r"])
+    assert seen["no_decay"][3]["fedbaf_c"] != pytest.approx(seen["default"][3]["fedbaf_c"])
+
+
 # --------------------------------------------------------------------------- inv. 2, 3, 11
 def test_the_mix_is_the_convex_combination_with_weight_c_over_1_plus_c(tmp_path):
     rng = np.random.default_rng(1)

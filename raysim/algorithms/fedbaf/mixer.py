@@ -228,7 +228,9 @@ class FedBaF(Mixer):
     def coefficient(self, round_index: int, previous: np.ndarray, aggregated: np.ndarray) -> float:
         """c_t for this call (Alg. 1 lines 9–10), recording r_t, τ_t, u_t and α_t."""
         r = unit_distance(self._scoped(aggregated), self._scoped(previous))
-        tau = r / math.sqrt(round_index + 1)
+        p = self.params
+        moved = r if p.schedule == "r_t" else 1.0  # §3's ablations: without r_t, without decay
+        tau = moved / math.sqrt(round_index + 1) if p.tau_decay else moved
         if self.tau0 is None and (tau > TAU0_FLOOR or self.params.tau0_from == "round_zero"):
             self.tau0 = max(tau, TAU0_FLOOR)
         u = float(self.stream.uniform(1.0, 2.0)) if self.params.alpha_random else 1.5

@@ -19,6 +19,14 @@ class FedBaFParams(HookParams):
     exclude: list[str] = Field(default_factory=list, description="names never mixed (re.search)")
     tau_scope: Literal["all", "matched"] = Field("all", description="the norms' vector, §2.4 (c)")
     rng: Literal["seeded", "secure"] = Field("seeded", description="the u_t stream (§2.5)")
+    tau_decay: bool = Field(
+        True, description="§3's ablation: false drops the √(t+1) from τ_t = r_t/√(t+1)"
+    )
+    schedule: Literal["r_t", "decay_only"] = Field(
+        "r_t",
+        description="§3's ablation \"a mixing schedule without r_t\": decay_only puts 1 for "
+        "r_t in τ_t, so c_t = ψ·u_t/√(t+1) (r_t is still logged)",
+    )
     tau0_from: Literal["first_movement", "round_zero"] = Field(
         "first_movement",
         description="where τ_0 comes from (§2.2, §2.5's guard, §7.2 inv. 8): first_movement: "

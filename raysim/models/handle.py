@@ -137,6 +137,11 @@ class ModelHandle:
     def global_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
         return self.layout().shapes()
 
+    @property
+    def global_is_parameters(self) -> bool:
+        """True when the global vector is the shared group's parameters alone (no buffers)."""
+        return not self._buffers
+
     def get_global(self) -> np.ndarray:
         flat = flatten(self.global_parameters())
         if not self._buffers:

@@ -24,7 +24,7 @@ class FedBaFParams(HookParams):
     )
     schedule: Literal["r_t", "decay_only"] = Field(
         "r_t",
-        description="§3's ablation \"a mixing schedule without r_t\": decay_only puts 1 for "
+        description='§3\'s ablation "a mixing schedule without r_t": decay_only puts 1 for '
         "r_t in τ_t, so c_t = ψ·u_t/√(t+1) (r_t is still logged)",
     )
     tau0_from: Literal["first_movement", "round_zero"] = Field(

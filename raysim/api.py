@@ -174,8 +174,6 @@ class RunSession:
         import ray
 
         from raysim.actors.coordinator_actor import CONCURRENCY_GROUPS, Coordinator
-
-        timeline.role("driver")
         from raysim.actors.pool import WorkerLaunch
         from raysim.placement import (
             check_state_outlives_job,
@@ -184,6 +182,7 @@ class RunSession:
         )
         from raysim.resources import plan_resources
 
+        timeline.role("driver")
         if resume is not None and not isinstance(resume, ResumeSource):
             resume = prepare_resume(resume, cfg, force=force)
         if resume is not None:

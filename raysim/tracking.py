@@ -370,8 +370,9 @@ class Tracker:
         finally:
             self._batching = False
             self._join_behind()
-            self._behind = threading.Thread(target=self._write_behind, name="raysim-mlflow")
-            self._behind.start()
+            if self._unsent:
+                self._behind = threading.Thread(target=self._write_behind, name="raysim-mlflow")
+                self._behind.start()
 
     def _write_behind(self) -> None:
         try:

@@ -88,9 +88,8 @@ class InProcessExecutor:
             return self._done.pop(job_id)
         weights, job = self._pending.pop(job_id)
         group = self._together.pop(job_id, None)
-        alone = group is None or len(group) == 1
-        if alone and not (group and self.runner.client_algorithm.trains_together):
-            return self.runner.run(weights, job)  # (coupled clients: a round of one too)
+        if group is None or not self.runner.trains_together(len(group)):
+            return self.runner.run(weights, job)
         starts = {job_id: weights}
         for other in group:
             if other.job_id != job_id:

@@ -166,19 +166,15 @@ class ClientRunner:
         prepared, starts = [], []
         groups = [g.name for g in self.model.groups]
         shared = not self.model.personal_groups()  # a job's start is then its version alone
-        last: tuple[Any, dict] | None = None  # the previous job's version and start
+        loaded, start = None, {}  # the version in the model, and the start taken from it
         for weights, job in zip(starting, jobs, strict=True):
-            again = shared and last is not None and weights is last[0]  # loaded already
+            again = shared and weights is loaded
             ctx, active = self._context(weights, job, loaded=again)
-            start = (
-                last[1]
-                if again and last is not None
-                else {
-                    g: [p.detach().clone() for p in self.model.group_parameters(g)] for g in groups
-                }
-            )
+            if not again:
+                start = {g: [p.detach().clone() for p in self.model.group_parameters(g)]
+                         for g in groups}  # fmt: skip
+                loaded = weights
             starts.append(start)  # read only (stacked), so jobs on one version share it
-            last = (weights, start)
             prepared.append((weights, job, ctx, active))
         ctxs = [ctx for _, _, ctx, _ in prepared]
         why = algo.unbatchable(ctxs)
@@ -208,11 +204,18 @@ class ClientRunner:
         local accuracy to score (the long way loads each job's model back first; the two give
         the same bits)."""
         m = self.model
-        return (
-            groups == [m.global_adapter]
-            and m.global_is_parameters
-            and not (self.cfg.eval.local_accuracy)
-        )
+        return groups == [m.global_adapter] and m.global_is_parameters and not self.local_accuracy
+
+    @property
+    def local_accuracy(self) -> bool:
+        """Whether each job's local model is scored on the test set (``eval.local_accuracy``)."""
+        return self.cfg.eval.local_accuracy and isinstance(self.dataset, FederatedDataset)
+
+    def trains_together(self, jobs: int) -> bool:
+        """Whether a group of ``jobs`` trains together (batched, or coupled clients: these
+        even alone, as a round of one, so exact centring holds for a single job too)."""
+        coupled = self.client_algorithm.trains_together
+        return self.group_size > 1 and (jobs > 1 or coupled)
 
     def _notice(self, why: str) -> None:
         """One line, once, where ``workers.execution: batched`` was asked for and not given
@@ -303,7 +306,7 @@ class ClientRunner:
         """The job's update, personal state and uplink from the model its context trained
         (``trained``: its global vector, where the caller has it without the model)."""
         data = self.client_data(job.client)
-        if self.cfg.eval.local_accuracy and isinstance(self.dataset, FederatedDataset):
+        if self.local_accuracy:
             metrics = {**metrics, "local_accuracy": self._local_accuracy(data, ctx.model)}
         delta = (ctx.model.get_global() if trained is None else trained) - weights
         for b in active:
@@ -439,8 +442,7 @@ class ClientRunner:
         """The jobs' results; each carries its share of the batch's wall time (``seconds``).
         ``weights``: the version every job starts from, or one per job (``each_job``)."""
         t0 = time.perf_counter()
-        coupled = self.client_algorithm.trains_together  # one job too: its own round's lockstep
-        if self.group_size > 1 and (len(jobs) > 1 or coupled):
+        if self.trains_together(len(jobs)):
             out = self.run_together(weights, jobs)
             for r in out:  # trained together: an even share each
                 r.seconds = (time.perf_counter() - t0) / len(out)

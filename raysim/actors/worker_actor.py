@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+from raysim import timeline  # standard library only: no torch at import
 from raysim.state_store import StoredState
 
 if TYPE_CHECKING:
@@ -40,7 +41,6 @@ class Worker:
         import torch._dynamo  # noqa: F401 - torch.optim imports it on first use (~1.5 s)
 
         import raysim.actors.worker  # noqa: F401 - the runner, the models, the training loop
-        from raysim import timeline
 
         timeline.role("worker")
         self._threads = threads
@@ -67,8 +67,6 @@ class Worker:
         is None where the state went out that way, ``{}`` where the model keeps none; a state
         written to disk (``StoredState``, a few bytes) stays in its result. ``weights``: the
         version (resolved by Ray), or a list of one version ref per job."""
-        from raysim import timeline
-
         if isinstance(weights, list):  # refs inside a list are not resolved by the call
             with timeline.span("fetch versions", jobs[0].dispatch_round):
                 weights = _versions(weights)
@@ -84,8 +82,6 @@ class Worker:
     def evaluate_batch(
         self, weights: np.ndarray, jobs: list[EvalJob], data: list[Any]
     ) -> list[dict[str, dict[str, float]]]:
-        from raysim import timeline
-
         with timeline.span("evaluate"):
             return self._attached(data).evaluate_batch(weights, jobs)
 
@@ -105,8 +101,6 @@ class Worker:
 
         import numpy as np
         import ray
-
-        from raysim import timeline
 
         kind, weights, jobs, data = request
         with timeline.span("link: the version", getattr(jobs[0], "dispatch_round", -1)):

@@ -14,7 +14,7 @@ trunk's norms too, and it stops the run
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -51,7 +51,7 @@ class FedOTStrategy(FedAvg):
     def reads_client_states(self) -> bool:
         return self.params.dual_sum_check
 
-    def state_metrics(self, states) -> dict[str, float]:
+    def state_metrics(self, states: Mapping[int, Mapping[str, np.ndarray]]) -> dict[str, float]:
         """‖Σ_i v_i‖ over all n clients, v_i = ṽ_i − v̄, from their stored heads, and its ratio
         to the mean ‖v_i‖ (§3.3: zero under sync centring once every client has been seen)."""
         if self.vbar is None:

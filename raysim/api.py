@@ -92,11 +92,14 @@ def preflight(cfg: RunConfig, address: str | None = None) -> None:
     ``ClusterError`` / ``ResourceError``)."""
     from raysim.inputs import check_inputs
     from raysim.resources import plan_resources
+    from raysim.without_ray import runs_without_ray
 
     target = ray_address(address)
     if target == "local":  # on a cluster, a file may be on the nodes that read it, not here
         check_inputs(cfg)
     check_reachable(target, named_by="--address" if address else "RAY_ADDRESS")
+    if runs_without_ray(cfg, address):  # its one worker fits (``needs_ray`` planned it)
+        return
     if target == "local":
         plan_resources(cfg, local_resources())
 
@@ -156,7 +159,8 @@ class RunSession:
     coordinator's own actor. ``started`` hands over workers started before the run (a Tune
     trial's, ``raysim.sweeps.early.take``): given the run's ``WorkerLaunch`` (None where it
     starts no worker actor), it returns those that came from the same launch, and the run starts
-    the rest.
+    the rest. Without any of these, ``cfg.runtime`` says whether the run starts Ray at all
+    (``raysim.without_ray``: ``local`` is then True and the whole run is in this process).
     """
 
     def __init__(
@@ -171,16 +175,8 @@ class RunSession:
         worker_here: bool = False,
         started: Callable[[WorkerLaunch | None], list[Any]] | None = None,
     ) -> None:
-        import ray
-
-        from raysim.actors.coordinator_actor import CONCURRENCY_GROUPS, Coordinator
-        from raysim.actors.pool import WorkerLaunch
-        from raysim.placement import (
-            check_state_outlives_job,
-            check_store_outlives_job,
-            coordinator_options,
-        )
-        from raysim.resources import plan_resources
+        from raysim.placement import check_state_outlives_job, check_store_outlives_job
+        from raysim.without_ray import runs_without_ray
 
         timeline.role("driver")
         if resume is not None and not isinstance(resume, ResumeSource):
@@ -205,11 +201,7 @@ class RunSession:
             )
         check_store_outlives_job(self.tracking_uri)
         check_state_outlives_job(cfg)
-        if not ray.is_initialized():
-            if self.tracking_uri:  # before ray.init, for every Ray process (ENVIRONMENT.md)
-                os.environ["MLFLOW_TRACKING_URI"] = self.tracking_uri
-            preflight(cfg, address)
-        self._started_ray = ensure_ray(address)
+        self._started_ray = False
         self.coordinator_restarts = 0
         self._session = uuid.uuid4().hex  # tags the MLflow run, so a replacement finds it
         self._first_source = resume.for_actor() if resume else None
@@ -219,6 +211,46 @@ class RunSession:
         #: resumes at (None where it could not say)
         self.stopped: dict[str, int | None] | None = None
         self.finished = False  # ``finish`` returned: the run is FINISHED in MLflow
+        caller_placed = coordinator_here or worker_here or resources is not None or started
+        #: the whole run in this process, without Ray (``runtime``, ``raysim.without_ray``)
+        self.local = not caller_placed and runs_without_ray(cfg, address)
+        if self.local:
+            preflight(cfg, address)
+            self._started_ray, self._in_process, self._worker_here = False, True, True
+            self.pool_size, self._launch, self._started = 1, None, []
+            try:
+                self._start_coordinator(self._first_source)
+            except BaseException as e:
+                if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                    self.stop()
+                self.close()
+                raise
+        else:
+            self._start_on_ray(address, resources, worker_here, started)
+        # a script that exits without close(): mark the run KILLED before Ray's own exit hook
+        atexit.register(self.close)
+
+    def _start_on_ray(
+        self,
+        address: str | None,
+        resources: Mapping[str, float] | None,
+        worker_here: bool,
+        started: Callable[[WorkerLaunch | None], list[Any]] | None,
+    ) -> None:
+        """Start (or join) Ray, the run's first workers and its coordinator."""
+        import ray
+
+        from raysim.actors.coordinator_actor import CONCURRENCY_GROUPS, Coordinator
+        from raysim.actors.pool import WorkerLaunch
+        from raysim.placement import coordinator_options
+        from raysim.resources import plan_resources
+
+        cfg = self.cfg
+        if not ray.is_initialized():
+            if self.tracking_uri:  # before ray.init, for every Ray process (ENVIRONMENT.md)
+                os.environ["MLFLOW_TRACKING_URI"] = self.tracking_uri
+            preflight(cfg, address)
+        self._started_ray = ensure_ray(address)
         try:
             self.plan = plan_resources(cfg, dict(resources or ray.cluster_resources()))
             self.pool_size = self.plan.num_workers
@@ -258,12 +290,8 @@ class RunSession:
                 self.stop()
             self.close()
             raise
-        # a script that exits without close(): mark the run KILLED before Ray's own exit hook
-        atexit.register(self.close)
 
     def _start_coordinator(self, source: dict[str, Any] | None) -> dict[str, Any]:
-        import ray
-
         args = (self.cfg.to_dict(), self.pool_size, self.tracking_uri, source)
         kwargs: dict[str, Any] = {"session": self._session, "launch": self._launch}
         if self._started:  # taken by the first coordinator only
@@ -271,9 +299,12 @@ class RunSession:
         if self._in_process:
             from raysim.actors.coordinator_actor import Coordinator
 
+            kwargs["tracker_process"] = self.local
             self.here = Coordinator(*args, worker_here=self._worker_here, **kwargs)
             info = self.here.ready()
         else:
+            import ray
+
             restarts = self.coordinator_restarts
             kwargs["worker_here"] = self._worker_here
             self.actor = self._coordinator.remote(*args, restarts=restarts, **kwargs)
@@ -283,10 +314,10 @@ class RunSession:
 
     def _call(self, method: str, *args: Any) -> Any:
         """``ray.get`` of a coordinator method; a coordinator that died is replaced first."""
-        import ray
-
         if self.here is not None:
             return getattr(self.here, method)(*args)
+        import ray
+
         while True:
             try:
                 return ray.get(getattr(self.actor, method).remote(*args))
@@ -294,10 +325,10 @@ class RunSession:
                 self._replace_coordinator(died)
 
     def step(self) -> dict[str, float]:
-        import ray
-
         kill = self.cfg.faults.kill_coordinator
         if kill is not None and kill.round == self.round and not self.coordinator_restarts:
+            import ray
+
             ray.kill(self.actor, no_restart=True)  # fault injection (faults.kill_coordinator)
         metrics = self._call("step")
         self.round += 1
@@ -407,11 +438,11 @@ class RunSession:
 
     def fail(self, status: str = "FAILED") -> None:
         """Mark the run FAILED (or KILLED) in MLflow; best effort, for error paths."""
-        import ray
-
         if self.here is not None:
             self.here.fail(status)
         elif getattr(self, "actor", None) is not None:
+            import ray
+
             try:
                 ray.get(self.actor.fail.remote(status), timeout=30)
             except ray.exceptions.ActorDiedError:
@@ -424,8 +455,6 @@ class RunSession:
         answers while it sets up or runs a round (``Coordinator.stop``), and ``stopped`` says
         where it was; one that cannot answer is ended, and the run it opened (found by this
         session's tag) is marked KILLED from here. The actor is gone after: ``close`` is quick."""
-        import ray
-
         if self.finished:  # nothing to stop: ``close`` ends the actors
             return
         if self.here is not None:
@@ -434,8 +463,13 @@ class RunSession:
         actor, self.actor = getattr(self, "actor", None), None
         if actor is None:
             return
+        import ray
+
+        from raysim.actors.coordinator_actor import CONTROL
+
         with contextlib.suppress(Exception):  # it answers once constructed, setting up or not
-            self.stopped = ray.get(actor.stop.remote(), timeout=STOP_S)
+            stopping = actor.stop.options(concurrency_group=CONTROL).remote()
+            self.stopped = ray.get(stopping, timeout=STOP_S)
         alive = actor.__ray_ready__.remote()  # fails once the actor is dead
         ray.kill(actor, no_restart=True)
         if self.stopped is None:
@@ -473,17 +507,17 @@ class RunSession:
         )
 
     def _end_own_workers(self) -> None:
+        workers, self._own_workers = self._own_workers, []
+        if not workers:
+            return
         import ray
 
-        workers, self._own_workers = self._own_workers, []
         for worker in workers:
             with contextlib.suppress(Exception):  # best effort: it may have ended already
                 ray.kill(worker)
 
     def close(self) -> None:
         """Stop the run's actors; a run not finished is marked KILLED in MLflow (resumable)."""
-        import ray
-
         atexit.unregister(self.close)
         here, self.here = getattr(self, "here", None), None
         if here is not None:
@@ -493,6 +527,8 @@ class RunSession:
                 pass
         actor = getattr(self, "actor", None)
         if actor is not None:
+            import ray
+
             try:
                 ray.get(actor.close.remote(), timeout=30)
             except Exception:  # noqa: BLE001 - best effort on the way out
@@ -500,7 +536,9 @@ class RunSession:
             ray.kill(actor)
             self.actor = None
         self._end_own_workers()
-        if self._started_ray:
+        if getattr(self, "_started_ray", False):
+            import ray
+
             ray.shutdown()
             self._started_ray = False
 

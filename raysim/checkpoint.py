@@ -58,6 +58,7 @@ RESUME_FREE = (
     "tracking.parent_run_id",
     "tracking.tags",
     "tune",
+    "runtime",
 )
 _SAFETENSORS_DTYPES = {
     "bool",

@@ -166,11 +166,10 @@ def _run_command(args: argparse.Namespace, started: list[Any]) -> int:
     else:
         cfg = load_config(config, overrides)
 
-    import ray
-
     from raysim.api import preflight
+    from raysim.without_ray import ray_is_up
 
-    if not ray.is_initialized():
+    if not ray_is_up():
         preflight(cfg, args.address)  # before the progress bar: a refusal is one line on stderr
     if args.dry_run:
         return _dry_run(cfg, args.address)
@@ -193,10 +192,13 @@ def _dry_run(cfg: Any, address: str | None) -> int:
     """What ``raysim run`` would start, from the config alone; nothing starts or is written."""
     from raysim.api import local_resources, ray_address
     from raysim.resources import plan_resources
+    from raysim.without_ray import runs_without_ray
 
     where = ray_address(address)
     line = f"dry run: {cfg.run_name()} · {cfg.rounds} rounds · {cfg.clients.num} clients"
-    if where == "local":
+    if runs_without_ray(cfg, address):
+        line += " · 1 worker, in this process without Ray (runtime=ray to start Ray)"
+    elif where == "local":
         plan = plan_resources(cfg, local_resources())
         line += (
             f" · {plan.num_workers} worker(s) of {plan.worker} and a coordinator of "

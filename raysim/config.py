@@ -411,6 +411,14 @@ class RunConfig(StrictModel):
     faults: FaultsConfig = Field(default_factory=FaultsConfig)
     audit: AuditConfig = Field(default_factory=AuditConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    runtime: Literal["auto", "ray", "local"] = Field(
+        "auto",
+        description="where the run's processes are: ray: a coordinator actor and worker actors; "
+        "local: the whole run in the caller's process, without Ray (refused where the config "
+        "needs Ray); auto: local where Ray would add nothing that runs in parallel (one worker "
+        "on CPUs, a private run, no faults, no Ray already up in the process), else ray. The "
+        "results are the same either way (raysim/without_ray.py)",
+    )
     tune: TuneSection | None = Field(
         None, description="raysim tune: the search space and how trials run; ignored by a run"
     )

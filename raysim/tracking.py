@@ -453,6 +453,20 @@ class Tracker:
         log.warning(message)
         self.warnings.append(message)
 
+    def set_tag(self, key: str, value: str) -> None:
+        """Tag the run (after the rounds that wait)."""
+        self.flush()
+        self.client.set_tag(self.run_id, key, value)
+
+    def log_dict(self, obj: Any, name: str) -> None:
+        """``obj`` as the run's JSON or YAML artifact ``name`` (after the rounds that wait)."""
+        self.flush()
+        self.client.log_dict(self.run_id, obj, name)
+
+    def close(self) -> None:
+        """Wait for the write behind (its error is raised here)."""
+        self._join_behind()
+
     def log_final(
         self,
         config: Mapping[str, Any],
@@ -464,9 +478,11 @@ class Tracker:
         tables: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
         workers: Sequence[Mapping[str, Any]] | None = None,
         client_columns: Sequence[str] | None = None,
+        clients_csv: str | None = None,
     ) -> None:
         """Resolved config, weights (safetensors), per-client table (``clients.csv``, written
-        row by row under ``client_columns``; default: every key of any row), accuracy plot,
+        row by row under ``client_columns``; default: every key of any row; or the file
+        ``clients_csv``, written so already), accuracy plot,
         summary,
         the strategy's own tables (``strategy/NAME.csv``) and what each worker did
         (``workers.json``: jobs, seconds training and evaluating, peak GPU memory)."""
@@ -479,10 +495,10 @@ class Tracker:
             save_file(
                 {k: np.ascontiguousarray(v) for k, v in weights.items()}, d / "weights.safetensors"
             )
-            if client_columns is None:
-                client_rows = list(client_rows)
-                client_columns = list(dict.fromkeys(k for r in client_rows for k in r))
-            write_rows_csv(d / "clients.csv", client_rows, client_columns)
+            if clients_csv is not None:
+                shutil.copyfile(clients_csv, d / "clients.csv")
+            else:
+                write_clients_csv(d / "clients.csv", client_rows, client_columns)
             stored = {j: s for j, s in (client_states or {}).items() if hasattr(s, "root")}
             if stored:  # clients.state.store: disk: where each client's last version is
                 manifest = {
@@ -531,6 +547,16 @@ def rows_csv(rows: Sequence[Mapping[str, Any]]) -> str:
     writer.writeheader()
     writer.writerows(rows)
     return buf.getvalue()
+
+
+def write_clients_csv(
+    path: Path, rows: Iterable[Mapping[str, Any]], columns: Sequence[str] | None
+) -> None:
+    """The per-client table, row by row under ``columns`` (default: every key of any row)."""
+    if columns is None:
+        rows = list(rows)
+        columns = list(dict.fromkeys(k for r in rows for k in r))
+    write_rows_csv(path, rows, columns)
 
 
 def write_rows_csv(path: Path, rows: Iterable[Mapping[str, Any]], columns: Sequence[str]) -> None:

@@ -130,11 +130,11 @@ def test_every_example_config_loads_without_torch():
 def test_the_driver_of_a_run_never_imports_torch(tmp_path):
     """``raysim run`` checks the config, plans the resources (GPUs counted as Ray counts them)
     and starts Ray without torch: its coordinator and workers import it, each in its own
-    process."""
+    process (``runtime=ray``; a run without Ray trains in the driver's process)."""
     out = probe(
         NO_TORCH + f"import os\nos.chdir({str(tmp_path)!r})\nfrom raysim.cli import main\n"
         f"code = main(['run', {str(EXAMPLES / 'quickstart.yaml')!r}, 'rounds=1', "
-        "'tracking.enabled=false'])\n"
+        "'tracking.enabled=false', 'runtime=ray'])\n"
         "print('exit', code)\n"
     )
     assert "weights sha256:" in out

@@ -8,31 +8,34 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-import ray
-
 from raysim import timeline
 from raysim.actors.executor import InProcessExecutor
-from raysim.actors.pool import RayWorkerPool, WorkerLaunch
 from raysim.errors import Diverged, RunSetupError
 from raysim.tracking import NODE_TAG, SESSION_TAG, Tracker, open_store
 
 if TYPE_CHECKING:
     from raysim.actors.coordinator_core import CoordinatorCore
+    from raysim.actors.pool import RayWorkerPool, WorkerLaunch
     from raysim.config import RunConfig
 
 __all__ = ["CONCURRENCY_GROUPS", "Coordinator", "RunSetupError"]
 
-#: the actor's ``ray.remote`` option: ``stop`` runs in a thread of its own, beside a round
-CONCURRENCY_GROUPS = {"control": 1}
+#: the actor's ``ray.remote`` option: ``stop`` runs in a thread of its own, beside a round (the
+#: driver calls it with ``.options(concurrency_group=CONTROL)``)
+CONTROL = "control"
+CONCURRENCY_GROUPS = {CONTROL: 1}
 
 
 class Coordinator:
-    """Owns the run; the single MLflow writer. Wrapped with ``ray.remote`` by the driver."""
+    """Owns the run; the single MLflow writer. Wrapped with ``ray.remote`` by the driver, or
+    built in the driver's own process (a Tune trial's, or a run without Ray,
+    ``raysim.without_ray``): this module imports Ray only where the run has worker actors."""
 
     def __init__(
         self,
@@ -45,6 +48,7 @@ class Coordinator:
         launch: WorkerLaunch | None = None,
         worker_here: bool = False,
         started: list[Any] | None = None,
+        tracker_process: bool = False,
     ) -> None:
         """``launch``: the workers to start first, before this process imports torch and the
         methods (``WorkerLaunch``; None: started once the config is read); ``started``: workers
@@ -52,6 +56,8 @@ class Coordinator:
         ``raysim.sweeps.early``). ``worker_here``:
         no worker actor; the clients train in this process (``InProcessExecutor``), one pooled
         worker's way (``RunSession``'s ``worker_here``).
+        ``tracker_process``: MLflow's writer runs in a child process of its own
+        (``raysim.tracking_process``; a run without Ray has no actor process to hide it in).
         ``session`` tags the MLflow run (the driver's ``SESSION_TAG``); ``restarts``: how many
         coordinators of this run died before this one. The run is set up by ``ready``, not here,
         so that ``stop`` can answer while it is: an exception while setting up (data that
@@ -76,7 +82,14 @@ class Coordinator:
         self._tracking: Future[Tracker] | None = None  # the new run's, made in a thread
         self._started = started or ([launch.start() for _ in range(launch.count)] if launch else [])
         self._opening = None  # a fresh store's schema (~2 s) is made while the workers start
-        if tracking_uri and config["tracking"]["enabled"]:
+        #: ``tracker_process``: MLflow's writer in a child process, started now (a run without
+        #: Ray, ``raysim.tracking_process``)
+        self._writer = None
+        if tracker_process and tracking_uri and config["tracking"]["enabled"]:
+            from raysim.tracking_process import TrackerProcess
+
+            self._writer = TrackerProcess(tracking_uri)
+        elif tracking_uri and config["tracking"]["enabled"]:
             self._opening = threading.Thread(
                 target=_open_quietly, args=(tracking_uri,), daemon=True
             )
@@ -133,6 +146,10 @@ class Coordinator:
             }
             self.pool = InProcessExecutor(runner, where=where)
         else:
+            import ray
+
+            from raysim.actors.pool import RayWorkerPool
+
             # held for the whole run: restarted workers re-read it
             self.dataset_ref = ray.put(dataset)
             self.pool = RayWorkerPool(
@@ -168,25 +185,17 @@ class Coordinator:
             if resume is not None:
                 if saved is not None:
                     self.tracker.warnings = list(saved.get("warnings", []))
-                self.tracker.client.set_tag(
-                    self.tracker.run_id, "raysim.resumed_at_round", str(self.core.round)
-                )
+                self.tracker.set_tag("raysim.resumed_at_round", str(self.core.round))
             if restarts:
-                self.tracker.client.set_tag(
-                    self.tracker.run_id, "raysim.coordinator_restarts", str(restarts)
-                )
+                self.tracker.set_tag("raysim.coordinator_restarts", str(restarts))
             self.tracker.log_placement(node, self.pool.describe())
             if self.core.state_root is not None:  # clients.state.store: disk: where it lives
-                self.tracker.client.set_tag(
-                    self.tracker.run_id, "raysim.state_store", self.core.state_root
-                )
+                self.tracker.set_tag("raysim.state_store", self.core.state_root)
             private = self.core.strategy.private_artifacts()
             if private and resume is None:
                 self.tracker.log_private(private)
             if cfg.hooks.clients:
-                self.tracker.client.log_dict(
-                    self.tracker.run_id, attacking_clients(cfg), "attackers.json"
-                )
+                self.tracker.log_dict(attacking_clients(cfg), "attackers.json")
             self.core.tracker = self.tracker
         self.checkpointer = (
             checkpoint.Checkpointer(cfg, self.tracker) if cfg.checkpoint.every else None
@@ -205,12 +214,11 @@ class Coordinator:
 
         if self._opening is not None:
             self._opening.join()
-        tracker = Tracker(
-            tracking_uri,
-            cfg.tracking.experiment,
-            cfg.run_name(),
-            flatten(cfg.to_dict()),
-            {
+        args = {
+            "experiment": cfg.tracking.experiment,
+            "run_name": cfg.run_name(),
+            "params": flatten(cfg.to_dict()),
+            "tags": {
                 "algorithm": method.name,
                 "reference": method.reference,
                 "seed": str(cfg.seed),
@@ -218,9 +226,10 @@ class Coordinator:
                 **({SESSION_TAG: session} if session else {}),
                 NODE_TAG: _node(),
             },
-            parent_run_id=cfg.tracking.parent_run_id,
-            resume_run_id=resume.get("run_id") if resume else None,
-        )
+            "parent_run_id": cfg.tracking.parent_run_id,
+            "resume_run_id": resume.get("run_id") if resume else None,
+        }
+        tracker = self._writer.open(**args) if self._writer else Tracker(tracking_uri, **args)
         if resume is None:
             tracker.log_config(cfg.to_dict())
         with self._opening_lock:
@@ -235,7 +244,7 @@ class Coordinator:
         tracking, self._tracking = self._tracking, None
         if tracking is not None and tracking.exception() is None:
             tracker = tracking.result()
-            tracker.client.set_tag(tracker.run_id, "raysim.error", error)
+            tracker.set_tag("raysim.error", error)
             tracker.fail("FAILED")
 
     def ready(self) -> dict[str, Any]:
@@ -262,10 +271,8 @@ class Coordinator:
             metrics = self.core.step(settle)
         except Diverged as e:  # recorded on the run before it ends FAILED
             if self.tracker is not None:
-                self.tracker.client.set_tag(self.tracker.run_id, "raysim.error", str(e))
-                self.tracker.client.set_tag(
-                    self.tracker.run_id, "raysim.diverged_round", str(self.core.round)
-                )
+                self.tracker.set_tag("raysim.error", str(e))
+                self.tracker.set_tag("raysim.diverged_round", str(self.core.round))
             raise
         if self.checkpointer is not None and self.checkpointer.due(self.core.round):
             try:
@@ -369,7 +376,7 @@ class Coordinator:
                 )
             except OSError as e:  # the driver saves the weights where the user is instead
                 summary["unsaved"] = f"the run's artifacts could not be written ({e})"
-                self.tracker.client.set_tag(self.tracker.run_id, "raysim.error", summary["unsaved"])
+                self.tracker.set_tag("raysim.error", summary["unsaved"])
                 self.tracker.fail("FAILED")
         return summary
 
@@ -380,7 +387,6 @@ class Coordinator:
         if self.tracker is not None and not self.tracker.ended:
             self.tracker.fail(status)
 
-    @ray.method(concurrency_group="control")
     def stop(self) -> dict[str, int | None]:
         """An interrupted run, ended at once: answered while a round runs (its own thread, the
         ``control`` concurrency group). A checkpoint being written is finished first and none
@@ -401,9 +407,13 @@ class Coordinator:
         try:
             self.fail("KILLED")
         finally:
+            if self._writer is not None:  # after the run's last call to it
+                self._writer.close()
             if self.pool is not None:
                 self.pool.close()
             for worker in self._started:  # started before a setup that failed
+                import ray
+
                 ray.kill(worker)
 
 
@@ -418,6 +428,13 @@ def _state_root(cfg: RunConfig, session: str | None) -> str | None:
 
 
 def _node() -> str:
+    """The Ray node this process runs on; without Ray, ``local:`` and the host's name."""
+    from raysim.without_ray import ray_is_up
+
+    if not ray_is_up():
+        return f"local:{socket.gethostname()}"
+    import ray
+
     return ray.get_runtime_context().get_node_id()
 
 

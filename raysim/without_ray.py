@@ -1,0 +1,74 @@
+"""Whether a run needs Ray: ``runtime: auto`` runs it in the caller's process where Ray would add
+processes and a link but nothing that runs in parallel.
+
+A run on CPUs whose pool is one worker, or whose round's clients train as one group (batched
+execution, ``clients.per_round`` ≤ ``workers.group_size``), trains one group at a time whatever
+the pool; Ray would put the coordinator and the workers in processes of their own (seconds to
+start on a small machine, a round trip per batch) for nothing that overlaps. Such a run is built
+in the caller's process instead: the same coordinator, client runner and MLflow writer as in the
+actors (``raysim.actors.local`` is the same core), so results are bit-identical either way and a
+run started here resumes on a cluster and back (``runtime`` is free across a resume). Whatever
+Ray adds that a run asks for keeps it on Ray: workers that train side by side (an explicit
+``workers.count`` above 1, or a pool for a round of several groups), GPUs, a named cluster, Ray
+already running in the process (a notebook's, a test's, a Tune trial's), injected faults,
+per-client actors, or a ``workers.transport`` other than ``auto``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+from raysim.config import ConfigError, RunConfig
+from raysim.ray_start import ray_address
+
+
+def ray_is_up() -> bool:
+    """Ray is initialized in this process (checked without importing it)."""
+    ray = sys.modules.get("ray")
+    return bool(ray is not None and ray.is_initialized())
+
+
+def needs_ray(cfg: RunConfig, address: str | None = None) -> str | None:
+    """Why ``cfg`` needs Ray, in words; None where it runs as well in the caller's process."""
+    from raysim.resources import plan_pool_size
+
+    w, c, faults = cfg.workers, cfg.coordinator, cfg.faults
+    target = ray_address(address)
+    if target != "local":
+        return f"it runs on the Ray cluster at {target}"
+    if ray_is_up():
+        return "Ray is already running in this process"
+    if w.num_gpus or c.num_gpus:
+        return "it asks for GPUs (workers.num_gpus / coordinator.num_gpus)"
+    if w.count == "per_client":
+        return "workers.count=per_client starts one actor per client"
+    if faults.kill_worker is not None or faults.kill_coordinator is not None:
+        return "it injects a process fault (faults.kill_worker / kill_coordinator)"
+    if w.transport != "auto":
+        return f"workers.transport={w.transport} names a link between Ray actors"
+    if isinstance(w.count, int) and w.count > 1:
+        return f"workers.count={w.count} asks for {w.count} worker actors"
+    workers = plan_pool_size(cfg, {"CPU": float(os.cpu_count() or 1), "GPU": 0.0})
+    groups = math.ceil(cfg.clients.per_round / cfg.group_size())
+    if workers > 1 and groups > 1:
+        return (
+            f"a round trains its clients in {groups} groups, which {workers} workers "
+            "(workers.count=auto) run side by side"
+        )
+    return None
+
+
+def runs_without_ray(cfg: RunConfig, address: str | None = None) -> bool:
+    """Whether ``cfg`` runs in the caller's process (``runtime``: ``auto`` decides by
+    ``needs_ray``; ``local`` insists, and a config that needs Ray is refused naming why)."""
+    if cfg.runtime == "ray":
+        return False
+    why = needs_ray(cfg, address)
+    if cfg.runtime == "local" and why is not None:
+        raise ConfigError(
+            f"runtime=local runs the whole run in this process without Ray, but {why}; set "
+            "runtime=auto (or ray)"
+        )
+    return why is None

@@ -1,0 +1,214 @@
+"""``runtime``: a run without Ray where Ray would add nothing, and the MLflow writer's process.
+
+The end-to-end checks run in a fresh process each: this test session's Ray (``ray_cluster``)
+would otherwise keep every ``runtime: auto`` run on Ray."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from raysim.config import ConfigError, load_config
+from raysim.without_ray import needs_ray, runs_without_ray
+from tests.conftest import EXAMPLES, tiny
+
+QUICKSTART = str(EXAMPLES / "quickstart.yaml")
+
+
+def _cfg(*overrides: str):
+    return load_config(QUICKSTART, list(overrides))
+
+
+def test_the_quickstart_needs_no_ray_whatever_the_cores(monkeypatch):
+    """Its round's 10 clients train as one group (workers.group_size 16): one group at a time,
+    however many workers ``workers.count: auto`` would plan."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    for cores in (1, 2, 64):
+        monkeypatch.setattr(os, "cpu_count", lambda c=cores: c)
+        assert needs_ray(_cfg()) is None
+
+
+@pytest.mark.parametrize(
+    ("overrides", "address", "reason"),
+    [
+        (["workers.count=2"], None, "workers.count=2 asks for 2 worker actors"),
+        (["workers.num_gpus=0.5"], None, "asks for GPUs"),
+        (["coordinator.num_gpus=1"], None, "asks for GPUs"),
+        (["workers.count=per_client", "clients.num=8", "clients.per_round=4"], None, "per_client"),
+        (["faults.kill_worker.round=1"], None, "process fault"),
+        (["workers.transport=calls"], None, "workers.transport=calls"),
+        ([], "ray://head:10001", "Ray cluster at ray://head:10001"),
+        # one client at a time: a pool trains a round's 10 side by side
+        (["workers.execution=sequential"], None, "in 10 groups, which 4 workers"),
+    ],
+)
+def test_what_keeps_a_run_on_ray_is_named(monkeypatch, overrides, address, reason):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    cfg = _cfg(*overrides)
+    why = needs_ray(cfg, address)
+    assert why is not None and reason in why
+    assert not runs_without_ray(cfg, address)
+    with pytest.raises(ConfigError, match=f"runtime=local .*{reason.split()[0]}"):
+        runs_without_ray(cfg.model_copy(update={"runtime": "local"}), address)
+
+
+def test_runtime_ray_keeps_ray_and_ray_address_names_a_cluster(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert runs_without_ray(_cfg()) and not runs_without_ray(_cfg("runtime=ray"))
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    assert "10.0.0.1:6379" in needs_ray(_cfg())
+
+
+def test_ray_already_up_in_the_process_keeps_the_run_on_it(ray_cluster, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert needs_ray(_cfg()) == "Ray is already running in this process"
+
+
+@pytest.mark.slow
+def test_a_run_without_ray_matches_ray_and_resumes_on_it_bit_identically(tmp_path):
+    """The same config on both runtimes ends on the same weights; a run stopped without Ray
+    resumes on Ray from its checkpoint to those weights too (``runtime`` is free across a
+    resume); MLflow has every round, the placement says where it ran, and the run's end."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    script = f"""
+import json, sys
+from raysim.api import RunSession
+from raysim.config import load_config
+
+def config(*overrides):
+    return load_config({QUICKSTART!r}, ["rounds=6", "eval.every=2", *overrides])
+
+def finish(s):
+    try:
+        for _ in s.rounds():
+            pass
+        res = s.finish()
+        return res.weights_digest, res.run_id
+    finally:
+        s.close()
+
+out = {{}}
+local = RunSession(config("checkpoint.every=1"))  # runtime: auto
+out["auto_is_local"] = local.local
+for _ in local.rounds():
+    if local.round == 3:
+        break
+local.stop()
+local.close()
+out["stopped_run"], out["saved"] = local.run_id, local.stopped["saved_round"]
+out["local"] = finish(RunSession(config("runtime=local")))
+on_ray = config("runtime=ray", "checkpoint.every=1")
+out["resumed"] = finish(RunSession(on_ray, resume=local.run_id))
+out["ray"] = finish(RunSession(config("runtime=ray")))
+print("RESULT", json.dumps(out))
+"""
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
+    env.pop("RAY_ADDRESS", None)
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
+    out = json.loads(line.split(" ", 1)[1])
+    assert out["auto_is_local"]
+    (local_digest, local_run), (resumed, resumed_run) = out["local"], out["resumed"]
+    assert local_digest == out["ray"][0] == resumed
+    assert resumed_run == out["stopped_run"]
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    run = client.get_run(local_run)
+    assert run.info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(local_run, "round")] == [1, 2, 3, 4, 5, 6]
+    assert len(client.get_metric_history(local_run, "accuracy")) == 3
+    placement = json.loads(open(client.download_artifacts(local_run, "placement.json")).read())
+    assert placement["coordinator_node"].startswith("local:")
+    assert [w["mode"] for w in placement["workers"]] == ["in_process"]
+    resumed_run = client.get_run(resumed_run)
+    assert resumed_run.info.status == "FINISHED"
+    # the coordinator runs ahead of the driver's count: its newest checkpoint, before the end
+    assert 3 <= out["saved"] < 6
+    assert resumed_run.data.tags["raysim.resumed_at_round"] == str(out["saved"])
+    steps = [m.step for m in client.get_metric_history(resumed_run.info.run_id, "round")]
+    assert steps == [1, 2, 3, 4, 5, 6]  # once each: the resumed attempt logs rounds 4-6
+
+
+def _writer(uri: str):
+    from raysim.tracking_process import TrackerProcess
+
+    return TrackerProcess(uri).open(
+        experiment="writer", run_name="w", params={"a": 1}, tags={"t": "x"}
+    )
+
+
+def test_the_writer_process_keeps_order_and_reports_a_lost_call_at_the_next_wait(tmp_path):
+    """Rounds and tags are sent without waiting and land in order; an error in one of them
+    (here a tag name MLflow refuses) is raised by the next call that waits, and the writer
+    goes on after it."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'w.db'}"
+    writer = _writer(uri)
+    try:
+        with writer.rounds_batched():
+            for step in range(1, 4):
+                writer.log_round(step, {"loss": 1.0 / step})
+        writer.set_tag("after", "rounds")
+        writer.set_tag("bad key \x00", "x")  # MLflow refuses the name
+        with pytest.raises(Exception, match="(?i)invalid|name|key"):
+            writer.flush()
+        writer.log_round(4, {"loss": 0.25})
+        writer.flush()  # the error was reported once; the writer goes on
+        client = MlflowClient(uri)
+        history = client.get_metric_history(writer.run_id, "loss")
+        assert [(m.step, m.value) for m in history] == [(1, 1.0), (2, 0.5), (3, 1 / 3), (4, 0.25)]
+        assert client.get_run(writer.run_id).data.tags["after"] == "rounds"
+    finally:
+        writer.fail("KILLED")
+        writer.close()
+
+
+def test_the_writer_outlives_a_group_signal_and_ends_with_its_pipe(tmp_path):
+    """``timeout`` or a batch scheduler signals the whole group: the writer stays, so the run
+    can still mark itself KILLED through it; it exits once the run closes its pipe."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'w.db'}"
+    writer = _writer(uri)
+    child = writer._proc
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        os.kill(child.pid, sig)
+    time.sleep(0.3)
+    assert child.poll() is None
+    writer.fail("KILLED")
+    assert MlflowClient(uri).get_run(writer.run_id).info.status == "KILLED"
+    writer.close()
+    assert child.returncode == 0
+
+
+def test_tiny_runs_on_the_test_sessions_ray(ray_cluster):
+    """The suite's own runs stay on Ray: ``runtime: auto`` never leaves a Ray that is up."""
+    from raysim.api import RunSession
+    from raysim.config import RunConfig
+
+    cfg = RunConfig.model_validate(
+        tiny(rounds=1, workers={"count": "auto"}, tracking={"enabled": False})
+    )
+    session = RunSession(cfg)
+    try:
+        assert not session.local and session.actor is not None
+    finally:
+        session.close()

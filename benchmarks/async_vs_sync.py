@@ -1,5 +1,8 @@
 """Async vs sync cost per client job: quickstart on local Ray (2 CPU workers, no tracking).
 
+``--runtime local``: both without Ray, in this process (``runtime=local``, one worker), as
+``raysim run`` runs a config that trains one group at a time (``raysim.without_ray``).
+
 Sync runs ``--rounds`` rounds with no delays. Async uses half-normal delays (σ=20 by default). With
 delays, jobs whose arrival round is past the last round are dispatched but never computed
 (``CoordinatorCore._dispatch``), so both runs are compared on *computed* jobs, counted from the
@@ -77,12 +80,15 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3, help="sync/async pairs (median)")
     parser.add_argument("--set", nargs="*", default=[], help="extra key=value overrides (both)")
+    parser.add_argument("--runtime", choices=("ray", "local"), default="ray")
     args = parser.parse_args()
     print(f"machine={machine()}", flush=True)
     import ray
 
+    local = args.runtime == "local"
     base = [
-        f"workers.count={args.workers}",
+        f"runtime={args.runtime}",
+        f"workers.count={'auto' if local else args.workers}",
         "workers.num_cpus=1",
         "tracking.enabled=false",
         "eval.every=1000000",
@@ -101,7 +107,8 @@ def main() -> None:
     report(
         "config",
         file=args.config,
-        workers=args.workers,
+        runtime=args.runtime,
+        workers=1 if local else args.workers,
         sigma=args.sigma,
         sync_rounds=sync.rounds,
         async_rounds=rounds,
@@ -109,7 +116,8 @@ def main() -> None:
         repeats=args.repeats,
     )
 
-    ray.init(num_cpus=args.workers, include_dashboard=False, logging_level="WARNING")
+    if not local:
+        ray.init(num_cpus=args.workers, include_dashboard=False, logging_level="WARNING")
     try:
         pairs, pairs_at_dispatch = [], []
         for _ in range(args.repeats):
@@ -120,7 +128,8 @@ def main() -> None:
             pairs.append(a["ms_per_job"] / s["ms_per_job"])
             pairs_at_dispatch.append(d["ms_per_job"] / s["ms_per_job"])
     finally:
-        ray.shutdown()
+        if not local:
+            ray.shutdown()
     report(async_at_dispatch_sync_ratio=statistics.median(pairs_at_dispatch))
     report(async_sync_ratio=statistics.median(pairs))
 

@@ -8,9 +8,12 @@ Four ways, interleaved per repeat so that this VM's drift hits them alike:
 - ``sequential`` / ``batched``: raysim's coordinator and one worker in this process
   (``local_core``, no Ray), ``workers.execution`` sequential or batched (groups of
   ``--group-size``);
-- ``ray_batched``: a ``RunSession`` on local Ray with ``--workers`` workers, batched, its rounds
-  run as ``raysim run`` runs them (``RunSession.rounds``: batches of rounds per driver call,
-  evaluation overlapped) with MLflow on (a fresh sqlite store).
+- ``ray_batched``: a ``RunSession`` on local Ray (``runtime=ray``) with ``--workers`` workers,
+  batched, its rounds run as ``raysim run`` runs them (``RunSession.rounds``: batches of rounds
+  per driver call, evaluation overlapped) with MLflow on (a fresh sqlite store);
+- ``run``: the path ``raysim run`` takes for the quickstart (``runtime: auto`` finds nothing
+  for Ray to run side by side, ``raysim.without_ray``): the same ``RunSession.rounds`` without
+  Ray (``runtime=local``), MLflow on in its writer's process (a fresh store).
 
 Steady-state per-round wall = median over rounds after the first 3, evaluation included (every
 round in the quickstart). The goal of issue 23 is ``batched_vs_plain`` ≤ 0.5. ``--epochs 5`` is
@@ -65,9 +68,15 @@ def one_setting(args: argparse.Namespace, epochs: int) -> None:
     store = Path(tempfile.mkdtemp()) / "mlflow.db"  # a fresh store
     ray_cfg = load_config(
         QUICKSTART,
-        [*base, "workers.execution=batched", *ray_over, f"tracking.uri=sqlite:///{store}"],
-    )
-    walls: dict[str, list[float]] = {k: [] for k in ("plain", "sequential", "batched", "ray")}
+        [*base, "workers.execution=batched", *ray_over, f"tracking.uri=sqlite:///{store}",
+         "runtime=ray"],
+    )  # fmt: skip
+    run_store = store.with_name("run.db")
+    run_cfg = load_config(QUICKSTART, [*base, f"tracking.uri=sqlite:///{run_store}",
+                                       "runtime=local"])  # fmt: skip
+    walls: dict[str, list[float]] = {
+        k: [] for k in ("plain", "sequential", "batched", "ray", "run")
+    }
     gap = 0.0
     for _ in range(args.repeats):
         walls["plain"].append(steady(run_plain(seq_cfg, 1)[0]))
@@ -76,6 +85,7 @@ def one_setting(args: argparse.Namespace, epochs: int) -> None:
         w, bat_weights = run_inprocess(bat_cfg)
         walls["batched"].append(steady(w))
         gap = max(gap, float(np.abs(bat_weights - seq_weights).max()))
+        walls["run"].append(steady(run_raysim(run_cfg, advance=True)[0]))
         if args.workers:
             walls["ray"].append(steady(run_raysim(ray_cfg, advance=True)[0]))
     med = {k: statistics.median(v) for k, v in walls.items() if v}
@@ -85,6 +95,7 @@ def one_setting(args: argparse.Namespace, epochs: int) -> None:
         "batched_vs_plain": med["batched"] / med["plain"],
         "sequential_vs_plain": med["sequential"] / med["plain"],
     }
+    ratios["run_vs_plain"] = med["run"] / med["plain"]
     if "ray" in med:
         ratios["ray_batched_vs_plain"] = med["ray"] / med["plain"]
     report(f"epochs{epochs}.ratio", **ratios)

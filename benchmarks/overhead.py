@@ -39,7 +39,8 @@ from raysim.training.tasks import ClassificationTask
 
 
 def run_raysim(cfg: RunConfig, advance: bool | None = None) -> tuple[list[float], str, float]:
-    """One ``RunSession`` on the running Ray instance: per-round walls, digest, start-up time.
+    """One ``RunSession`` (on the running Ray instance, or without Ray where ``cfg.runtime`` is
+    ``local``): per-round walls, digest, start-up time.
 
     ``advance`` None: one driver call per round (``session.step``), each round's wall timed by
     the driver. True or False: the rounds as ``raysim run`` runs them (``session.rounds``, in

@@ -31,15 +31,15 @@ def ray_is_up() -> bool:
 
 
 def needs_ray(cfg: RunConfig, address: str | None = None) -> str | None:
-    """Why ``cfg`` needs Ray, in words; None where it runs as well in the caller's process."""
+    """Why ``cfg`` needs Ray, in words; None where it runs as well in the caller's process
+    (Ray already up in the process is a reason for ``runtime: auto`` only,
+    ``runs_without_ray``)."""
     from raysim.resources import plan_pool_size
 
     w, c, faults = cfg.workers, cfg.coordinator, cfg.faults
     target = ray_address(address)
     if target != "local":
         return f"it runs on the Ray cluster at {target}"
-    if ray_is_up():
-        return "Ray is already running in this process"
     if w.num_gpus or c.num_gpus:
         return "it asks for GPUs (workers.num_gpus / coordinator.num_gpus)"
     if w.count == "per_client":
@@ -66,6 +66,8 @@ def runs_without_ray(cfg: RunConfig, address: str | None = None) -> bool:
     if cfg.runtime == "ray":
         return False
     why = needs_ray(cfg, address)
+    if why is None and cfg.runtime == "auto" and ray_is_up():
+        why = "Ray is already running in this process"
     if cfg.runtime == "local" and why is not None:
         raise ConfigError(
             f"runtime=local runs the whole run in this process without Ray, but {why}; set "

@@ -66,9 +66,11 @@ def test_runtime_ray_keeps_ray_and_ray_address_names_a_cluster(monkeypatch):
     assert "10.0.0.1:6379" in needs_ray(_cfg())
 
 
-def test_ray_already_up_in_the_process_keeps_the_run_on_it(ray_cluster, monkeypatch):
+def test_ray_already_up_in_the_process_keeps_an_auto_run_on_it(ray_cluster, monkeypatch):
+    """A notebook's or a Tune trial's Ray is used; ``runtime: local`` still runs without it."""
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    assert needs_ray(_cfg()) == "Ray is already running in this process"
+    assert needs_ray(_cfg()) is None
+    assert not runs_without_ray(_cfg()) and runs_without_ray(_cfg("runtime=local"))
 
 
 @pytest.mark.slow

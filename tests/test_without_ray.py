@@ -61,6 +61,7 @@ def test_what_keeps_a_run_on_ray_is_named(monkeypatch, overrides, address, reaso
 
 def test_runtime_ray_keeps_ray_and_ray_address_names_a_cluster(monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr("raysim.without_ray.ray_is_up", lambda: False)  # the session's Ray
     assert runs_without_ray(_cfg()) and not runs_without_ray(_cfg("runtime=ray"))
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
     assert "10.0.0.1:6379" in needs_ray(_cfg())
@@ -75,9 +76,10 @@ def test_ray_already_up_in_the_process_keeps_an_auto_run_on_it(ray_cluster, monk
 
 @pytest.mark.slow
 def test_a_run_without_ray_matches_ray_and_resumes_on_it_bit_identically(tmp_path):
-    """The same config on both runtimes ends on the same weights; a run stopped without Ray
-    resumes on Ray from its checkpoint to those weights too (``runtime`` is free across a
-    resume); MLflow has every round, the placement says where it ran, and the run's end."""
+    """A run stopped without Ray resumes on Ray from its checkpoint (``runtime`` is free across
+    a resume) to the weights of the same run without Ray; MLflow has every round once, the
+    placement says where it ran, and the run's end. (Ray's own runs of the quickstart give
+    these weights too: ``tests/test_regression.py``, ``test_runtime.py``.)"""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     script = f"""
 import json, sys
@@ -108,7 +110,6 @@ out["stopped_run"], out["saved"] = local.run_id, local.stopped["saved_round"]
 out["local"] = finish(RunSession(config("runtime=local")))
 on_ray = config("runtime=ray", "checkpoint.every=1")
 out["resumed"] = finish(RunSession(on_ray, resume=local.run_id))
-out["ray"] = finish(RunSession(config("runtime=ray")))
 print("RESULT", json.dumps(out))
 """
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
@@ -126,7 +127,7 @@ print("RESULT", json.dumps(out))
     out = json.loads(line.split(" ", 1)[1])
     assert out["auto_is_local"]
     (local_digest, local_run), (resumed, resumed_run) = out["local"], out["resumed"]
-    assert local_digest == out["ray"][0] == resumed
+    assert local_digest == resumed
     assert resumed_run == out["stopped_run"]
 
     from mlflow.tracking import MlflowClient

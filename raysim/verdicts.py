@@ -39,7 +39,9 @@ RULES = (
     "the whole interval lies on the claimed side of its margin, **not held** when it lies wholly "
     "on the other side, and **inconclusive** otherwise. A correlation claim uses Spearman's ρ "
     "with an exact (or, past 8 points, 20,000-draw) permutation p-value: held or not held at "
-    "p < 0.05 by the sign of ρ, else inconclusive."
+    "p < 0.05 by the sign of ρ, else inconclusive. A closeness claim (|a − b| below a bound) is "
+    "held when the whole interval lies inside the bound, not held when it lies wholly outside. "
+    "A claim of several parts is held when every part is, not held when any part is not."
 )
 
 
@@ -128,6 +130,15 @@ class Paired:
             verdict = HELD if below else NOT_HELD if above else INCONCLUSIVE
         return cls(mean, low, high, p, n, margin, verdict)
 
+    def within(self, bound: float) -> Verdict:
+        """The verdict on "|a − b| < ``bound``" (a and b close): held where the whole interval
+        lies inside (−bound, bound), not held where it lies wholly outside, else inconclusive."""
+        if -bound < self.low and self.high < bound:
+            return HELD
+        if self.low >= bound or self.high <= -bound:
+            return NOT_HELD
+        return INCONCLUSIVE
+
     def text(self, scale: float = 1.0, digits: int = 1) -> str:
         f = f"{{:.{digits}f}}"
         return (
@@ -177,3 +188,13 @@ class Correlation:
 
     def text(self) -> str:
         return f"Spearman ρ = {self.rho:.2f}, p = {self.p:.3g} (n = {self.n})"
+
+
+def all_of(verdicts: Sequence[Verdict]) -> Verdict:
+    """A claim made of parts: held where every part held, not held where any part did not,
+    else inconclusive."""
+    if not verdicts:
+        raise ValueError("no verdicts to combine")
+    if any(v == NOT_HELD for v in verdicts):
+        return NOT_HELD
+    return HELD if all(v == HELD for v in verdicts) else INCONCLUSIVE

@@ -13,6 +13,7 @@ from raysim.verdicts import (
     Correlation,
     Paired,
     Summary,
+    all_of,
     sign_flip_p,
 )
 
@@ -78,3 +79,21 @@ def test_correlations_are_decided_by_an_exact_permutation_test():
     assert weak.verdict == INCONCLUSIVE and weak.p > 0.05
     rho, p = stats.spearmanr(weak_x, weak_y)
     assert weak.rho == pytest.approx(rho) and weak.p == pytest.approx(p, abs=0.03)
+
+
+def test_closeness_is_held_only_inside_the_bound_and_refuted_only_outside_it():
+    """FedBaF's claim 2 ("within a few points of weight-init") as an interval inside ±5."""
+    near = Paired.of([90.0, 91.0, 89.5, 90.5, 90.2], [90.5, 90.0, 90.0, 91.0, 90.0])
+    assert near.within(5.0) == HELD and near.within(0.05) == INCONCLUSIVE
+    far = Paired.of([80.0, 81.0, 79.5, 80.5, 80.2], [90.5, 90.0, 90.0, 91.0, 90.0])
+    assert far.within(5.0) == NOT_HELD  # the whole interval below −5
+    straddles = Paired.of([86.0, 92.0, 84.0, 90.0, 85.0], [90.5, 90.0, 90.0, 91.0, 90.0])
+    assert straddles.low < -5 < straddles.high and straddles.within(5.0) == INCONCLUSIVE
+
+
+def test_a_claim_of_parts_needs_every_part():
+    assert all_of([HELD, HELD]) == HELD
+    assert all_of([HELD, INCONCLUSIVE]) == INCONCLUSIVE
+    assert all_of([INCONCLUSIVE, NOT_HELD, HELD]) == NOT_HELD
+    with pytest.raises(ValueError):
+        all_of([])

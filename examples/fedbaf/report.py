@@ -20,9 +20,20 @@ import numpy as np
 from reproduce import ATTACKS, BASES, METHODS, PARTITIONS
 
 from raysim.security.report import draw_noise
+from raysim.verdicts import (
+    HELD,
+    INCONCLUSIVE,
+    NOT_HELD,
+    RULES,
+    Correlation,
+    Paired,
+    Summary,
+    all_of,
+)
 
 NAMES = {"none": "no foundation (ψ = 0)", "weight_init": "weight-init", "fedbaf": "**FedBaF**"}
 THRESHOLD = {"iid": 0.85, "noniid": 0.70}  # §8.1 claim 5
+CLOSE = 0.05  # claim 2's "within a few points", as a bound on |FedBaF − weight-init|
 INTRO = """
 Every number below was measured by `examples/fedbaf/reproduce.py` and written by
 `examples/fedbaf/report.py` from its results and its MLflow store. The paper's tables are images
@@ -31,25 +42,32 @@ the spec's qualitative ones (§8.1), not the paper's values.
 """
 
 
-def fmt(a: np.ndarray, scale: float = 100.0) -> str:
-    if len(a) == 0:
-        return "—"
-    return f"{scale * a.mean():.1f} ± {scale * a.std():.1f} (best {scale * a.max():.1f})"
+def fmt(values: Any, scale: float = 100.0, higher_is_better: bool = True) -> str:
+    """A cell: mean ± sample standard deviation over seeds, and the best (``Summary``)."""
+    values = list(values)
+    return Summary.of(values, higher_is_better).text(scale) if values else "—"
 
 
-def mean_reached(rounds: list[float]) -> float:
-    """Mean rounds to the threshold over the seeds that reached it (nan: none did)."""
-    hit = [r for r in rounds if not math.isnan(r)]
-    return float(np.mean(hit)) if hit else float("nan")
+def verdict(v: str) -> str:
+    return f"**{v}**"
 
 
-def verdict(ok: bool) -> str:
-    return "**held**" if ok else "**did not hold**"
+class Unmeasured:
+    """A comparison whose cells have fewer than two seeds in common (not run yet)."""
+
+    verdict, mean = INCONCLUSIVE, float("nan")
+
+    def within(self, bound: float) -> str:
+        return INCONCLUSIVE
+
+    def text(self, scale: float = 1.0, digits: int = 1) -> str:
+        return "not measured"
 
 
 class Report:
-    def __init__(self, out: Path) -> None:
-        self.out = out
+    def __init__(self, out: Path, previous: str = "") -> None:
+        """``previous``: the RESULTS.md this report replaces, to say which verdicts changed."""
+        self.out, self.previous = out, previous
         self.results = json.loads((out / "results.json").read_text())
         self.uri = f"sqlite:///{(out / 'mlflow.db').resolve()}"
         self._cache: dict[tuple[str, str], tuple[tuple[int, float], ...]] = {}
@@ -131,9 +149,7 @@ class Report:
             cells = []
             for m in METHODS:
                 s = self.score(f"lm/{m}/{attack}", "perplexity")
-                cells.append(
-                    f"{s.mean():.2f} ± {s.std():.2f} (best {s.min():.2f})" if len(s) else "—"
-                )
+                cells.append(Summary.of(s, higher_is_better=False).text(1, 2) if len(s) else "—")
             zeta, lam = ATTACKS[attack]
             lines.append(f"| ({zeta:g}, {lam:g}) | " + " | ".join(cells) + " |")
         return lines
@@ -152,12 +168,14 @@ class Report:
         return lines
 
     # ----------------------------------------------------------------- claims
-    def rounds_to(self, label: str, threshold: float) -> list[float]:
-        out = []
+    def rounds_to(self, label: str, threshold: float) -> dict[int, float]:
+        """Per seed, the first round whose test accuracy reaches ``threshold``; a run that never
+        does counts as T + 1 (censored: it needed more rounds than it had)."""
+        out = {}
         for r in self.rows(label):
             h = self.history(r["run_id"], "accuracy")
             hit = [k for k, v in sorted(h.items()) if v >= threshold]
-            out.append(float(hit[0] + 1) if hit else float("nan"))
+            out[int(r["seed"])] = float(hit[0] + 1 if hit else max(h, default=0) + 2)
         return out
 
     def macs_per_sample(self) -> int:
@@ -166,52 +184,63 @@ class Report:
         return sum(a * b for a, b in zip(sizes[:-1], sizes[1:], strict=True))
 
     def claims(self) -> list[tuple[str, str, str]]:
+        """The eight claims of §8.1, each decided by ``raysim.verdicts`` (the rules in RULES)."""
         out = []
-        # 1: better than no foundation, larger gap non-IID
-        gaps = {
-            (b, p): self.mean(self.cell("fedbaf", b, p)) - self.mean(self.cell("none", b, p))
-            for b in BASES
-            for p in PARTITIONS
-        }
-        lm_gap = self.mean("lm/none/z0", "perplexity") - self.mean("lm/fedbaf/z0", "perplexity")
-        better = all(g > 0 for g in gaps.values()) and lm_gap > 0
-        larger = all(gaps[(b, "noniid")] > gaps[(b, "iid")] for b in BASES)
-        text = "; ".join(
-            f"{b}: +{100 * gaps[(b, 'iid')]:.1f} IID, +{100 * gaps[(b, 'noniid')]:.1f} non-IID"
-            for b in BASES
-        ).replace("+-", "−")
-        text += f"; LM perplexity {lm_gap:+.2f} lower with FedBaF"
+        # 1: better than no foundation, the gap larger non-IID
+        parts, texts = [], []
+        for b in BASES:
+            gap = {
+                p: self.paired(self.cell("fedbaf", b, p), self.cell("none", b, p))
+                for p in PARTITIONS
+            }
+            larger = self.paired_values(
+                self.differences(self.cell("fedbaf", b, "noniid"), self.cell("none", b, "noniid")),
+                self.differences(self.cell("fedbaf", b, "iid"), self.cell("none", b, "iid")),
+            )
+            parts += [g.verdict for g in gap.values()] + [larger.verdict]
+            texts.append(
+                f"{b}: FedBaF − none {gap['iid'].text(100)} IID, {gap['noniid'].text(100)} "
+                f"non-IID; non-IID gap − IID gap {larger.text(100)}"
+            )
+        lm = self.paired("lm/fedbaf/z0", "lm/none/z0", "perplexity", greater=False)
+        parts.append(lm.verdict)
+        texts.append(f"LM perplexity FedBaF − none {lm.text(1, 2)}")
         out.append(
             (
                 "1. FedBaF beats no-foundation; the gap is larger non-IID",
-                verdict(better and larger),
-                text,
+                verdict(all_of(parts)),
+                "; ".join(texts),
             )
         )
         # 2: within a few points of weight-init
-        diffs = [
-            self.mean(self.cell("fedbaf", b, p)) - self.mean(self.cell("weight_init", b, p))
+        close = {
+            (b, p): self.paired(self.cell("fedbaf", b, p), self.cell("weight_init", b, p))
             for b in BASES
             for p in PARTITIONS
-        ]
+        }
         out.append(
             (
-                "2. FedBaF within a few points (≤ 5) of weight-init",
-                verdict(max(abs(d) for d in diffs) <= 0.05),
-                "FedBaF − weight-init: " + ", ".join(f"{100 * d:+.1f}" for d in diffs),
+                "2. FedBaF within a few points (|difference| < 5) of weight-init",
+                verdict(all_of([c.within(CLOSE) for c in close.values()])),
+                "FedBaF − weight-init: "
+                + "; ".join(f"{b} {p} {c.text(100)}" for (b, p), c in close.items()),
             )
         )
         # 3: under (0.5, 5) FedBaF and weight-init lose less than no-foundation (at least IID)
-        parts3 = []
-        ok3 = {}
+        parts3, ok3 = [], {}
         for p in PARTITIONS:
             drop = {
-                m: self.mean(self.cell(m, "fedavg", p))
-                - self.mean(self.cell(m, "fedavg", p, "z0.5l5"))
+                m: self.differences(self.cell(m, "fedavg", p), self.cell(m, "fedavg", p, "z0.5l5"))
                 for m in METHODS
             }
-            ok3[p] = drop["fedbaf"] < drop["none"] and drop["weight_init"] < drop["none"]
-            parts3.append(f"{p}: drops " + ", ".join(f"{m} {100 * d:.1f}" for m, d in drop.items()))
+            vs = {m: self.paired_values(drop[m], drop["none"], greater=False) for m in METHODS}
+            ok3[p] = all_of([vs["fedbaf"].verdict, vs["weight_init"].verdict])
+            parts3.append(
+                f"{p}: drop − no-foundation's drop: FedBaF {vs['fedbaf'].text(100)}, "
+                f"weight-init {vs['weight_init'].text(100)} (drops: "
+                + ", ".join(f"{m} {fmt(list(d.values()))}" for m, d in drop.items())
+                + ")"
+            )
         out.append(
             (
                 "3. Under (ζ, λ) = (0.5, 5) FedBaF and weight-init lose less than "
@@ -220,51 +249,54 @@ class Report:
                 "; ".join(parts3),
             )
         )
-        # 4: c_0 in [1, 2]; r_t and c_t decay
-        c0s, decays = [], []
+        # 4: c_0 in [1, 2]; r_t and c_t decay (each run: c_t falls with the round)
+        c0s, falls = [], []
         for b in BASES:
             for p in PARTITIONS:
                 for r in self.rows(self.cell("fedbaf", b, p)):
                     c = self.history(r["run_id"], "fedbaf_c")
-                    if c:
+                    if len(c) >= 3:
                         steps = sorted(c)
                         c0s.append(c[steps[0]])
-                        decays.append(np.mean([c[s] for s in steps[-10:]]) / c[steps[0]])
-        ok4 = bool(c0s) and all(1 <= c <= 2 for c in c0s) and max(decays) < 0.5
-        out.append(
-            (
-                "4. c_0 ∈ [1, 2] (ψ = 1); r_t and c_t decay towards 0",
-                verdict(ok4),
-                f"c_0 from {min(c0s):.3f} to {max(c0s):.3f} over {len(c0s)} runs; mean c of "
-                f"the last 10 rounds / c_0: {min(decays):.3f}–{max(decays):.3f}"
-                if c0s
-                else "no FedBaF run",
+                        falls.append(Correlation.of(steps, [c[k] for k in steps]))
+        if c0s:
+            in_range = all(1 <= c <= 2 for c in c0s)
+            v4 = all_of([HELD if in_range else NOT_HELD, *(f.verdict for f in falls)])
+            rhos = [f.rho for f in falls]
+            text4 = (
+                f"c_0 from {min(c0s):.3f} to {max(c0s):.3f} over {len(c0s)} runs; Spearman ρ of "
+                f"c_t against the round from {min(rhos):.2f} to {max(rhos):.2f}, "
+                f"{sum(f.verdict == HELD for f in falls)} of {len(falls)} runs falling at "
+                "p < 0.05"
             )
-        )
+        else:
+            v4, text4 = INCONCLUSIVE, "no FedBaF run"
+        out.append(("4. c_0 ∈ [1, 2] (ψ = 1); r_t and c_t decay towards 0", verdict(v4), text4))
         # 5: fewer rounds to the threshold with a foundation, so lower TMAC
-        parts5, ok5 = [], True
+        parts5, verdicts5 = [], []
         m_clients, median_n, macs = 5, 90, self.macs_per_sample()
         for p, thr in THRESHOLD.items():
-            t = {m: mean_reached(self.rounds_to(self.cell(m, "fedavg", p), thr)) for m in METHODS}
-            ok5 &= bool(t["fedbaf"] < t["none"]) or (
-                math.isnan(t["none"]) and not math.isnan(t["fedbaf"])
-            )
-            tmac = {m: v * 1 * m_clients * median_n * macs for m, v in t.items()}
+            t = {m: self.rounds_to(self.cell(m, "fedavg", p), thr) for m in METHODS}
+            fewer = self.paired_values(t["fedbaf"], t["none"], greater=False)
+            verdicts5.append(fewer.verdict)
+            tmac = {
+                m: np.mean(list(v.values())) * m_clients * median_n * macs for m, v in t.items()
+            }
             parts5.append(
                 f"{p} ({100 * thr:.0f} %): rounds "
-                + ", ".join(f"{m} {v:.1f}" for m, v in t.items())
-                + "; TMAC "
+                + ", ".join(f"{m} {fmt(list(v.values()), 1)}" for m, v in t.items())
+                + f"; FedBaF − none {fewer.text(1)}; mean TMAC "
                 + ", ".join(f"{m} {v:.3g}" for m, v in tmac.items())
             )
         out.append(
             (
                 "5. Fewer rounds (and TMAC) to the threshold with a foundation",
-                verdict(ok5),
-                "; ".join(parts5) + f" (MACs per sample {macs}, m = 5, ñ = 90, E = 1; "
-                "never reached: nan)",
+                verdict(all_of(verdicts5)),
+                "; ".join(parts5) + f" (MACs per sample {macs}, m = 5, ñ = 90, E = 1; a run "
+                "that never reaches it counts T + 1 rounds)",
             )
         )
-        # 6: ψ = 0 is FedAvg bit for bit
+        # 6: ψ = 0 is FedAvg bit for bit (no statistics: equal or not)
         a = {
             r["seed"]: r.get("weights_digest")
             for r in self.rows(self.cell("none", "fedavg", "iid"))
@@ -274,23 +306,27 @@ class Report:
         out.append(
             (
                 "6. ψ = 0 reproduces FedAvg bit for bit",
-                verdict(same),
+                verdict(INCONCLUSIVE if not (a and b) else HELD if same else NOT_HELD),
                 f"final weight digests equal on {sum(a[k] == b.get(k) for k in a)} of {len(a)} "
                 "seeds",
             )
         )
-        # 7: the auditor
+        # 7: the auditor looks for copies; how close the broadcast is, is measured beside it
         audit = self.results.get("audit", {})
-        ok7 = (
-            audit.get("mix", {}).get("tripped") is False
-            and audit.get("weight_init", {}).get("tripped") is True
-        )
+        tripped = (audit.get("mix", {}).get("tripped"), audit.get("weight_init", {}).get("tripped"))
         out.append(
             (
-                "7. Leak auditor: FedBaF passes, weight-init is flagged",
-                verdict(ok7),
-                f"FedBaF tripped: {audit.get('mix', {}).get('tripped')}; weight-init tripped: "
-                f"{audit.get('weight_init', {}).get('tripped')}",
+                "7. The leak auditor finds no copy of w_pre (exact, rounded, affine, reordered) "
+                "in FedBaF's broadcasts and flags weight-init's; it does not judge closeness",
+                verdict(
+                    INCONCLUSIVE
+                    if None in tripped
+                    else HELD
+                    if tripped == (False, True)
+                    else NOT_HELD
+                ),
+                f"FedBaF tripped: {tripped[0]}; weight-init tripped: {tripped[1]}. "
+                + self.closeness(),
             )
         )
         # 8: extraction
@@ -298,21 +334,109 @@ class Report:
         half = self.results.get("extraction/half", {}).get("summary", {})
         e2 = full.get("E2_full_relative_error_min", float("nan"))
         corr = self.dist_c_correlation()
-        ok8 = e2 < 1e-6 and corr < 0
+        recovered = INCONCLUSIVE if math.isnan(e2) else HELD if e2 < 1e-6 else NOT_HELD
+        parts8 = [recovered, corr.verdict if corr else INCONCLUSIVE]
         out.append(
             (
                 "8. E2 recovers w_pre under full collusion; Dist falls as c_t grows",
-                verdict(ok8),
+                verdict(all_of(parts8)),
                 f"E2 full collusion: relative error {e2:.2e} (median "
                 f"{full.get('E2_full_relative_error_median', float('nan')):.2e}); half colluding: "
-                f"{half.get('E2_partial_relative_error_min', float('nan')):.3f}; E1 (one client): "
-                f"best cosine {full.get('E1_cosine_best', float('nan')):.4f}, CKA "
-                f"{full.get('E1_cka_best', float('nan')):.4f}; broadcast alone: cosine "
-                f"{full.get('broadcast_cosine_best', float('nan')):.4f}; Spearman(Dist, c_t) = "
-                f"{corr:.2f}",
+                f"{half.get('E2_partial_relative_error_min', float('nan')):.3f}; {self.e1_text()}; "
+                f"Dist against c_t: {corr.text() if corr else 'too few rounds'}",
             )
         )
         return out
+
+    # ----------------------------------------------------------------- paired by seed
+    def by_seed(self, label: str, key: str = "accuracy") -> dict[int, float]:
+        rows = self.rows(label)
+        if key in ("accuracy", "perplexity"):
+            return {int(r["seed"]): float(r[key]) for r in rows}
+        return {int(r["seed"]): self.final(r["run_id"], key) for r in rows}
+
+    def paired(self, a: str, b: str, key: str = "accuracy", greater: bool = True) -> Paired:
+        """``a − b`` over the seeds both cells finished."""
+        return self.paired_values(self.by_seed(a, key), self.by_seed(b, key), greater)
+
+    @staticmethod
+    def paired_values(
+        a: dict[int, float], b: dict[int, float], greater: bool = True
+    ) -> Paired | Unmeasured:
+        seeds = sorted(a.keys() & b.keys())
+        if len(seeds) < 2:  # a cell not run (yet): the report still says what it has
+            return Unmeasured()
+        return Paired.of([a[s] for s in seeds], [b[s] for s in seeds], greater=greater)
+
+    def differences(self, a: str, b: str, key: str = "accuracy") -> dict[int, float]:
+        """``a − b`` seed by seed (a drop under attack, a gap between methods)."""
+        x, y = self.by_seed(a, key), self.by_seed(b, key)
+        return {s: x[s] - y[s] for s in sorted(x.keys() & y.keys())}
+
+    def closeness(self) -> str:
+        """The broadcast's cosine and relative distance to the foundation (server-side metrics
+        ``fedbaf_pre_cosine`` / ``fedbaf_pre_distance``), the confidentiality figure."""
+        cos, dist = [], []
+        for r in self.rows(self.cell("fedbaf", "fedavg", "iid")):
+            c = self.history(r["run_id"], "fedbaf_pre_cosine")
+            d = self.history(r["run_id"], "fedbaf_pre_distance")
+            if c and d:
+                cos.append(max(c.values()))
+                dist.append(min(d.values()))
+        if not cos:
+            return "The broadcast's closeness to w_pre was not logged."
+        return (
+            "Closest broadcast to w_pre over each FedBaF/FedAvg IID run: cosine "
+            f"{Summary.of(cos).text(1, 4)}, relative distance "
+            f"{Summary.of(dist, higher_is_better=False).text(1, 3)}"
+        )
+
+    def e1_text(self) -> str:
+        """E1 as an attacker runs it: each curious client picks c by its own training loss (the
+        line search); no choice by the error against w_pre, which no attacker has."""
+        rows = [
+            r
+            for r in self.results.get("extraction/full", {}).get("e1", [])
+            if "line search" in r["detail"]
+        ]
+        if not rows:
+            return "E1: not run"
+        cos = [r["cosine"] for r in rows]
+        cka = [r["cka"] for r in rows if not math.isnan(r["cka"])]
+        text = (
+            f"E1 (one curious client, c by its own loss; {len(rows)} clients): cosine median "
+            f"{np.median(cos):.4f} (from {min(cos):.4f} to {max(cos):.4f})"
+        )
+        return text + (f", CKA median {np.median(cka):.4f}" if cka else "")
+
+    def seeds(self) -> int:
+        return len(self.rows(self.cell("fedbaf", "fedavg", "iid")))
+
+    def changed(self, claims: list[tuple[str, str, str]]) -> list[str]:
+        """The verdicts that differ from the RESULTS.md this report replaces (read before it is
+        overwritten: ``previous``), and why."""
+        if not self.previous:
+            return []
+        old = {}
+        for line in self.previous.splitlines():
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if len(cells) == 3 and cells[0][:2].rstrip(".").isdigit():
+                was = cells[1].strip("*")
+                old[cells[0].split(".")[0]] = NOT_HELD if was == "did not hold" else was
+        out = []
+        for claim, v, _ in claims:
+            number, now = claim.split(".")[0], v.strip("*")
+            if number in old and old[number] != now:
+                out.append(f"- claim {number}: {old[number]} → {now}")
+        if not out:
+            return ["", "No verdict differs from the report this one replaces."]
+        return [
+            "",
+            "Verdicts that differ from the report this one replaces (3 seeds, decided on means "
+            "and fixed cutoffs; now 5 seeds and the rules above):",
+            "",
+            *out,
+        ]
 
     def reading(self) -> list[str]:
         """Facts the verdicts rest on, computed from the runs (no number is typed in)."""
@@ -345,6 +469,22 @@ class Report:
             e2 = full.get("summary", {}).get("E2_full_relative_error_min", float("nan"))
             line += f"; E2's relative error is {e2:.1e}."
             out.append(line)
+        prox = [
+            self.paired(self.cell(m, "fedprox", p), self.cell(m, "fedavg", p))
+            for m in METHODS
+            for p in PARTITIONS
+        ]
+        worst = max(prox, key=lambda d: abs(d.mean))
+        out.append(
+            "- FedProx runs as fedbaf.md §2.6's `paper_damped` server (the default "
+            "`fedprox_server_mode`); with μ = 0.01 its cells are within "
+            f"{100 * abs(worst.mean):.2f} points of FedAvg's on average over the seeds (the "
+            f"largest of the six method × partition differences: {worst.text(100, 2)})."
+        )
+        out.append(
+            "- The attacks run over FedAvg only (the spec's grid); FedProx and FedAdam under "
+            "attack are not measured here."
+        )
         lm = {m: self.mean(f"lm/{m}/z0", "perplexity") for m in METHODS}
         if all(not math.isnan(v) for v in lm.values()):
             order = sorted(lm, key=lm.get)
@@ -358,17 +498,16 @@ class Report:
             out.append(line + ".")
         return out
 
-    def dist_c_correlation(self) -> float:
-        from scipy.stats import spearmanr
-
+    def dist_c_correlation(self) -> Correlation | None:
+        """Spearman's ρ of the broadcast's Dist against c_t over the rounds (claimed: falls)."""
         pairs = [
-            (d["dist"], d["c"])
+            (d["c"], d["dist"])
             for d in self.results.get("extraction/full", {}).get("dist_and_c", [])
             if d["c"] is not None
         ]
         if len(pairs) < 3:
-            return float("nan")
-        return float(spearmanr(*zip(*pairs, strict=True)).statistic)
+            return None
+        return Correlation.of(*zip(*pairs, strict=True))
 
     # ----------------------------------------------------------------- plots
     def plot(self, path: Path) -> None:
@@ -431,7 +570,8 @@ class Report:
             "0.5, E = 1, B = 16, SGD lr 0.05, T = 60, ψ = 1; MLP 64→128→128→10. Non-IID: 2 classes "
             "a client, equal per class, absent logits zeroed. Attackers: a fixed set of ζ·K "
             "clients shuffling their labels (one permutation each), λ× epochs. Scores: final test "
-            "accuracy, mean ± std over 3 seeds and best of 3 (the paper's convention).",
+            f"accuracy, mean ± sample std over {self.seeds()} seeds, and the best seed (the "
+            "paper's convention).",
             "LM: chain B (250 tokens), 8 clients with contiguous blocks, E = 1, T = 40, ψ = 1; a "
             "Transformer LM (d 64, 2 layers, 2 heads, FFN 128, windows of 32); attackers shuffle "
             "targets and train E/λ epochs.",
@@ -449,10 +589,15 @@ class Report:
             "",
             "## The eight claims of §8.1",
             "",
+            RULES + " Differences below are in points (accuracy) or perplexity, "
+            "as mean [95 % interval], p.",
+            "",
             "| claim | verdict | measured |",
             "|---|---|---|",
         ]
-        lines += [f"| {c} | {v} | {t} |" for c, v, t in self.claims()]
+        claims = self.claims()
+        lines += [f"| {c} | {v} | {t} |" for c, v, t in claims]
+        lines += self.changed(claims)
         lines += ["", "Reading the numbers:", ""] + self.reading()
         lines += ["", f"![curves]({plot_name})", "", "## Final test accuracy (%)", ""]
         lines += self.main_table()
@@ -483,8 +628,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("runs/fedbaf-mini"))
     ap.add_argument("--write", type=Path, default=None, help="write RESULTS.md and the plot here")
     args = ap.parse_args()
-    report = Report(args.out)
     dest = args.write or args.out
+    old = dest / "RESULTS.md"
+    report = Report(args.out, old.read_text() if old.is_file() else "")
     report.plot(dest / "results.png")
     text = report.markdown("results.png")
     (dest / "RESULTS.md").write_text(text)

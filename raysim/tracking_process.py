@@ -76,7 +76,9 @@ class TrackerProcess:
 
     # ------------------------------------------------------------------ the pipe
     def _call(self, method: str, args: tuple = (), kwargs: dict | None = None) -> Any:
-        """Run ``method`` in the child and wait for it (and for every call before it)."""
+        """Run ``method`` in the child and wait for it (and for every call before it, the
+        rounds that wait included)."""
+        self._send_rounds()
         with self._lock:
             self._sent += 1
             mine = self._sent
@@ -94,8 +96,10 @@ class TrackerProcess:
         return value
 
     def _post(self, method: str, args: tuple = (), kwargs: dict | None = None) -> None:
-        """Queue ``method`` in the child without waiting; an error comes back at the next
-        waited call."""
+        """Queue ``method`` in the child without waiting (after the rounds that wait); an error
+        comes back at the next waited call."""
+        if method != "__rounds__":
+            self._send_rounds()
         with self._lock:
             self._sent += 1
             try:
@@ -128,7 +132,6 @@ class TrackerProcess:
 
     def flush(self) -> None:
         """Return once every round and call before is in the store."""
-        self._send_rounds()
         self._call("flush")
 
     def warn(self, message: str) -> None:
@@ -136,27 +139,21 @@ class TrackerProcess:
         self.warnings.append(message)
 
     def set_tag(self, key: str, value: str) -> None:
-        self._send_rounds()
         self._post("set_tag", (key, value))
 
     def log_dict(self, obj: Any, name: str) -> None:
-        self._send_rounds()
         self._post("log_dict", (obj, name))
 
     def log_config(self, config: Any) -> None:
-        self._send_rounds()
         self._post("log_config", (config,))
 
     def log_placement(self, coordinator_node: str, workers: Any) -> None:
-        self._send_rounds()
         self._post("log_placement", (coordinator_node, workers))
 
     def log_private(self, secrets: Any) -> None:
-        self._send_rounds()
         self._call("log_private", (secrets,))
 
     def log_checkpoint(self, files: Any, next_round: int) -> None:
-        self._send_rounds()
         self._call("log_checkpoint", (files, next_round))
 
     def log_final(
@@ -172,7 +169,6 @@ class TrackerProcess:
         may hold a million rows), and the child copies the file."""
         from raysim.tracking import write_clients_csv
 
-        self._send_rounds()
         if len(args) > 5:  # client_columns given by position
             args, client_columns = args[:5], args[5]
         fd, csv = tempfile.mkstemp(prefix="raysim-clients-", suffix=".csv")
@@ -186,7 +182,6 @@ class TrackerProcess:
         self.ended = True
 
     def fail(self, status: str = "FAILED") -> None:
-        self._send_rounds()
         self.ended = True
         self._call("fail", (status,))
 

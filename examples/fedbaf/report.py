@@ -376,19 +376,23 @@ class Report:
     def closeness(self) -> str:
         """The broadcast's cosine and relative distance to the foundation (server-side metrics
         ``fedbaf_pre_cosine`` / ``fedbaf_pre_distance``), the confidentiality figure."""
-        cos, dist = [], []
+        cos, dist, at, last = [], [], [], []
         for r in self.rows(self.cell("fedbaf", "fedavg", "iid")):
             c = self.history(r["run_id"], "fedbaf_pre_cosine")
             d = self.history(r["run_id"], "fedbaf_pre_distance")
             if c and d:
-                cos.append(max(c.values()))
-                dist.append(min(d.values()))
+                closest = min(d, key=d.get)
+                cos.append(c[closest])
+                dist.append(d[closest])
+                at.append(closest + 1)
+                last.append(d[max(d)])
         if not cos:
             return "The broadcast's closeness to w_pre was not logged."
         return (
-            "Closest broadcast to w_pre over each FedBaF/FedAvg IID run: cosine "
-            f"{Summary.of(cos).text(1, 4)}, relative distance "
-            f"{Summary.of(dist, higher_is_better=False).text(1, 3)}"
+            "Closest broadcast to w_pre in each FedBaF/FedAvg IID run (rounds "
+            f"{min(at)}–{max(at)}): cosine {Summary.of(cos).text(1, 4)}, relative distance "
+            f"{Summary.of(dist, higher_is_better=False).text(1, 4)}; the last round's relative "
+            f"distance {Summary.of(last, higher_is_better=False).text(1, 4)}"
         )
 
     def e1_text(self) -> str:
@@ -427,7 +431,13 @@ class Report:
         for claim, v, _ in claims:
             number, now = claim.split(".")[0], v.strip("*")
             if number in old and old[number] != now:
-                out.append(f"- claim {number}: {old[number]} → {now}")
+                why = {
+                    INCONCLUSIVE: "a part's interval now crosses its margin, or its "
+                    "correlation is not significant: the seeds cannot tell",
+                    NOT_HELD: "an interval of a part now lies wholly on the other side",
+                    HELD: "every part's interval now lies on the claimed side",
+                }[now]
+                out.append(f"- claim {number}: {old[number]} → {now} ({why})")
         if not out:
             return ["", "No verdict differs from the report this one replaces."]
         return [
@@ -440,7 +450,12 @@ class Report:
 
     def reading(self) -> list[str]:
         """Facts the verdicts rest on, computed from the runs (no number is typed in)."""
-        out = []
+        out = [
+            "- Confidentiality, the headline figure (server-side, from the private copy): "
+            + self.closeness()
+            + ". The auditor's pass (claim 7) says no broadcast is a copy of w_pre; it does not "
+            "say the broadcast is far from it."
+        ]
         rows = self.rows(self.cell("fedbaf", "fedavg", "iid"))
         if rows:
             c = self.history(rows[0]["run_id"], "fedbaf_c")

@@ -16,7 +16,7 @@ import pytest
 
 from raysim.config import ConfigError, load_config
 from raysim.without_ray import needs_ray, runs_without_ray
-from tests.conftest import EXAMPLES, tiny
+from tests.conftest import EXAMPLES, fresh_cli, tiny
 
 QUICKSTART = str(EXAMPLES / "quickstart.yaml")
 
@@ -215,3 +215,16 @@ def test_tiny_runs_on_the_test_sessions_ray(ray_cluster):
         assert not session.local and session.actor is not None
     finally:
         session.close()
+
+
+def test_the_dry_run_says_whether_ray_starts_and_why(tmp_path):
+    """``raysim run --dry-run`` names the process the run would use, and why Ray where it
+    would start it."""
+    here = fresh_cli(["run", QUICKSTART, "--dry-run"], tmp_path)
+    assert here.returncode == 0, here.stderr
+    assert "1 worker, in this process without Ray (runtime=ray to start Ray)" in here.stdout
+    ray = fresh_cli(["run", QUICKSTART, "workers.execution=sequential", "--dry-run"], tmp_path)
+    assert ray.returncode == 0, ray.stderr
+    assert "on a private local Ray (on Ray: a round trains its clients in 10 groups" in " ".join(
+        ray.stdout.split()
+    )

@@ -871,3 +871,52 @@ def test_a_missing_foundation_says_how_to_make_it(tmp_path):
         load_foundation(tmp_path / "markov")
     with pytest.raises(FileNotFoundError, match=r"raysim pretrain digits\|markov --out PATH"):
         load_foundation(tmp_path / "mine.safetensors")
+
+
+def test_a_bf16_model_runs_fedbaf_end_to_end_within_bf16_rounding(tmp_path, monkeypatch):
+    """§7.2 inv. 14 through raysim: a config-built LLaMA in bf16 with its LoRA adapters in bf16
+    too (``model.lora.adapter_dtype: model``) trains; the server mixes the bf16 values in fp32;
+    the tensors the clients then train from are bf16, each within bf16's rounding (half an ulp)
+    of an fp64 mix of the same inputs, and the foundation moved them."""
+    from raysim.models.pretraining import save_foundation
+    from raysim.runtime import data_spec, method_resident, run_dataset
+
+    over = [
+        "model.dtype=bfloat16",
+        "model.lora.adapter_dtype=model",
+        "rounds=2",
+        "clients.per_round=3",
+        "eval.every=10",
+        "tracking.enabled=false",
+    ]
+    smoke = str(EXAMPLES / "fedoa" / "smoke.yaml")
+    seeded = load_config(smoke, [*over, "seed=7", "algorithm={name: fedit}"])
+    foundation = tmp_path / "foundation"
+    save_foundation(method_resident(seeded, data_spec(run_dataset(seeded))), foundation, {})
+    cfg = load_config(
+        smoke, [*over, f"algorithm={{name: fedbaf, base: fedavg, foundation: {foundation}}}"]
+    )
+    mixes = []
+    real_mix = FedBaF.mix
+
+    def recorded(self, round_index, previous, aggregated):
+        out = real_mix(self, round_index, previous, aggregated)
+        pre = np.asarray(self.pre["w_pre"], dtype=np.float64)  # the server's private copy
+        mixes.append((aggregated.copy(), self.last["fedbaf_c"], out.copy(), self.indices, pre))
+        return out
+
+    monkeypatch.setattr(FedBaF, "mix", recorded)
+    core = local_core(cfg)
+    model = core.executor.runner.model
+    assert {p.dtype for p in model.global_parameters()} == {torch.bfloat16}
+    while not core.done:
+        core.step()
+    assert len(mixes) == 2
+    agg, c, mixed, indices, pre = mixes[-1]
+    ref = torch.from_numpy(agg).double()
+    ref[indices] = (ref[indices] + c * torch.from_numpy(pre.copy())) / (1 + c)
+    model.set_global(mixed)  # what a client's worker writes into its bf16 adapters
+    out = torch.from_numpy(model.get_global()).double()
+    ulp = torch.finfo(torch.bfloat16).eps * ref.abs().clamp_min(torch.finfo(torch.bfloat16).tiny)
+    assert torch.all((out - ref).abs() <= ulp / 2 + ref.abs() * 2**-20)
+    assert c > 0 and not torch.equal(out, torch.from_numpy(agg).double())

@@ -114,9 +114,10 @@ def attach_lora(
         bias="none",
         task_type="CAUSAL_LM",
     )
-    model = get_peft_model(base, lora, adapter_name=adapters[0])
+    autocast = cfg.lora.adapter_dtype == "float32"  # PEFT's own default
+    model = get_peft_model(base, lora, adapter_name=adapters[0], autocast_adapter_dtype=autocast)
     for name in adapters[1:]:
-        model.add_adapter(name, lora)
+        model.add_adapter(name, lora, autocast_adapter_dtype=autocast)
     return LoraHandle(model, groups)
 
 

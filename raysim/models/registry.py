@@ -55,6 +55,13 @@ class LoraSettings(StrictModel):
     alpha: float = Field(16.0, gt=0)
     dropout: float = Field(0.05, ge=0, lt=1)
     targets: list[str] = Field(default_factory=lambda: ["q_proj", "v_proj"])
+    adapter_dtype: Literal["float32", "model"] = Field(
+        "float32",
+        description="float32: PEFT's default, adapters in float32 on a lower-precision base; "
+        "model: adapters in the base's dtype (model.dtype), so that a bf16 model's trained "
+        "tensors, and what the server mixes into them, are bf16 end to end (fedbaf.md §7.2 "
+        "invariant 14)",
+    )
 
 
 class ImageSettings(StrictModel):

@@ -192,7 +192,7 @@ def _dry_run(cfg: Any, address: str | None) -> int:
     """What ``raysim run`` would start, from the config alone; nothing starts or is written."""
     from raysim.api import local_resources, ray_address
     from raysim.resources import plan_resources
-    from raysim.without_ray import needs_ray, runs_without_ray
+    from raysim.without_ray import auto_prefers_ray, needs_ray, runs_without_ray
 
     where = ray_address(address)
     line = f"dry run: {cfg.run_name()} · {cfg.rounds} rounds · {cfg.clients.num} clients"
@@ -206,7 +206,7 @@ def _dry_run(cfg: Any, address: str | None) -> int:
         )
         if cfg.workers.transport == "in_process":
             line += " (the worker trains in the coordinator's process)"
-        why = needs_ray(cfg, address) if cfg.runtime == "auto" else None
+        why = (needs_ray(cfg, address) or auto_prefers_ray()) if cfg.runtime == "auto" else None
         if why:
             line += f" (on Ray: {why})"
     else:

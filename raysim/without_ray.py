@@ -9,7 +9,8 @@ in the caller's process instead: the same coordinator, client runner and MLflow 
 actors (``raysim.actors.local`` is the same core), so results are bit-identical either way and a
 run started here resumes on a cluster and back (``runtime`` is free across a resume). Whatever
 Ray adds that a run asks for keeps it on Ray: workers that train side by side (an explicit
-``workers.count`` above 1, or a pool for a round of several groups), GPUs, a named cluster, Ray
+``workers.count`` above 1, or a pool for a round of several groups), GPUs (asked for, or merely
+visible: Ray keeps them from CPU workers, a run here would use them), a named cluster, Ray
 already running in the process (a notebook's, a test's, a Tune trial's), injected faults,
 per-client actors, or a ``workers.transport`` other than ``auto``.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+from pathlib import Path
 
 from raysim.config import ConfigError, RunConfig
 from raysim.ray_start import ray_address
@@ -30,10 +32,29 @@ def ray_is_up() -> bool:
     return bool(ray is not None and ray.is_initialized())
 
 
+def gpus_visible() -> bool:
+    """Whether this process could reach a GPU (checked without importing torch or Ray). Ray
+    hides the GPUs from an actor that asks for none, so its CPU workers train on the CPU; a run
+    in this process would find the GPU (``model.device: auto``) and give other bits."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        return False
+    return any(Path(p).exists() for p in ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd"))
+
+
+def auto_prefers_ray() -> str | None:
+    """Why ``runtime: auto`` keeps a run that could go without Ray on it anyway (``local``
+    does not): Ray already up in this process, or a GPU that a run here would take."""
+    if ray_is_up():
+        return "Ray is already running in this process"
+    if gpus_visible():
+        return "this machine has a GPU, which Ray keeps from workers that ask for none"
+    return None
+
+
 def needs_ray(cfg: RunConfig, address: str | None = None) -> str | None:
     """Why ``cfg`` needs Ray, in words; None where it runs as well in the caller's process
-    (Ray already up in the process is a reason for ``runtime: auto`` only,
-    ``runs_without_ray``)."""
+    (``auto_prefers_ray`` adds the reasons of ``runtime: auto`` alone)."""
     from raysim.resources import plan_pool_size
 
     w, c, faults = cfg.workers, cfg.coordinator, cfg.faults
@@ -66,8 +87,8 @@ def runs_without_ray(cfg: RunConfig, address: str | None = None) -> bool:
     if cfg.runtime == "ray":
         return False
     why = needs_ray(cfg, address)
-    if why is None and cfg.runtime == "auto" and ray_is_up():
-        why = "Ray is already running in this process"
+    if why is None and cfg.runtime == "auto":
+        why = auto_prefers_ray()
     if cfg.runtime == "local" and why is not None:
         raise ConfigError(
             f"runtime=local runs the whole run in this process without Ray, but {why}; set "

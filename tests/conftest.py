@@ -66,9 +66,12 @@ def sweep_cfg(experiment: str, tune: dict, rounds: int = 2, **tracking) -> dict:
     )
 
 
-def fresh_cli(args: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    """``raysim ARGS`` in a fresh process started in ``cwd`` (its own private Ray)."""
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+def fresh_cli(
+    args: list[str], cwd: Path, timeout: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """``raysim ARGS`` in a fresh process started in ``cwd`` (its own private Ray); ``env``:
+    variables to set besides this process's."""
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "raysim.cli", *args],
         cwd=cwd,

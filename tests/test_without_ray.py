@@ -15,10 +15,19 @@ import time
 import pytest
 
 from raysim.config import ConfigError, load_config
-from raysim.without_ray import needs_ray, runs_without_ray
+from raysim.without_ray import auto_prefers_ray, gpus_visible, needs_ray, runs_without_ray
 from tests.conftest import EXAMPLES, fresh_cli, tiny
 
 QUICKSTART = str(EXAMPLES / "quickstart.yaml")
+#: a fresh process that sees no GPU, so that ``runtime: auto`` may leave Ray out on a GPU box
+NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}
+
+
+@pytest.fixture(autouse=True)
+def _no_gpu(monkeypatch):
+    """The decisions below are those of a machine without a GPU (a GPU box keeps auto on Ray:
+    ``test_a_visible_gpu_keeps_a_cpu_run_on_ray``)."""
+    monkeypatch.setattr("raysim.without_ray.gpus_visible", lambda: False)
 
 
 def _cfg(*overrides: str):
@@ -57,6 +66,20 @@ def test_what_keeps_a_run_on_ray_is_named(monkeypatch, overrides, address, reaso
     assert not runs_without_ray(cfg, address)
     with pytest.raises(ConfigError, match=f"runtime=local .*{reason.split()[0]}"):
         runs_without_ray(cfg.model_copy(update={"runtime": "local"}), address)
+
+
+def test_a_visible_gpu_keeps_a_cpu_run_on_ray(monkeypatch):
+    """Ray hides the GPU from CPU workers; in this process ``model.device: auto`` would take
+    it, and the run's bits would change with the machine's GPU."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr("raysim.without_ray.gpus_visible", lambda: True)
+    monkeypatch.setattr("raysim.without_ray.ray_is_up", lambda: False)
+    assert needs_ray(_cfg()) is None and not runs_without_ray(_cfg())
+    assert "has a GPU" in auto_prefers_ray()
+    assert runs_without_ray(_cfg("runtime=local"))  # asked for: the run may take the GPU
+    monkeypatch.undo()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert not gpus_visible()
 
 
 def test_runtime_ray_keeps_ray_and_ray_address_names_a_cluster(monkeypatch):
@@ -112,7 +135,7 @@ on_ray = config("runtime=ray", "checkpoint.every=1")
 out["resumed"] = finish(RunSession(on_ray, resume=local.run_id))
 print("RESULT", json.dumps(out))
 """
-    env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, **NO_GPU}
     env.pop("RAY_ADDRESS", None)
     done = subprocess.run(
         [sys.executable, "-c", script],
@@ -220,10 +243,11 @@ def test_tiny_runs_on_the_test_sessions_ray(ray_cluster):
 def test_the_dry_run_says_whether_ray_starts_and_why(tmp_path):
     """``raysim run --dry-run`` names the process the run would use, and why Ray where it
     would start it."""
-    here = fresh_cli(["run", QUICKSTART, "--dry-run"], tmp_path)
+    here = fresh_cli(["run", QUICKSTART, "--dry-run"], tmp_path, env=NO_GPU)
     assert here.returncode == 0, here.stderr
     assert "1 worker, in this process without Ray (runtime=ray to start Ray)" in here.stdout
-    ray = fresh_cli(["run", QUICKSTART, "workers.execution=sequential", "--dry-run"], tmp_path)
+    sequential = ["run", QUICKSTART, "workers.execution=sequential", "--dry-run"]
+    ray = fresh_cli(sequential, tmp_path, env=NO_GPU)
     assert ray.returncode == 0, ray.stderr
     assert "on a private local Ray (on Ray: a round trains its clients in 10 groups" in " ".join(
         ray.stdout.split()

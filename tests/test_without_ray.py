@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -98,60 +96,41 @@ def test_ray_already_up_in_the_process_keeps_an_auto_run_on_it(ray_cluster, monk
 
 
 @pytest.mark.slow
-def test_a_run_without_ray_matches_ray_and_resumes_on_it_bit_identically(tmp_path):
-    """A run stopped without Ray resumes on Ray from its checkpoint (``runtime`` is free across
-    a resume) to the weights of the same run without Ray; MLflow has every round once, the
-    placement says where it ran, and the run's end. (Ray's own runs of the quickstart give
-    these weights too: ``tests/test_regression.py``, ``test_runtime.py``.)"""
+def test_a_run_without_ray_resumes_on_ray_bit_identically(ray_cluster, tmp_path):
+    """A run stopped without Ray resumes on Ray (the session's) from its checkpoint
+    (``runtime`` is free across a resume) to the weights of the same run without Ray; MLflow has
+    every round once, the placement says where it ran, and the run's end. (Ray's own runs of the
+    quickstart give these weights too: ``tests/test_regression.py``, ``test_runtime.py``.)"""
+    from raysim.api import RunSession
+
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    script = f"""
-import json, sys
-from raysim.api import RunSession
-from raysim.config import load_config
 
-def config(*overrides):
-    return load_config({QUICKSTART!r}, ["rounds=6", "eval.every=2", *overrides])
+    def config(*overrides: str):
+        return _cfg("rounds=6", "eval.every=2", f"tracking.uri={uri}", *overrides)
 
-def finish(s):
-    try:
-        for _ in s.rounds():
-            pass
-        res = s.finish()
-        return res.weights_digest, res.run_id
-    finally:
-        s.close()
+    def finish(session: RunSession) -> tuple[str, str]:
+        try:
+            for _ in session.rounds():
+                pass
+            res = session.finish()
+            return res.weights_digest, res.run_id
+        finally:
+            session.close()
 
-out = {{}}
-local = RunSession(config("checkpoint.every=1"))  # runtime: auto
-out["auto_is_local"] = local.local
-for _ in local.rounds():
-    if local.round == 3:
-        break
-local.stop()
-local.close()
-out["stopped_run"], out["saved"] = local.run_id, local.stopped["saved_round"]
-out["local"] = finish(RunSession(config("runtime=local")))
-on_ray = config("runtime=ray", "checkpoint.every=1")
-out["resumed"] = finish(RunSession(on_ray, resume=local.run_id))
-print("RESULT", json.dumps(out))
-"""
-    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, **NO_GPU}
-    env.pop("RAY_ADDRESS", None)
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-        env=env,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
-    out = json.loads(line.split(" ", 1)[1])
-    assert out["auto_is_local"]
-    (local_digest, local_run), (resumed, resumed_run) = out["local"], out["resumed"]
-    assert local_digest == resumed
-    assert resumed_run == out["stopped_run"]
+    cut = RunSession(config("runtime=local", "checkpoint.every=1"))
+    assert cut.local and cut.actor is None
+    for _ in cut.rounds():
+        if cut.round == 3:
+            break
+    cut.stop()
+    cut.close()
+    saved = cut.stopped["saved_round"]
+    local_digest, local_run = finish(RunSession(config("runtime=local")))
+    resumed = RunSession(config("runtime=ray", "checkpoint.every=1"), resume=cut.run_id)
+    assert not resumed.local and resumed.actor is not None
+    resumed_digest, resumed_run = finish(resumed)
+    assert local_digest == resumed_digest
+    assert resumed_run == cut.run_id
 
     from mlflow.tracking import MlflowClient
 
@@ -161,13 +140,15 @@ print("RESULT", json.dumps(out))
     assert [m.step for m in client.get_metric_history(local_run, "round")] == [1, 2, 3, 4, 5, 6]
     assert len(client.get_metric_history(local_run, "accuracy")) == 3
     placement = json.loads(open(client.download_artifacts(local_run, "placement.json")).read())
-    assert placement["coordinator_node"].startswith("local:")
-    assert [w["mode"] for w in placement["workers"]] == ["in_process"]
+    # this process, on the session Ray's node (``local:HOST`` where no Ray is up at all)
+    (worker,) = placement["workers"]
+    assert worker["mode"] == "in_process" and worker["pid"] == os.getpid()
+    assert placement["coordinator_node"] == worker["node_id"]
     resumed_run = client.get_run(resumed_run)
     assert resumed_run.info.status == "FINISHED"
     # the coordinator runs ahead of the driver's count: its newest checkpoint, before the end
-    assert 3 <= out["saved"] < 6
-    assert resumed_run.data.tags["raysim.resumed_at_round"] == str(out["saved"])
+    assert 3 <= saved < 6
+    assert resumed_run.data.tags["raysim.resumed_at_round"] == str(saved)
     steps = [m.step for m in client.get_metric_history(resumed_run.info.run_id, "round")]
     assert steps == [1, 2, 3, 4, 5, 6]  # once each: the resumed attempt logs rounds 4-6
 

@@ -11,12 +11,15 @@ import argparse
 import functools
 import json
 import math
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from reproduce import CELLS, HARD, SCORE, STEPS, edge_of
+from reproduce import CELLS, HARD, SCORE, SEEDS, STEPS, edge_of
+
+from raysim.verdicts import HELD, INCONCLUSIVE, NOT_HELD, RULES, Paired, Summary, all_of
 
 LABELS = {
     "center": "Center",
@@ -44,6 +47,8 @@ CELL_NAMES = {
     "d": "Dir(0.3), σ=5",
 }
 EASY = "d"
+CHANCE_BOUND = 0.2  # claim 2's "collapses to chance" (10 % on 10 classes): below 20 %
+AT_OR_ABOVE = 0.01  # claim 2's "at or above FedBuff": not more than 1 point below
 INTRO = """
 Every number below was measured by `examples/feddle/reproduce.py` and written by
 `examples/feddle/report.py` from its results and its MLflow store. Nothing is copied from the
@@ -51,8 +56,8 @@ paper or from the spec's prototype table.
 """
 CAVEATS = """
 Each method's values were tuned on one seed (100) in the hard cell, as §4.9 tunes once; a method
-whose chosen values fit that seed badly pays for it on seeds 0–2, as it would in the paper's
-protocol. Stds are over 3 seeds only.
+whose chosen values fit that seed badly pays for it on the reported seeds, as it would in the
+paper's protocol.
 """
 SETUP = """
 ## Setup
@@ -60,8 +65,8 @@ SETUP = """
 `examples/feddle/mini.yaml` as §8.1 gives it: sklearn digits, J = 50 clients, S = 5 a round,
 R = 200 rounds, half-normal delays, an MLP 64→128→10; 30 test images are the server's ID set and
 567 the evaluation set; 1000 generated shape images are the OOD pool (200 drawn per round);
-M = 2·S = 10 anchors. Score: the max of the last 5 evaluations (every 10 rounds), mean ± std over
-seeds 0, 1, 2.
+M = 2·S = 10 anchors. Score: the max of the last 5 evaluations (every 10 rounds), mean ± sample
+std over the seeds of `reproduce.py`'s SEEDS.
 
 Tuning follows §4.9 with `raysim tune` (Ray Tune grids, one MLflow parent run each): client lr ×
 epochs once with FedAvg, then each method's own grid from §5.3 with the client values fixed.
@@ -84,11 +89,17 @@ def scores(results: dict, label: str) -> np.ndarray:
     return np.array([r[SCORE] for r in rows], dtype=np.float64)
 
 
+def cmp(a: np.ndarray, b: np.ndarray, margin: float = 0.0, greater: bool = True) -> Paired:
+    """``a − b`` paired by seed (both in seed order), the claim being ``a − b > margin``
+    (``greater``) or ``< margin``."""
+    return Paired.of(a, b, margin=margin, greater=greater)
+
+
 def paired(a: np.ndarray, b: np.ndarray) -> str:
-    """``>`` when ``a`` beats ``b`` in every seed (the same seeds, compared pairwise), ``<`` when
-    it loses in every seed, else ``≈`` (a tie: the seeds disagree)."""
-    d = np.asarray(a) - np.asarray(b)
-    return ">" if (d > 0).all() else ("<" if (d < 0).all() else "≈")
+    """``>`` where ``a`` beats ``b`` by the shared rules (its paired interval above 0), ``<``
+    where it loses by them, else ``≈`` (the seeds cannot tell)."""
+    v = cmp(a, b).verdict
+    return ">" if v == HELD else "<" if v == NOT_HELD else "≈"
 
 
 def edge_gain(sweep: dict, key: str) -> str:
@@ -110,22 +121,19 @@ def edge_gain(sweep: dict, key: str) -> str:
     return f", {100 * (top - other):+.1f} points over {inner:g}"
 
 
-def verdict(parts: list[bool]) -> str:
-    """Held when every part of a claim held, partly when some did."""
-    return "Held" if all(parts) else ("Partly held" if any(parts) else "Did not hold")
-
-
 def short(method: str) -> str:
     return LABELS[method].strip("*").split(" (")[0]
 
 
 def fmt(a: np.ndarray) -> str:
-    return f"{100 * a.mean():.1f} ± {100 * a.std():.1f}"
+    """A cell: mean ± sample standard deviation (ddof = 1) over seeds, and the best seed."""
+    return Summary.of(a).text(100)
 
 
 class Report:
-    def __init__(self, out: Path) -> None:
-        self.out = out
+    def __init__(self, out: Path, previous: str = "") -> None:
+        """``previous``: the RESULTS.md this report replaces, to say which verdicts changed."""
+        self.out, self.previous = out, previous
         self.results = json.loads((out / "results.json").read_text())
         self.uri = f"sqlite:///{(out / 'mlflow.db').resolve()}"
         self.cells = sorted(
@@ -195,49 +203,49 @@ class Report:
     # ------------------------------------------------------------------ claims
     def claims(self) -> list[tuple[str, str, str]]:
         """(claim, verdict, the numbers behind it) for the five claims of §8.1."""
-        return [(t, verdict(parts), d) for t, parts, d in self.claim_parts()]
+        return [(t, all_of(parts), d) for t, parts, d in self.claim_parts()]
 
-    def claim_parts(self) -> list[tuple[str, list[bool], str]]:
+    def claim_parts(self) -> list[tuple[str, list[str], str]]:
+        """Each claim's parts, each a verdict of ``raysim.verdicts`` (paired by seed)."""
         a, d = HARD, EASY
         m = self.mean
         out = []
         order = ["feddle_id", "fedbuff_per_round", "fedavg", "center"]
-        vals = [m(x, a) for x in order]
-        signs = [paired(self.s(x, a), self.s(y, a)) for x, y in zip(order, order[1:], strict=False)]
-        ordered = [sign == ">" for sign in signs]
+        steps = [cmp(self.s(x, a), self.s(y, a)) for x, y in zip(order, order[1:], strict=False)]
         every = [*ID_METHODS, *NO_ID_METHODS]
-        spread_a = max(m(x, a) for x in every) - min(m(x, a) for x in every)
-        spread_d = max(m(x, d) for x in every) - min(m(x, d) for x in every)
+        spread = {c: np.ptp([self.s(x, c) for x in every], axis=0) for c in (a, d)}  # per seed
+        bunch = cmp(spread[a], spread[d])
         detail = (
-            "hard cell: "
-            + " ".join(
-                f"{short(x)} {100 * v:.1f}" + ("" if i == len(order) - 1 else f" {signs[i]}")
-                for i, (x, v) in enumerate(zip(order, vals, strict=True))
+            "hard cell, each pair's difference: "
+            + "; ".join(
+                f"{short(x)} − {short(y)} {p.text(100)}"
+                for (x, y), p in zip(zip(order, order[1:], strict=False), steps, strict=True)
             )
-            + f"; spread of the 11 methods {100 * spread_a:.1f} points in the hard cell, "
-            f"{100 * spread_d:.1f} in the easy cell"
+            + f"; spread of the 11 methods (max − min, per seed) {fmt(spread[a])} in the hard "
+            f"cell, {fmt(spread[d])} in the easy cell: hard − easy {bunch.text(100)}"
         )
         out.append(
             (
                 "1. Feddle-ID > its FedBuff fallback > FedAvg > Center in the hard cell; the "
                 "methods bunch together in the easy cell",
-                [*ordered, spread_d < spread_a],
+                [*(p.verdict for p in steps), bunch.verdict],
                 detail,
             )
         )
-        zero, ood, fb = m("feddle_ood_zero", a), m("feddle_ood", a), m("fedbuff_per_round", a)
+        zero = self.s("feddle_ood_zero", a)
+        near_chance = cmp(zero, np.full_like(zero, CHANCE_BOUND), greater=False)
+        at_or_above = cmp(self.s("feddle_ood", a), self.s("fedbuff_per_round", a), -AT_OR_ABOVE)
+        fb = m("fedbuff_per_round", a)
         out.append(
             (
                 "2. Feddle-OOD without fallback initialisation collapses to chance; with it, it is "
                 "at or above FedBuff",
-                [
-                    zero < 0.2,
-                    paired(self.s("feddle_ood", a), self.s("fedbuff_per_round", a)) != "<",
-                ],
-                f"zero start {100 * zero:.1f} (seeds: "
-                + ", ".join(f"{100 * v:.1f}" for v in self.s("feddle_ood_zero", a))
-                + f"; chance 10.0); with fallback {100 * ood:.1f}; "
-                f"FedBuff per round {100 * fb:.1f}; tuned FedBuff {100 * m('fedbuff', a):.1f}",
+                [near_chance.verdict, at_or_above.verdict],
+                f"zero start {fmt(zero)} (chance 10.0; below {100 * CHANCE_BOUND:.0f}: "
+                f"{near_chance.text(100)} from it); with fallback − FedBuff per round "
+                f"{at_or_above.text(100)} (at or above: more than {100 * AT_OR_ABOVE:.0f} point "
+                f"below is not); FedBuff per round {100 * fb:.1f}; tuned FedBuff "
+                f"{100 * m('fedbuff', a):.1f}",
             )
         )
         neg = {
@@ -248,57 +256,66 @@ class Report:
         out.append(
             (
                 "3. Searched coefficients include negative values",
-                [v > 0 for v in neg.values()],
+                [HELD if v > 0 else NOT_HELD for v in neg.values()],
                 "; ".join(
                     f"{LABELS[x].strip('*')} {CELL_NAMES[c]}: {100 * v:.0f} % negative"
                     for (x, c), v in neg.items()
                 ),
             )
         )
-        drops = {x: m(x, d) - m(x, a) for x in ("fedavg", "fedbuff_per_round", "feddle_id")}
-        seed_drops = {x: self.s(x, d) - self.s(x, a) for x in drops}  # paired by seed
+        drops = {x: self.s(x, d) - self.s(x, a) for x in ("fedavg", "fedbuff_per_round")}
+        own = self.s("feddle_id", d) - self.s("feddle_id", a)  # paired by seed
+        more = {x: cmp(v, own) for x, v in drops.items()}
         out.append(
             (
                 "4. Baselines lose more than Feddle-ID from the easy to the hard cell",
-                [
-                    paired(seed_drops[x], seed_drops["feddle_id"]) == ">"
-                    for x in ("fedavg", "fedbuff_per_round")
-                ],
-                ", ".join(f"{short(x)} −{100 * v:.1f}" for x, v in drops.items()) + " points",
+                [p.verdict for p in more.values()],
+                f"Feddle-ID's drop {fmt(own)}; "
+                + "; ".join(
+                    f"{short(x)}'s drop {fmt(drops[x])}, minus Feddle-ID's {p.text(100)}"
+                    for x, p in more.items()
+                ),
             )
         )
-        steps = []
-        first_hurt = None
+        texts, verdict5 = [], INCONCLUSIVE
         # each larger step against its method's tuned step at the same E_g = 10 where those
         # rows were run (reproduce.py), else against the tuned row itself
         ref = {
             x: f"{x}_eg10" if f"grid/{x}_eg10/{a}" in self.results else x
             for x in ("feddle_id", "feddle_ood")
         }
+        decided = False
         for lr in STEPS:
-            di = m(ref["feddle_id"], a) - m(f"feddle_id_step{lr:g}", a)
-            do = m(ref["feddle_ood"], a) - m(f"feddle_ood_step{lr:g}", a)
-            steps.append(f"η_g = {lr:g}: ID {-100 * di:+.1f}, OOD {-100 * do:+.1f}")
-            if first_hurt is None and max(di, do) > 0.02:
-                first_hurt = do > di
+            cost = {x: self.s(ref[x], a) - self.s(f"{x}_step{lr:g}", a) for x in ref}
+            hurt = {x: cmp(c, np.zeros_like(c)) for x, c in cost.items()}
+            texts.append(
+                f"η_g = {lr:g}: ID costs {hurt['feddle_id'].text(100)}, OOD "
+                f"{hurt['feddle_ood'].text(100)}"
+            )
+            if not decided and HELD in (hurt["feddle_id"].verdict, hurt["feddle_ood"].verdict):
+                decided = True  # the first step that hurts either: OOD must lose more there
+                first = cmp(cost["feddle_ood"], cost["feddle_id"])
+                verdict5 = first.verdict
+                texts[-1] += f" (the first step that hurts: OOD's cost − ID's {first.text(100)})"
+        algos = self.results["algorithms"]
         out.append(
             (
                 "5. A too-large coefficient step hurts OOD before it hurts ID",
-                [bool(first_hurt)],
-                "; ".join(steps)
+                [verdict5],
+                "; ".join(texts)
                 + " points against each one's tuned step (ID: η_g = "
-                + f"{self.results['algorithms']['feddle_id']['server_lr']:g}, E_g = "
-                + f"{self.results['algorithms']['feddle_id']['server_epochs']}; OOD: η_g = "
-                + f"{self.results['algorithms']['feddle_ood']['server_lr']:g}, E_g = "
-                + f"{self.results['algorithms']['feddle_ood']['server_epochs']}"
+                + f"{algos['feddle_id']['server_lr']:g}, E_g = "
+                + f"{algos['feddle_id']['server_epochs']}; OOD: η_g = "
+                + f"{algos['feddle_ood']['server_lr']:g}, E_g = "
+                + f"{algos['feddle_ood']['server_epochs']}"
                 + (
                     ", both rerun at E_g = 10 as the reference"
                     if ref["feddle_id"] != "feddle_id"
                     else ""
                 )
-                + "); every larger step runs E_g = 10, as §8.1's prototype did; a step "
-                "breaks a method when it costs more than 2 points; the claim holds when, at the "
-                "first step that breaks either, OOD loses more",
+                + "); every larger step runs E_g = 10, as §8.1's prototype did; a step hurts "
+                "a method where its cost's interval lies above 0; the claim holds when, at the "
+                "first step that hurts either, OOD's cost is above ID's",
             )
         )
         return out
@@ -337,15 +354,44 @@ class Report:
         if ahead:
             out.append(
                 f"- In the hard cell, {', '.join(short(x) for x in ahead)} "
-                f"{'is' if len(ahead) == 1 else 'are'} ahead of Feddle-ID in every seed. §8.1 "
+                f"{'is' if len(ahead) == 1 else 'are'} ahead of Feddle-ID (held by the rules "
+                "above). §8.1 "
                 "does not expect Feddle to beat the methods that train on the server's images "
                 "at this scale, where a small model tuned on them is already strong; the paper's "
                 "margins over them are a ResNet18/ViT result."
             )
         return [*out, "", CAVEATS.strip()]
 
+    def changed(self, claims: list[tuple[str, str, str]]) -> list[str]:
+        """The verdicts that differ from the report this one replaces (3 seeds, "ahead in
+        every seed"), and why."""
+        old = {}
+        for line in self.previous.splitlines():
+            m = re.match(r"- \*\*(.+?)\.\*\* (\d)\.", line)
+            if m:
+                was = m[1].lower()
+                old[m[2]] = {"did not hold": NOT_HELD}.get(was, was)
+        out = [
+            f"- claim {t.split('.')[0]}: {old[t.split('.')[0]]} → {v}"
+            for t, v, _ in claims
+            if t.split(".")[0] in old and old[t.split(".")[0]] != v
+        ]
+        if not old:
+            return []
+        if not out:
+            return ["", "No verdict differs from the report this one replaces."]
+        return [
+            "",
+            "Verdicts that differ from the report this one replaces, which ruled on 3 seeds by "
+            '"ahead in every seed" and fixed cutoffs (2 points for a step that hurts; partly '
+            "held where some parts held): now a part holds only where its paired 95 % interval "
+            "clears its margin, and a claim only where every part does.",
+            "",
+            *out,
+        ]
+
     def beats(self, one: str, other: str, cell: str = HARD) -> bool:
-        return paired(self.s(one, cell), self.s(other, cell)) == ">"
+        return cmp(self.s(one, cell), self.s(other, cell)).verdict == HELD
 
     def fedasync_weights(self) -> str:
         """The staleness the hard cell's FedAsync runs met, and the mixing weight α·s(τ) that
@@ -475,16 +521,17 @@ class Report:
             "",
             "## Verdict",
             "",
-            "Comparisons are paired over the seeds: `>` means ahead in every seed, `≈` that the "
-            "seeds disagree (a tie, which does not count as ahead).",
+            RULES + " Differences are in points, as mean [95 % interval], p; `>` / `<` in the "
+            "text below: held / not held by these rules, `≈`: the seeds cannot tell.",
             "",
             *[f"- **{status}.** {t}: {d}." for t, status, d in claims],
+            *self.changed(claims),
             "",
             SETUP.strip(),
             "",
             *self.tuned_table(),
             "",
-            "## Scores (accuracy %, mean ± std over 3 seeds)",
+            f"## Scores (accuracy %, mean ± sample std over {len(SEEDS)} seeds)",
             "",
             *self.score_table(),
             "",
@@ -515,7 +562,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("runs/feddle-mini"))
     ap.add_argument("--write", type=Path, default=Path(__file__).parent)
     args = ap.parse_args()
-    report = Report(args.out)
+    old = args.write / "RESULTS.md"
+    report = Report(args.out, old.read_text() if old.is_file() else "")
     plot = "results-curves.png"
     report.plot(args.write / plot)
     (args.write / "RESULTS.md").write_text(report.markdown(plot))

@@ -20,7 +20,7 @@ reproduction continues where it stopped. Feddle's ``fallback_lr`` (η_fb) is the
 server lr (§3.6).
 ``report.py`` turns them into ``RESULTS.md`` and plots.
 
-    python examples/feddle/reproduce.py --out runs/feddle-mini        # ~2 hours on 2 CPUs
+    python examples/feddle/reproduce.py --out runs/feddle-mini        # ~3 hours on 2 CPUs
     python examples/feddle/reproduce.py --out /tmp/q --quick          # a 20-round look, minutes
 """
 

@@ -116,24 +116,22 @@ MAX_COORDINATOR_RESTARTS = 3
 
 def can_host_coordinator(cfg: RunConfig) -> bool:
     """Whether the caller's process may run ``cfg``'s coordinator (``coordinator_here``): not
-    one that asks for GPUs (its own actor gets them), nor one a fault is set to kill."""
-    return not cfg.coordinator.num_gpus and cfg.faults.kill_coordinator is None
+    one that asks for GPUs (its own actor gets them), nor one a fault is set to kill
+    (``raysim.without_ray.coordinator_refusal`` says which)."""
+    from raysim.without_ray import coordinator_refusal
+
+    return coordinator_refusal(cfg) is None
 
 
 def can_host_worker(cfg: RunConfig, num_workers: int, coordinator_here: bool = True) -> bool:
     """Whether the process that runs ``cfg``'s coordinator may also train its clients
-    (``worker_here``, ``workers.transport: in_process``): one pooled worker, on CPUs, that no
-    fault is set to kill, beside a coordinator without GPUs. ``coordinator_here``: that process
+    (``worker_here``, ``workers.transport: in_process``, a run without Ray): one pooled worker,
+    on CPUs, that no fault is set to kill, beside a coordinator without GPUs
+    (``raysim.without_ray.worker_refusal`` says why not). ``coordinator_here``: that process
     is the caller's (``can_host_coordinator``), not the coordinator's own actor."""
-    w = cfg.workers
-    return (
-        num_workers == 1
-        and w.count != "per_client"
-        and not w.num_gpus
-        and not cfg.coordinator.num_gpus
-        and cfg.faults.kill_worker is None
-        and (not coordinator_here or can_host_coordinator(cfg))
-    )
+    from raysim.without_ray import worker_refusal
+
+    return worker_refusal(cfg, num_workers, coordinator_here) is None
 
 
 class CoordinatorLost(RuntimeError):
@@ -216,7 +214,7 @@ class RunSession:
         self.local = not caller_placed and runs_without_ray(cfg, address)
         if self.local:
             preflight(cfg, address)
-            self._started_ray, self._in_process, self._worker_here = False, True, True
+            self._in_process, self._worker_here = True, True
             self.pool_size, self._launch, self._started = 1, None, []
             try:
                 self._start_coordinator(self._first_source)
@@ -536,7 +534,7 @@ class RunSession:
             ray.kill(actor)
             self.actor = None
         self._end_own_workers()
-        if getattr(self, "_started_ray", False):
+        if self._started_ray:
             import ray
 
             ray.shutdown()

@@ -415,9 +415,10 @@ class RunConfig(StrictModel):
         "auto",
         description="where the run's processes are: ray: a coordinator actor and worker actors; "
         "local: the whole run in the caller's process, without Ray (refused where the config "
-        "needs Ray); auto: local where Ray would add nothing that runs in parallel (one worker "
-        "on CPUs, a private run, no faults, no Ray already up in the process), else ray. The "
-        "results are the same either way (raysim/without_ray.py)",
+        "needs Ray); auto: local where Ray would add nothing that runs in parallel (a round's "
+        "clients in one group or one worker, on CPUs, a private run, no process faults; kept on "
+        "Ray where Ray is up in the process or a GPU is visible), else ray. The results are the "
+        "same either way (raysim/without_ray.py)",
     )
     tune: TuneSection | None = Field(
         None, description="raysim tune: the search space and how trials run; ignored by a run"

@@ -169,8 +169,6 @@ class TrackerProcess:
         may hold a million rows), and the child copies the file."""
         from raysim.tracking import write_clients_csv
 
-        if len(args) > 5:  # client_columns given by position
-            args, client_columns = args[:5], args[5]
         fd, csv = tempfile.mkstemp(prefix="raysim-clients-", suffix=".csv")
         os.close(fd)
         try:

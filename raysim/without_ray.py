@@ -52,21 +52,44 @@ def auto_prefers_ray() -> str | None:
     return None
 
 
+def coordinator_refusal(cfg: RunConfig) -> str | None:
+    """Why the caller's process may not run ``cfg``'s coordinator; None where it may (its own
+    actor gets GPUs, and a fault that kills it must not kill the caller)."""
+    if cfg.coordinator.num_gpus:
+        return "it asks for GPUs (coordinator.num_gpus)"
+    if cfg.faults.kill_coordinator is not None:
+        return "it injects a process fault (faults.kill_coordinator)"
+    return None
+
+
+def worker_refusal(cfg: RunConfig, num_workers: int, coordinator_here: bool = True) -> str | None:
+    """Why the process that runs ``cfg``'s coordinator may not also train its clients; None
+    where it may: one pooled worker, on CPUs, that no fault kills, beside a coordinator without
+    GPUs (and, ``coordinator_here``, one that may run in the caller's process)."""
+    w = cfg.workers
+    if w.count == "per_client":
+        return "workers.count=per_client starts one actor per client"
+    if num_workers != 1:
+        return f"its pool is {num_workers} workers"
+    if w.num_gpus or cfg.coordinator.num_gpus:
+        return "it asks for GPUs (workers.num_gpus / coordinator.num_gpus)"
+    if cfg.faults.kill_worker is not None:
+        return "it injects a process fault (faults.kill_worker)"
+    return coordinator_refusal(cfg) if coordinator_here else None
+
+
 def needs_ray(cfg: RunConfig, address: str | None = None) -> str | None:
     """Why ``cfg`` needs Ray, in words; None where it runs as well in the caller's process
     (``auto_prefers_ray`` adds the reasons of ``runtime: auto`` alone)."""
     from raysim.resources import plan_pool_size
 
-    w, c, faults = cfg.workers, cfg.coordinator, cfg.faults
+    w = cfg.workers
     target = ray_address(address)
     if target != "local":
         return f"it runs on the Ray cluster at {target}"
-    if w.num_gpus or c.num_gpus:
-        return "it asks for GPUs (workers.num_gpus / coordinator.num_gpus)"
-    if w.count == "per_client":
-        return "workers.count=per_client starts one actor per client"
-    if faults.kill_worker is not None or faults.kill_coordinator is not None:
-        return "it injects a process fault (faults.kill_worker / kill_coordinator)"
+    refusal = worker_refusal(cfg, 1)  # what a one-worker run here cannot do
+    if refusal:
+        return refusal
     if w.transport != "auto":
         return f"workers.transport={w.transport} names a link between Ray actors"
     if isinstance(w.count, int) and w.count > 1:

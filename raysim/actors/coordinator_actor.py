@@ -372,7 +372,7 @@ class Coordinator:
                     self._final_states,
                     core.strategy.tables(),
                     self.pool.describe(),
-                    core.client_columns(),
+                    client_columns=core.client_columns(),
                 )
             except OSError as e:  # the driver saves the weights where the user is instead
                 summary["unsaved"] = f"the run's artifacts could not be written ({e})"

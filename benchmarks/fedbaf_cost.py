@@ -36,7 +36,6 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from common import machine, report  # noqa: E402
 
-from raysim.actors.audit import LeakAuditor  # noqa: E402
 from raysim.algorithms.context import ServerContext  # noqa: E402
 from raysim.algorithms.fedbaf.mixer import (  # noqa: E402
     FedBaF,
@@ -45,6 +44,7 @@ from raysim.algorithms.fedbaf.mixer import (  # noqa: E402
     r_float64,
 )
 from raysim.models.registry import DataSpec, ModelConfig, build_handle  # noqa: E402
+from raysim.security.audit import LeakAuditor  # noqa: E402
 from raysim.training.loop import LocalTrainingConfig, train_local  # noqa: E402
 from raysim.training.tasks import ClassificationTask  # noqa: E402
 

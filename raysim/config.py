@@ -356,7 +356,7 @@ class KillCoordinator(StrictModel):
 
 
 class AuditConfig(StrictModel):
-    """Checks on what the coordinator sends to clients (``raysim/actors/audit.py``)."""
+    """Checks on what the coordinator sends to clients (``raysim/security/audit.py``)."""
 
     leaks: bool = Field(
         False,

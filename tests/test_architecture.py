@@ -110,6 +110,22 @@ def test_actors_know_no_paper():
         assert mods <= allowed, (path.name, mods - allowed)
 
 
+def test_actors_reach_security_analysis_through_one_seam():
+    """The leak auditor lives in ``raysim/security/``; the coordinator holds a ``LeakAuditor``
+    and calls its ``check`` — the one name the Ray runtime imports from there."""
+    seam = {("raysim.security.audit", "LeakAuditor")}
+    for path in sorted((ROOT / "actors").glob("*.py")):
+        assert not path.stem.startswith("audit"), path.name
+        used = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            module = getattr(node, "module", None) or ""
+            if isinstance(node, ast.ImportFrom) and module.startswith("raysim.security"):
+                used |= {(node.module, a.name) for a in node.names}
+            elif isinstance(node, ast.Import):
+                assert not any(a.name.startswith("raysim.security") for a in node.names), path.name
+        assert used <= seam, (path.name, used - seam)
+
+
 def test_no_import_circle_inside_raysim():
     assert import_cycles() == []
 

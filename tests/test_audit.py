@@ -1,4 +1,4 @@
-"""The leak auditor (``raysim/actors/audit.py``, fedbaf.md §6.3, issue 25): a plugin method that
+"""The leak auditor (``raysim/security/audit.py``, fedbaf.md §6.3, issue 25): a plugin method that
 sends a transformed copy of its private block is stopped in round 0 whatever the transform; an
 unrelated draw of the same distribution, in every dtype, is not; chance does not trip it."""
 
@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from raysim.actors.audit import LeakAuditor, LeakError
 from raysim.actors.local import local_core
 from raysim.algorithms.base import Secret
 from raysim.config import load_config
+from raysim.security.audit import LeakAuditor, LeakError
 from tests.conftest import fresh_cli, tiny
 
 PLUGIN = Path(__file__).parent / "plugins" / "leaky_method.py"
@@ -231,7 +231,7 @@ def test_sign_keys_and_the_index_follow_their_definition():
     """``sign_keys``: bit t of the key at p is ``x[p + t + 1] > x[p + t]`` (checked from the
     definition at every key); the Bloom filter passes every indexed key (no false negative) and
     the lookup finds each block position from the block's own values, or from them negated."""
-    from raysim.actors.audit_windows import (
+    from raysim.security.audit_windows import (
         SPAN,
         WindowIndex,
         _packed_signs,
@@ -298,7 +298,7 @@ def test_exact_copies_and_private_values_follow_their_definitions():
     ``HEAD`` is read), also a block that starts with repeated words, and not a copy one word
     short; ``ValueIndex.holds`` is membership among the blocks' values that are within its
     binades and not repeated ``COMMON`` times, both signs."""
-    from raysim.actors.audit_values import BINADES, COMMON, HEAD, ExactCopies, ValueIndex
+    from raysim.security.audit_values import BINADES, COMMON, HEAD, ExactCopies, ValueIndex
 
     rng = np.random.default_rng(11)
     blocks = [rng.normal(0, 0.05, n).astype(np.float32) for n in (64, 300, 90)]

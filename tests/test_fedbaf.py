@@ -378,7 +378,7 @@ def test_the_foundation_s_arrays_and_the_auditor_s_copies_refuse_to_be_pickled(t
     ``log_private`` artifact's way) is an ordinary array. Control: the plain copy pickles."""
     import cloudpickle
 
-    from raysim.actors.audit import LeakAuditor
+    from raysim.security.audit import LeakAuditor
 
     pre = np.arange(200.0)
     m = mixer_on(tmp_path, pre)
@@ -615,7 +615,7 @@ def test_every_rounds_audit_time_is_counted_where_it_was_spent(digits_foundation
 
 def test_the_weight_init_baseline_trips_the_auditor(tmp_path):
     """The positive control: w_0 = w_pre on matched layers is sent in round 0."""
-    from raysim.actors.audit import LeakError
+    from raysim.security.audit import LeakError
 
     path = tmp_path / "pre.safetensors"
     foundation_for(run_cfg({"name": "fedavg"}), path)
@@ -649,7 +649,7 @@ def test_a_round_zero_that_does_not_move_leaves_c_at_zero_not_the_foundation(tmp
     foundation: the auditor stops that run, and without the auditor it sends w_pre. The default
     keeps c = 0 until τ_t first moves, takes τ_0 there (c ∈ [ψ, 2ψ] in that round, as c_0 is
     normally) and runs to the end, the auditor on or off, never near the foundation."""
-    from raysim.actors.audit import LeakError
+    from raysim.security.audit import LeakError
 
     path = tmp_path / "pre.safetensors"
     plain = local_core(run_cfg({"name": "fedavg"}))
@@ -707,7 +707,7 @@ def test_fedbaf_through_raysim_run_on_two_workers_with_the_auditor(
     assert "strategy/fedbaf_matching.csv" in names
     assert "raysim.restricted" not in client.get_run(res.run_id).data.tags
     assert not client.list_artifacts(res.run_id, "private")  # never, unless asked
-    from raysim.actors.audit import LeakError
+    from raysim.security.audit import LeakError
 
     with pytest.raises(LeakError, match="server-private"):  # Ray's wrapper is a LeakError too
         raysim.run(
@@ -782,8 +782,8 @@ def test_the_auditor_finds_the_foundation_bytes_anywhere_in_a_payload():
     """§6.3 (ii): a matched tensor's float32 bytes inside any payload array trip the auditor,
     wherever they sit, and so does a scaled copy (issue 25); the values with 1 % noise each, or
     a block under 64 values, do not."""
-    from raysim.actors.audit import LeakAuditor, LeakError
     from raysim.algorithms.base import Secret
+    from raysim.security.audit import LeakAuditor, LeakError
 
     rng = np.random.default_rng(7)
     pre = rng.normal(size=100).astype(np.float32)

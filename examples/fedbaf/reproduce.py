@@ -210,7 +210,7 @@ class Reproduction:
     # ----------------------------------------------------------------- security
     def security(self) -> None:
         import raysim
-        from raysim.actors.audit import LeakError
+        from raysim.security.audit import LeakError
         from raysim.security.report import extract
 
         raw = self.base(VISION, "digits-600-e20")

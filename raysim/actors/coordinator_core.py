@@ -157,7 +157,7 @@ class CoordinatorCore:
         self.strategy: Strategy = self._build_strategy(initial)
         self.auditor = None
         if cfg.audit.leaks:  # in torch: imported only where it runs
-            from raysim.actors.audit import LeakAuditor
+            from raysim.security.audit import LeakAuditor
 
             secrets = self.strategy.secrets()
             self.auditor = LeakAuditor(

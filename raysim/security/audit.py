@@ -32,10 +32,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from raysim.actors.audit_values import ExactCopies, ValueIndex, float32_words
-from raysim.actors.audit_windows import SPAN, WindowIndex, extent, sign_keys
 from raysim.algorithms.base import Secret
 from raysim.errors import LeakError
+from raysim.security.audit_values import ExactCopies, ValueIndex, float32_words
+from raysim.security.audit_windows import SPAN, WindowIndex, extent, sign_keys
 
 MIN_VALUES = 64  # fedbaf.md §6.3: blocks of 64 values or more
 #: the unit roundoff of bfloat16: a shift below it (relative to the spread) is reported as 0

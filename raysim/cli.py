@@ -508,6 +508,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 def cmd_methods(args: argparse.Namespace) -> int:
     """``raysim methods``: every method, what it needs, whether it batches and its parameters'
     names; ``raysim methods NAME``: one method whole (each parameter's default and meaning)."""
+    from raysim.algorithms.interface import INTERFACE_VERSION
     from raysim.algorithms.registry import get_method, method_names
     from raysim.config import ConfigError
 
@@ -525,7 +526,10 @@ def cmd_methods(args: argparse.Namespace) -> int:
             about = f" : {f.description}" if f.description else ""
             console.print(f"  {f.alias or key} = {default}{about}", soft_wrap=True, markup=False)
         return 0
-    table = Table(title="registered methods", caption="raysim methods NAME: one method whole")
+    table = Table(
+        title=f"registered methods (method interface {INTERFACE_VERSION}, CHANGELOG.md)",
+        caption="raysim methods NAME: one method whole",
+    )
     table.add_column("name", no_wrap=True)
     table.add_column("needs")
     table.add_column("batched")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "raysim"
 #: the method interface at the top of ``raysim/algorithms/``; every method lives in a subpackage
-INTERFACE = ("base", "context", "private", "hooks", "registry", "spec", "__init__")
+INTERFACE = ("base", "context", "private", "hooks", "interface", "registry", "spec", "__init__")
 PAPERS = ("general", "fedoa", "feddle", "fedbaf", "fedot")
 
 

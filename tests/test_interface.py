@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import subprocess
 import sys
 import textwrap
 
 import numpy as np
 import pytest
+import yaml
 
 import raysim
 from raysim import checkpoint
@@ -22,13 +24,15 @@ from raysim.algorithms.general.fedadam import FedAdam
 from raysim.algorithms.general.fedavg import FedAvg
 from raysim.algorithms.general.fedopt import FedOptParams
 from raysim.algorithms.hooks import ComposedStrategy
+from raysim.algorithms.interface import INTERFACE_VERSION, InterfaceError
 from raysim.algorithms.private import PrivateStateError, PrivateTensors
 from raysim.algorithms.registry import MIXERS
 from raysim.config import ConfigError, load_config
 from raysim.models.layout import BUFFERS, SHARED
-from tests.conftest import ROOT, tiny
+from tests.conftest import ROOT, fresh_cli, tiny
 
-PLUGIN = ROOT / "tests" / "plugins" / "echo_method.py"
+PLUGINS = ROOT / "tests" / "plugins"
+PLUGIN = PLUGINS / "echo_method.py"
 
 
 def run_local(cfg, rounds=None):
@@ -663,3 +667,92 @@ def test_a_users_behaviour_runs_on_ray_workers(ray_cluster):
         core.step()
     np.testing.assert_array_equal(core.strategy.weights, start)
     assert res.weights_digest == core.digest()
+
+
+# --------------------------------------------------------------------------- interface version
+def test_a_plugin_of_the_old_wrap_model_shape_is_refused_in_one_line_before_ray(tmp_path):
+    """``wrap_model(module, spec)`` (before interface 2.0) is refused when the plugin registers:
+    one line on stderr naming the expected signature, exit 2, no Ray started."""
+    cfg = tiny(
+        rounds=1, algorithm={"name": "old_wrap", "module": str(PLUGINS / "old_wrap_method.py")}
+    )
+    cfg["runtime"] = "ray"
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    out = fresh_cli(["run", "c.yaml"], tmp_path, env={"RAY_ADDRESS": "127.0.0.1:1"})
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert "add_nothing(module, spec)" in lines[0]
+    assert "wrap_model(module, spec, params)" in lines[0]
+    assert f"interface {INTERFACE_VERSION}" in lines[0] and "CHANGELOG.md" in lines[0]
+
+
+def test_every_overridable_call_is_checked_against_the_interface():
+    """A client, strategy, mixer or behaviour that overrides a call with another shape is refused
+    at registration; extra parameters with defaults, ``*args`` and renamed ones are accepted."""
+    from raysim.algorithms import ClientAlgorithm, Method, register
+    from raysim.algorithms.general.fedavg import FedAvg
+    from raysim.algorithms.hooks import ClientBehaviour, Mixer
+    from raysim.algorithms.registry import BEHAVIOURS, MIXERS, Hook
+
+    class OldClient(ClientAlgorithm):
+        def train(self, ctx, global_params):  # an extra required argument
+            return {}
+
+    class OldStrategy(FedAvg):
+        def on_round_end(self):  # lost its round_index
+            return True
+
+    class OldMixer(Mixer):
+        def mix(self, previous, aggregated):
+            return aggregated
+
+    class OldBehaviour(ClientBehaviour):
+        def on_update(self, ctx, delta, *, scale):  # a keyword the runtime never passes
+            return delta
+
+    class FineClient(ClientAlgorithm):
+        def train(self, context, extra=1, *rest):
+            return {}
+
+    cases = [
+        (
+            lambda: register(Method(name="t_old_client", strategy=FedAvg, client=OldClient)),
+            "OldClient",
+            "train(self, ctx)",
+        ),
+        (
+            lambda: register(Method(name="t_old_strategy", strategy=OldStrategy)),
+            "OldStrategy",
+            "on_round_end(self, round_index)",
+        ),
+        (
+            lambda: MIXERS.register(Hook("t_old_mixer", OldMixer)),
+            "OldMixer",
+            "mix(self, round_index",
+        ),
+        (
+            lambda: BEHAVIOURS.register(Hook("t_old_behaviour", OldBehaviour)),
+            "OldBehaviour",
+            "on_update(self, ctx",
+        ),
+    ]
+    for call, owner, expected in cases:
+        with pytest.raises(InterfaceError) as e:
+            call()
+        assert owner in str(e.value) and expected in str(e.value), str(e.value)
+        assert "\n" not in str(e.value)
+    register(Method(name="t_fine_client", strategy=FedAvg, client=FineClient))
+
+
+def test_raysim_methods_prints_the_interface_version(capsys):
+    from raysim.cli import main
+
+    assert main(["methods"]) == 0
+    assert f"method interface {INTERFACE_VERSION}" in capsys.readouterr().out
+
+
+def test_the_changelog_names_the_current_interface_version():
+    text = (ROOT / "CHANGELOG.md").read_text()
+    versions = re.findall(r"^## Method interface (\d+\.\d+)", text, flags=re.M)
+    assert versions and versions[0] == INTERFACE_VERSION, versions

@@ -35,6 +35,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from .interface import check_overrides, check_wrap_model
 from .spec import HookParams, HookSpec, MethodSpec
 
 if TYPE_CHECKING:
@@ -135,11 +136,16 @@ class Registry(Generic[T, S]):
     module is imported on ``get``; a plugin is known once it registers."""
 
     def __init__(
-        self, kind: str, spec_of: Callable[[T], S], source: Callable[[T], Hashable]
+        self,
+        kind: str,
+        spec_of: Callable[[T], S],
+        source: Callable[[T], Hashable],
+        check: Callable[[T], None],
     ) -> None:
         self.kind = kind
         self._spec_of = spec_of  # a registered implementation's spec
         self._source = source  # what tells two registrations of one name apart
+        self._check = check  # refuses callables of another shape than the interface's
         self._registered: dict[str, T] = {}
         self._plugin_specs: dict[str, S] = {}
 
@@ -150,8 +156,10 @@ class Registry(Generic[T, S]):
     def register(self, entry: T) -> T:
         """Add ``entry`` under its name. A built-in name takes only the implementation built from
         its spec (``Method.of``, ``Hook.of``); another source under a taken name is an error
-        (re-importing the same file, e.g. as a plugin and by hand, is not)."""
+        (re-importing the same file, e.g. as a plugin and by hand, is not); so is a callable that
+        does not take the call the interface makes of it (``interface.InterfaceError``)."""
         spec = self._spec_of(entry)
+        self._check(entry)
         builtin = self._builtin().get(spec.name)
         if builtin is not None and dataclasses.replace(spec, module=builtin.module) != builtin:
             raise ValueError(f"{self.kind} {spec.name!r} is registered twice (it is built in)")
@@ -208,11 +216,30 @@ class Hook(Generic[T]):
         return self.cls(params)
 
 
-def _hooks(kind: str) -> Registry[Any, HookSpec]:
+def _check_method(method: Method) -> None:
+    from .base import ClientAlgorithm, Strategy
+
+    owner = f"method {method.name!r}"
+    check_overrides(method.strategy, Strategy, owner)
+    check_overrides(method.client, ClientAlgorithm, owner)
+    check_wrap_model(method.wrap_model, owner)
+
+
+def _check_hook(base: str) -> Callable[[Hook[Any]], None]:
+    def check(hook: Hook[Any]) -> None:
+        from . import hooks
+
+        check_overrides(hook.cls, getattr(hooks, base), f"hook {hook.name!r}")
+
+    return check
+
+
+def _hooks(kind: str, base: str) -> Registry[Any, HookSpec]:
     return Registry(
         kind,
         lambda h: HookSpec(kind, h.name, h.cls.__module__, h.params, h.reference),
         lambda h: (h.cls.__qualname__, _file(h.cls)),
+        _check_hook(base),
     )
 
 
@@ -220,9 +247,10 @@ ALGORITHMS: Registry[Method, MethodSpec] = Registry(
     MethodSpec.kind,
     lambda m: m.spec,
     lambda m: (m.strategy.__qualname__, m.client.__qualname__, _file(m.strategy)),
+    _check_method,
 )
-MIXERS: Registry[Mixer, HookSpec] = _hooks("server hook")
-BEHAVIOURS: Registry[ClientBehaviour, HookSpec] = _hooks("client behaviour")
+MIXERS: Registry[Mixer, HookSpec] = _hooks("server hook", "Mixer")
+BEHAVIOURS: Registry[ClientBehaviour, HookSpec] = _hooks("client behaviour", "ClientBehaviour")
 # the method registry's operations, by the names methods and docs use
 register = ALGORITHMS.register
 method_spec = ALGORITHMS.spec

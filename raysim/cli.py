@@ -558,62 +558,100 @@ def _training_bar(label: str) -> Iterator[Callable[[int, int, float], None]]:
         yield lambda step, total, loss: bar.update(task, completed=step, total=total, loss=loss)
 
 
-def cmd_foundation(args: argparse.Namespace) -> int:
+def _pretrain_tiny_llama(args: argparse.Namespace, report: Any) -> str:
     from raysim.models.foundation import FoundationConfig, pretrain_foundation
 
-    overrides = {"data_seed": args.data_seed}
+    overrides: dict[str, Any] = {"data_seed": args.data_seed or 0}
     if args.steps is not None:
         overrides["steps"] = args.steps
     if args.families:
         overrides["families"] = args.families.split(",")
     cfg = FoundationConfig(**overrides)
-    with _training_bar("pre-training") as report:
-        meta = pretrain_foundation(cfg, args.out, lambda step, loss: report(step, cfg.steps, loss))
-    console.print(
-        f"saved to [bold]{args.out}[/bold]: {meta['parameters']:,} parameters, vocabulary "
-        f"{meta['vocab_size']}, held-out exact match {meta['heldout_exact_match']:.3f} "
-        f"({meta['pretrain_seconds']:.0f} s). Use it with\n"
+    meta = pretrain_foundation(cfg, args.out, lambda step, loss: report(step, cfg.steps, loss))
+    return (
+        f"{meta['parameters']:,} parameters, vocabulary {meta['vocab_size']}, held-out exact "
+        f"match {meta['heldout_exact_match']:.3f} ({meta['pretrain_seconds']:.0f} s). Use it with\n"
         f"  model: {{name: hf_causal_lm, path: {args.out}}}\n"
         f"  data.text: {{tokenizer: {args.out}, data_seed: {cfg.data_seed}}}"
     )
-    return 0
 
 
-def _pretrain_digits(args: argparse.Namespace, report: Any) -> dict:
+def _fedbaf_use(args: argparse.Namespace, meta: dict) -> str:
+    scores = ", ".join(
+        f"{k.removeprefix('heldout_')} {v:.3f}" for k, v in meta.items() if k.startswith("heldout_")
+    )
+    return (
+        f"{meta['parameters']:,} parameters; held-out {scores} ({meta['pretrain_seconds']:.0f} "
+        f"s). Use it with\n  algorithm: {{name: fedbaf, foundation: {args.out}}}"
+    )
+
+
+def _pretrain_digits(args: argparse.Namespace, report: Any) -> str:
     from raysim.models.pretrain_digits import DigitsPretrainConfig, pretrain_digits
 
-    overrides: dict[str, Any] = {"seed": args.seed}
+    overrides: dict[str, Any] = {"seed": args.seed or 0}
     if args.epochs is not None:
         overrides["epochs"] = args.epochs
     if args.samples is not None:
         overrides["samples"] = args.samples
-    return pretrain_digits(DigitsPretrainConfig(**overrides), args.out, report)
+    return _fedbaf_use(args, pretrain_digits(DigitsPretrainConfig(**overrides), args.out, report))
 
 
-def _pretrain_markov(args: argparse.Namespace, report: Any) -> dict:
+def _pretrain_markov(args: argparse.Namespace, report: Any) -> str:
     from raysim.models.pretrain_markov import MarkovPretrainConfig, pretrain_markov
 
-    overrides: dict[str, Any] = {"seed": args.seed}
+    overrides: dict[str, Any] = {"seed": args.seed or 0}
     if args.epochs is not None:
         overrides["epochs"] = args.epochs
-    return pretrain_markov(MarkovPretrainConfig(**overrides), args.out, report)
+    return _fedbaf_use(args, pretrain_markov(MarkovPretrainConfig(**overrides), args.out, report))
+
+
+#: ``raysim pretrain KIND``: how each foundation is trained, its default directory, its options
+PRETRAIN: dict[str, tuple[Callable[[argparse.Namespace, Any], str], str, tuple[str, ...]]] = {
+    "tiny-llama": (
+        _pretrain_tiny_llama,
+        "foundations/tiny-s0",
+        ("data_seed", "steps", "families"),
+    ),
+    "digits": (_pretrain_digits, "foundations/digits", ("epochs", "samples", "seed")),
+    "markov": (_pretrain_markov, "foundations/markov", ("epochs", "seed")),
+}
+PRETRAIN_OPTIONS = ("data_seed", "steps", "families", "epochs", "samples", "seed")
 
 
 def cmd_pretrain(args: argparse.Namespace) -> int:
-    """The small foundation models of fedbaf.md §8.1, offline: ``digits`` (the 20-class flipped
-    digit task) or ``markov`` (chain A's language model)."""
-    build = {"digits": _pretrain_digits, "markov": _pretrain_markov}[args.task]
-    with _training_bar(f"pre-training {args.task}") as report:
-        meta = build(args, report)
-    scores = ", ".join(
-        f"{k.removeprefix('heldout_')} {v:.3f}" for k, v in meta.items() if k.startswith("heldout_")
-    )
-    console.print(
-        f"saved to [bold]{args.out}[/bold]: {meta['parameters']:,} parameters; held-out {scores} "
-        f"({meta['pretrain_seconds']:.0f} s). Use it with\n"
-        f"  algorithm: {{name: fedbaf, foundation: {args.out}}}"
-    )
+    """``raysim pretrain KIND``: a foundation model, offline. ``tiny-llama``: FedOA's tiny
+    pre-trained LLaMA for Flan-mini (fedoa.md §7.1); ``digits`` (the 20-class flipped digit task)
+    and ``markov`` (chain A's language model): FedBaF's small foundations (fedbaf.md §8.1)."""
+    from raysim.config import ConfigError
+
+    build, default_out, options = PRETRAIN[args.kind]
+    for name in PRETRAIN_OPTIONS:
+        if getattr(args, name) is not None and name not in options:
+            takes = [k for k, (_, _, o) in PRETRAIN.items() if name in o]
+            flag = "--" + name.replace("_", "-")
+            raise ConfigError(
+                f"{flag} applies to raysim pretrain {' or '.join(takes)}, not {args.kind}"
+            )
+    args.out = args.out or default_out
+    with _training_bar(f"pre-training {args.kind}") as report:
+        about = build(args, report)
+    console.print(f"saved to [bold]{args.out}[/bold]: {about}")
     return 0
+
+
+def cmd_foundation(args: argparse.Namespace) -> int:
+    """``raysim foundation``: the old name of ``raysim pretrain tiny-llama``, kept as an alias."""
+    errors.print(
+        "raysim foundation is now raysim pretrain tiny-llama (the old name still works)",
+        style="yellow",
+        markup=False,
+    )
+    for name in PRETRAIN_OPTIONS:
+        if not hasattr(args, name):
+            setattr(args, name, None)
+    args.kind = "tiny-llama"
+    return cmd_pretrain(args)
 
 
 def cmd_extract(args: argparse.Namespace) -> int:
@@ -654,6 +692,12 @@ def cmd_extract(args: argparse.Namespace) -> int:
         )
     console.print(f"logged as MLflow run {out.run_id} (extraction.csv, extraction.png)")
     return 0
+
+
+def _tiny_llama_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data-seed", type=int, default=None, help="tiny-llama: Flan-mini word pools")
+    p.add_argument("--steps", type=int, default=None, help="tiny-llama: optimiser steps (8000)")
+    p.add_argument("--families", default=None, help="tiny-llama: corpus families (default: all)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -719,24 +763,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", nargs="?", help="one method: its parameters' defaults and meaning")
     p.set_defaults(func=cmd_methods)
     p = sub.add_parser(
-        "foundation", help="pre-train the tiny foundation LLaMA for Flan-mini (fedoa.md §7.1)"
+        "pretrain",
+        help="a foundation model, offline: tiny-llama (FedOA's tiny LLaMA, fedoa.md §7.1), "
+        "digits or markov (FedBaF's, fedbaf.md §8.1)",
     )
-    p.add_argument("--out", default="foundations/tiny-s0", help="output directory")
-    p.add_argument("--data-seed", type=int, default=0, help="Flan-mini word pools to learn")
-    p.add_argument("--steps", type=int, default=None, help="optimiser steps (default 8000)")
-    p.add_argument(
-        "--families", default=None, help="comma-separated corpus families (default: all five)"
-    )
-    p.set_defaults(func=cmd_foundation)
-    p = sub.add_parser(
-        "pretrain", help="FedBaF's small foundation models of fedbaf.md §8.1 (offline)"
-    )
-    p.add_argument("task", choices=["digits", "markov"], help="digits: 20-class flipped digits")
-    p.add_argument("--out", required=True, help="output directory (model.safetensors + metadata)")
-    p.add_argument("--epochs", type=int, default=None, help="training epochs (task default)")
+    p.add_argument("kind", choices=list(PRETRAIN), help="which foundation")
+    p.add_argument("--out", default=None, help="output directory (default: foundations/...)")
+    _tiny_llama_options(p)
+    p.add_argument("--epochs", type=int, default=None, help="digits, markov: training epochs")
     p.add_argument("--samples", type=int, default=None, help="digits: foundation pool samples")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None, help="digits, markov: seed (default 0)")
     p.set_defaults(func=cmd_pretrain)
+    p = sub.add_parser("foundation", help="the old name of raysim pretrain tiny-llama")
+    p.add_argument("--out", default=None, help="output directory (default: foundations/tiny-s0)")
+    _tiny_llama_options(p)
+    p.set_defaults(func=cmd_foundation)
     p = sub.add_parser(
         "extract",
         help="FedBaF's extraction harness (E0/E1/E2, fedbaf.md §6) against a run with observers",

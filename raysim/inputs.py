@@ -71,8 +71,8 @@ def check_inputs(cfg: Any) -> None:
             hint = f"; {_foundation_hint(path)}"
         elif what == "tokenizer":
             hint = (
-                " (a tokenizer folder: `raysim foundation --out PATH` makes the tiny foundation, "
-                "its model and tokenizer)"
+                " (a tokenizer folder: `raysim pretrain tiny-llama --out PATH` makes the tiny "
+                "foundation, its model and tokenizer)"
             )
         raise MissingInput(f"{key}: {value} does not exist{where}{hint}")
 

@@ -92,12 +92,22 @@ def test_the_foundation_model_loads_as_hf_causal_lm_with_lora(foundation_dir):
     assert handle.get_adapter("global").size == 2 * 2 * 8 * (64 + 64)  # 2 layers x q/v x A,B
 
 
-def test_cli_foundation_writes_the_directory(tmp_path):
+def test_cli_pretrain_tiny_llama_writes_the_directory(tmp_path, capsys):
+    """``raysim pretrain tiny-llama`` (one verb for every foundation); ``raysim foundation``, the
+    old name, does the same and says it is an alias; an option of another kind is refused."""
     from raysim.cli import main
 
     out = tmp_path / "f"
-    assert main(["foundation", "--out", str(out), "--steps", "3"]) == 0
+    assert main(["pretrain", "tiny-llama", "--out", str(out), "--steps", "3"]) == 0
     assert foundation_metadata(out)["config"]["steps"] == 3
+    capsys.readouterr()
+    old = tmp_path / "old"
+    assert main(["foundation", "--out", str(old), "--steps", "2", "--data-seed", "1"]) == 0
+    assert foundation_metadata(old)["config"]["steps"] == 2
+    assert "raysim pretrain tiny-llama" in capsys.readouterr().err
+    assert main(["pretrain", "tiny-llama", "--out", str(out), "--epochs", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "--epochs applies to raysim pretrain digits or markov, not tiny-llama" in err
 
 
 def _driver():

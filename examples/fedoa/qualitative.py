@@ -4,7 +4,7 @@ Runs every method preset below for each seed under one MLflow parent run (readin
 held out), then checks the spec's directional claims on the mean over seeds and writes a Markdown
 report with the measured numbers (nothing here is copied from the papers).
 
-    raysim foundation --out foundations/tiny-s0          # once, about 5 min on 2 CPUs
+    raysim pretrain tiny-llama --out foundations/tiny-s0          # once, about 5 min on 2 CPUs
     python examples/fedoa/qualitative.py --seeds 0,1 --out runs/qualitative
 
 ``--quick`` shrinks the data and rounds for a fast look (not the T2 budget).

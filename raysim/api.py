@@ -22,13 +22,15 @@ import numpy as np
 from raysim import timeline
 from raysim.checkpoint import ResumeSource, prepare_resume
 from raysim.config import ConfigError, RunConfig, load_config
+from raysim.plan import RunPlan, plan_run
 from raysim.ray_start import (  # noqa: F401  (re-exported: raysim.api is where users look)
     ClusterError,
     check_reachable,
     ensure_ray,
     ray_address,
 )
-from raysim.tracking import SESSION_TAG, default_tracking_uri
+from raysim.resources import local_resources  # noqa: F401  (re-exported)
+from raysim.tracking import SESSION_TAG
 
 if TYPE_CHECKING:
     from raysim.actors.pool import WorkerLaunch
@@ -54,35 +56,12 @@ class Result:
     unsaved: str | None = None
     #: ``clients.state.store: disk``: the folder of the run's personal-state store
     state_store: str | None = None
+    #: the plan the run followed (``RunPlan.describe``: what ``raysim run --dry-run`` prints)
+    plan: str = ""
 
 
 #: where the driver saves a finished run's weights when the artifact store refuses them
 UNSAVED_DIR, WEIGHTS = "raysim-unsaved", "weights.safetensors"
-
-
-def local_resources() -> dict[str, float]:
-    """What a private local Ray will have: this machine's CPUs and the CUDA GPUs Ray itself
-    finds (NVML, limited to ``CUDA_VISIBLE_DEVICES``); torch counts them where Ray's detection
-    is not there, so the driver imports torch only then."""
-    return {"CPU": float(os.cpu_count() or 1), "GPU": float(_visible_gpus())}
-
-
-def _visible_gpus() -> int:
-    try:
-        from ray._private.accelerators import NvidiaGPUAcceleratorManager as nvidia
-    except ImportError:  # another Ray layout: ask CUDA through torch
-        try:
-            import torch
-
-            return torch.cuda.device_count()
-        except Exception:  # noqa: BLE001 - no usable CUDA: no GPUs
-            return 0
-    try:
-        gpus = nvidia.get_current_node_num_accelerators()
-        visible = nvidia.get_current_process_visible_accelerator_ids()
-    except Exception:  # noqa: BLE001 - no usable NVML: no GPUs
-        return 0
-    return gpus if visible is None else min(gpus, len(visible))
 
 
 def preflight(cfg: RunConfig, address: str | None = None) -> None:
@@ -172,49 +151,51 @@ class RunSession:
         coordinator_here: bool = False,
         worker_here: bool = False,
         started: Callable[[WorkerLaunch | None], list[Any]] | None = None,
+        plan: RunPlan | None = None,
     ) -> None:
         from raysim.placement import check_state_outlives_job, check_store_outlives_job
-        from raysim.without_ray import runs_without_ray
 
         timeline.role("driver")
-        if resume is not None and not isinstance(resume, ResumeSource):
-            resume = prepare_resume(resume, cfg, force=force)
-        if resume is not None:
-            cfg = resume.config
-        if cfg is None:
-            raise ConfigError("RunSession needs a config or a run to resume")
-        self.cfg = cfg
-        self.resumed_from: ResumeSource | None = resume
+        if plan is None:  # ``plan``: one resolved already (``raysim.plan.plan_run``)
+            plan = plan_run(
+                cfg,
+                address,
+                resume=resume,
+                force=force,
+                resources=None if resources is None else dict(resources),
+                coordinator_here=coordinator_here,
+                worker_here=worker_here,
+                placed=started is not None,
+            )
+        #: what this session carries out, decided before anything started
+        self.plan = plan
+        self.cfg = cfg = plan.cfg
+        self.resumed_from: ResumeSource | None = plan.resume
         self.actor = None
         self.here = None  # the coordinator itself, where it runs in this process
         #: a coordinator actor's first workers, started here beside it rather than by it once
         #: it runs (0.2-0.3 s sooner: a worker's imports are the start's critical path);
         #: ended here if that coordinator dies, since this process owns them
         self._own_workers: list[Any] = []
-        self._in_process = coordinator_here and can_host_coordinator(cfg)
-        self.tracking_uri = None
-        if cfg.tracking.enabled:
-            self.tracking_uri = (resume.tracking_uri if resume else None) or (
-                cfg.tracking.uri or default_tracking_uri()
-            )
+        self._in_process = plan.coordinator_here
+        self._worker_here = plan.worker_here
+        self.tracking_uri = plan.tracking_uri
         check_store_outlives_job(self.tracking_uri)
         check_state_outlives_job(cfg)
         self._started_ray = False
         self.coordinator_restarts = 0
         self._session = uuid.uuid4().hex  # tags the MLflow run, so a replacement finds it
-        self._first_source = resume.for_actor() if resume else None
+        self._first_source = plan.resume.for_actor() if plan.resume else None
         self.run_id: str | None = None
-        self.round = resume.round if resume else 0
+        self.round = plan.resume.round if plan.resume else 0
         #: after ``stop``: the coordinator's rounds done and the round its newest checkpoint
         #: resumes at (None where it could not say)
         self.stopped: dict[str, int | None] | None = None
         self.finished = False  # ``finish`` returned: the run is FINISHED in MLflow
-        caller_placed = coordinator_here or worker_here or resources is not None or started
         #: the whole run in this process, without Ray (``runtime``, ``raysim.without_ray``)
-        self.local = not caller_placed and runs_without_ray(cfg, address)
+        self.local = plan.local
         if self.local:
             preflight(cfg, address)
-            self._in_process, self._worker_here = True, True
             self.pool_size, self._launch, self._started = 1, None, []
             try:
                 self._start_coordinator(self._first_source)
@@ -224,24 +205,19 @@ class RunSession:
                 self.close()
                 raise
         else:
-            self._start_on_ray(address, resources, worker_here, started)
+            self._start_on_ray(address, started)
         # a script that exits without close(): mark the run KILLED before Ray's own exit hook
         atexit.register(self.close)
 
     def _start_on_ray(
-        self,
-        address: str | None,
-        resources: Mapping[str, float] | None,
-        worker_here: bool,
-        started: Callable[[WorkerLaunch | None], list[Any]] | None,
+        self, address: str | None, started: Callable[[WorkerLaunch | None], list[Any]] | None
     ) -> None:
-        """Start (or join) Ray, the run's first workers and its coordinator."""
+        """Start (or join) Ray, then the plan's first workers and its coordinator."""
         import ray
 
         from raysim.actors.coordinator_actor import CONCURRENCY_GROUPS, Coordinator
         from raysim.actors.pool import WorkerLaunch
         from raysim.placement import coordinator_options
-        from raysim.resources import plan_resources
 
         cfg = self.cfg
         if not ray.is_initialized():
@@ -250,24 +226,8 @@ class RunSession:
             preflight(cfg, address)
         self._started_ray = ensure_ray(address)
         try:
-            self.plan = plan_resources(cfg, dict(resources or ray.cluster_resources()))
-            self.pool_size = self.plan.num_workers
-            in_process = cfg.workers.transport == "in_process"
-            self._worker_here = worker_here or in_process
-            if worker_here and not (self._in_process and can_host_worker(cfg, self.pool_size)):
-                raise ConfigError(
-                    "tune.worker=here trains a trial's one worker in the trial's process: every "
-                    "trial needs workers.count=1 on CPUs (workers.num_gpus=0), no "
-                    "faults.kill_worker or kill_coordinator and coordinator.num_gpus=0; set "
-                    "tune.worker=actor to sweep this config"
-                )
-            if in_process and not can_host_worker(cfg, self.pool_size, self._in_process):
-                raise ConfigError(
-                    "workers.transport=in_process trains the run's one worker in the "
-                    f"coordinator's process: it needs workers.count=1 (here {self.pool_size} "
-                    "workers) on CPUs (workers.num_gpus=0), coordinator.num_gpus=0 and no "
-                    "faults.kill_worker; set workers.transport=auto"
-                )
+            self.plan = self.plan.on_cluster(ray.cluster_resources())  # a named cluster's pool
+            self.pool_size = self.plan.pool_size
             self._launch = (
                 None if self._worker_here else WorkerLaunch.for_config(cfg, self.pool_size)
             )
@@ -502,6 +462,7 @@ class RunSession:
             client_states=states,
             unsaved=unsaved,
             state_store=summary.get("state_store"),
+            plan=self.plan.describe(),
         )
 
     def _end_own_workers(self) -> None:
@@ -553,6 +514,7 @@ def run(
     address: str | None = None,
     on_round: RoundCallback | None = None,
     on_start: Callable[[RunSession], None] | None = None,
+    plan: RunPlan | None = None,
 ) -> Result:
     """Run one simulation to the end. ``config`` is a YAML path, a dict or a ``RunConfig``.
 
@@ -562,8 +524,11 @@ def run(
     a run from its last checkpoint: an MLflow run id (reopened; its metrics continue at the next
     round) or a checkpoint directory; ``config`` is then optional (default: the checkpoint's, with
     ``overrides`` applied) and must match the checkpoint's. An interrupted run is marked KILLED,
-    a failed one FAILED; both can be resumed.
+    a failed one FAILED; both can be resumed. ``plan``: the run's plan, resolved already
+    (``raysim.plan.plan_run``; the CLI prints it for ``--dry-run``), instead of the above.
     """
+    if plan is not None:
+        return _carry_out(RunSession(plan=plan, address=address), on_round, on_start)
     if resume is not None and not isinstance(resume, ResumeSource):
         resume = prepare_resume(resume, config, overrides, force=force)
     if resume is not None:
@@ -572,7 +537,15 @@ def run(
         raise ConfigError("run() needs a config (or resume=RUN_ID)")
     else:
         cfg = load_config(config, overrides)
-    session = RunSession(cfg, address=address, resume=resume)
+    return _carry_out(RunSession(cfg, address=address, resume=resume), on_round, on_start)
+
+
+def _carry_out(
+    session: RunSession,
+    on_round: RoundCallback | None,
+    on_start: Callable[[RunSession], None] | None,
+) -> Result:
+    """Step a started session to its end; a stopped run is marked KILLED, a failed one FAILED."""
     if on_start is not None:
         on_start(session)
     try:

@@ -171,9 +171,13 @@ def _run_command(args: argparse.Namespace, started: list[Any]) -> int:
 
     if not ray_is_up():
         preflight(cfg, args.address)  # before the progress bar: a refusal is one line on stderr
-    if args.dry_run:
-        return _dry_run(cfg, args.address)
-    result = _run_with_progress(cfg, resume, args.address, started.append)
+    from raysim.plan import plan_run
+
+    plan = plan_run(cfg, args.address, resume=resume)  # what the run does, decided once
+    if args.dry_run:  # the plan, and nothing starts or is written
+        console.print(f"dry run: {plan.describe()}", soft_wrap=True, highlight=False, markup=False)
+        return 0
+    result = _run_with_progress(plan, args.address, started.append)
     console.print(_summary_table(result))
     console.print(f"weights sha256: {result.weights_digest}", soft_wrap=True, highlight=False)
     if result.state_store:  # clients.state.store: disk; a path is not cut short in a table
@@ -185,33 +189,6 @@ def _run_command(args: argparse.Namespace, started: list[Any]) -> int:
     if result.unsaved:
         errors.print(f"raysim: error: {result.unsaved}", style="red", markup=False)
         return 1
-    return 0
-
-
-def _dry_run(cfg: Any, address: str | None) -> int:
-    """What ``raysim run`` would start, from the config alone; nothing starts or is written."""
-    from raysim.api import local_resources, ray_address
-    from raysim.resources import plan_resources
-    from raysim.without_ray import auto_prefers_ray, needs_ray, runs_without_ray
-
-    where = ray_address(address)
-    line = f"dry run: {cfg.run_name()} · {cfg.rounds} rounds · {cfg.clients.num} clients"
-    if runs_without_ray(cfg, address):
-        line += " · 1 worker, in this process without Ray (runtime=ray to start Ray)"
-    elif where == "local":
-        plan = plan_resources(cfg, local_resources())
-        line += (
-            f" · {plan.num_workers} worker(s) of {plan.worker} and a coordinator of "
-            f"{plan.coordinator} on a private local Ray"
-        )
-        if cfg.workers.transport == "in_process":
-            line += " (the worker trains in the coordinator's process)"
-        why = (needs_ray(cfg, address) or auto_prefers_ray()) if cfg.runtime == "auto" else None
-        if why:
-            line += f" (on Ray: {why})"
-    else:
-        line += f" · on the Ray cluster at {where} (it answers)"
-    console.print(line, soft_wrap=True, highlight=False, markup=False)
     return 0
 
 
@@ -248,9 +225,10 @@ def _stopped(args: argparse.Namespace, session: Any) -> None:
         errors.print(f"{line}; start again with `{again}`")
 
 
-def _run_with_progress(cfg: Any, resume: Any, address: str | None, on_start: Any = None) -> Any:
+def _run_with_progress(plan: Any, address: str | None, on_start: Any = None) -> Any:
     from raysim.api import run
 
+    cfg, resume = plan.cfg, plan.resume
     start = resume.round if resume else 0
     if resume:
         where = resume.run_id or resume.dir
@@ -271,7 +249,7 @@ def _run_with_progress(cfg: Any, resume: Any, address: str | None, on_start: Any
                 arrived=int(m["clients_arrived"]),
             )
 
-        return run(cfg, resume=resume, address=address, on_round=on_round, on_start=on_start)
+        return run(plan=plan, address=address, on_round=on_round, on_start=on_start)
 
 
 def cmd_leave_one_out(args: argparse.Namespace) -> int:

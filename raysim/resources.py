@@ -10,6 +10,7 @@ from ``plan.totals()``.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,3 +108,38 @@ def plan_resources(cfg: RunConfig, resources: dict[str, float]) -> ResourcePlan:
         {"CPU": float(w.num_cpus), "GPU": float(w.num_gpus)},
         n,
     )
+
+
+def local_resources() -> dict[str, float]:
+    """What a private local Ray will have: the CPUs Ray counts and the CUDA GPUs Ray itself
+    finds (NVML, limited to ``CUDA_VISIBLE_DEVICES``); torch counts them where Ray's detection
+    is not there, so the driver imports torch only then."""
+    return {"CPU": float(_ray_cpus()), "GPU": float(_visible_gpus())}
+
+
+def _ray_cpus() -> int:
+    """The CPUs a private Ray counts (its own count: container limits included), so that a plan
+    made before Ray starts is the one Ray's resources give."""
+    try:
+        from ray._private.utils import get_num_cpus
+    except ImportError:  # another Ray layout
+        return os.cpu_count() or 1
+    return int(get_num_cpus())
+
+
+def _visible_gpus() -> int:
+    try:
+        from ray._private.accelerators import NvidiaGPUAcceleratorManager as nvidia
+    except ImportError:  # another Ray layout: ask CUDA through torch
+        try:
+            import torch
+
+            return torch.cuda.device_count()
+        except Exception:  # noqa: BLE001 - no usable CUDA: no GPUs
+            return 0
+    try:
+        gpus = nvidia.get_current_node_num_accelerators()
+        visible = nvidia.get_current_process_visible_accelerator_ids()
+    except Exception:  # noqa: BLE001 - no usable NVML: no GPUs
+        return 0
+    return gpus if visible is None else min(gpus, len(visible))

@@ -226,10 +226,12 @@ def test_the_dry_run_says_whether_ray_starts_and_why(tmp_path):
     would start it."""
     here = fresh_cli(["run", QUICKSTART, "--dry-run"], tmp_path, env=NO_GPU)
     assert here.returncode == 0, here.stderr
-    assert "1 worker, in this process without Ray (runtime=ray to start Ray)" in here.stdout
+    assert "runtime: this process, without Ray (runtime=ray to start Ray)" in here.stdout
+    assert "workers: 1, in this process" in here.stdout
     sequential = ["run", QUICKSTART, "workers.execution=sequential", "--dry-run"]
     ray = fresh_cli(sequential, tmp_path, env=NO_GPU)
     assert ray.returncode == 0, ray.stderr
-    assert "on a private local Ray (on Ray: a round trains its clients in 10 groups" in " ".join(
-        ray.stdout.split()
+    assert (
+        "runtime: a private local Ray (on Ray: a round trains its clients in 10 groups"
+        in " ".join(ray.stdout.split())
     )

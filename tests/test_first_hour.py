@@ -202,15 +202,17 @@ def test_only_paths_that_are_certainly_local_are_checked(tmp_path, monkeypatch):
 
 def test_what_the_readmes_commands_leave_behind_is_ignored_by_git():
     """The stores, locks and foundations that the README's commands write stay out of
-    ``git status``; both foundation commands write under one folder name."""
+    ``git status``; every ``raysim pretrain KIND`` writes under one folder name."""
     from raysim.cli import build_parser
 
     left = ["mlflow.db", "mlflow.db.lock", "foundations/digits/model.safetensors",
             "foundations/tiny-s0/config.json", "tune/tune-async-x/sweep.json"]  # fmt: skip
     res = subprocess.run(["git", "check-ignore", *left], cwd=ROOT, capture_output=True, text=True)
     assert res.stdout.split() == left, res.stdout
-    run = build_parser().parse_args(["foundation"])
-    assert run.out.startswith("foundations/")
+    from raysim.cli import PRETRAIN
+
+    assert build_parser().parse_args(["pretrain", "digits"]).kind == "digits"
+    assert all(default.startswith("foundations/") for _, default, _ in PRETRAIN.values())
 
 
 def test_a_sweep_naming_an_unreachable_cluster_fails_in_one_line():

@@ -122,19 +122,36 @@ def _driver():
 
 
 def test_the_t2_driver_judges_the_claims_from_the_numbers():
+    """Each claim is decided paired by seed (``raysim.verdicts``): held where its interval
+    clears the margin, not held where it lies beyond, inconclusive where the seeds disagree."""
+    from raysim.verdicts import HELD, INCONCLUSIVE, NOT_HELD
+
     q = _driver()
     base = {"ood_rouge1": 40.0, "id_rouge1": 60.0, "fd_last": 1.0, "fd_ratio": 1.0}
     t = {m: dict(base) for m in q.METHODS}
-    t["zero_shot"]["ood_rouge1"] = 20.0  # gate: 40 >= 20 + 5
-    t["local_only"].update(ood_rouge1=30.0, fd_ratio=3.0)  # 1a: 40 - 30 >= 5; 3: 1 < 3
+    t["zero_shot"]["ood_rouge1"] = 20.0  # gate: 40 − 20 > 5
+    t["local_only"].update(ood_rouge1=30.0, fd_ratio=3.0)  # 1a: 40 − 30 > 5; 3: 1 − 3 < 0
     for m, fd in zip(q.LAMBDAS, (4.0, 3.0, 2.0, 1.0), strict=True):
-        t[m]["fd_last"] = fd  # 2b: decreasing in λ
-    verdicts = [held for _, held, _ in q.claims(t)]
-    assert verdicts == [True, True, True, None, True, True, True, True, True, None]
-    t["fedoa_l2"]["ood_rouge1"] = 37.0  # an inversion of 3 points breaks 2a
-    t["fedlora"]["id_rouge1"] = 50.0  # 4a: FedLoRA more than 1 below FedIT
-    held = {text[:2]: ok for text, ok, _ in q.claims(t)}
-    assert held["2a"] is False and held["4a"] is False and held["1b"] is True
+        t[m]["fd_last"] = fd  # 2b: falls with λ
+
+    def seeds(table):  # three seeds, each moved by the same amount in every method
+        return {m: [{k: v + 0.1 * s for k, v in row.items()} for s in range(3)]
+                for m, row in table.items()}  # fmt: skip
+
+    verdicts = [v for _, v, _ in q.claims(seeds(t))]
+    assert verdicts == [HELD, HELD, HELD, "report", HELD, HELD, HELD, HELD, HELD, "report"]
+    t["fedoa_l2"]["ood_rouge1"] = 37.0  # a fall of 3 points from λ = 0.5 to 2 breaks 2a
+    t["fedlora"]["id_rouge1"] = 50.0  # 4a: FedLoRA 10 below FedIT
+    rows = seeds(t)
+    for s, ood in enumerate((30.0, 38.0, 22.0)):  # 1a: +10, +2, +18: the seeds disagree
+        rows["local_only"][s]["ood_rouge1"] = ood
+    held = {text[:2]: v for text, v, _ in q.claims(rows)}
+    assert held["2a"] == NOT_HELD and held["4a"] == NOT_HELD and held["1b"] == HELD
+    assert held["1a"] == INCONCLUSIVE
+    previous = "| 1a. old text | yes | x |\n| 2a. old | yes | y |\n| 4b. old | **no** | z |"
+    assert q.changed(q.claims(rows), previous) == [
+        "- 1a: held → inconclusive", "- 2a: held → not held", "- 4b: not held → held"
+    ]  # fmt: skip
 
 
 def test_the_corpus_families_are_a_checked_switch():

@@ -1,11 +1,12 @@
 """The qualitative mini reproduction of FedOA (fedoa.md §7.1 tier T2) on the tiny foundation LLaMA.
 
 Runs every method preset below for each seed under one MLflow parent run (reading comprehension
-held out), then checks the spec's directional claims on the mean over seeds and writes a Markdown
-report with the measured numbers (nothing here is copied from the papers).
+held out), then decides the spec's directional claims with ``raysim.verdicts`` (paired by seed,
+95 % intervals; issue 45) and writes a Markdown report with the measured numbers (nothing here
+is copied from the papers), listing the verdicts that changed from the committed RESULTS.md.
 
     raysim pretrain tiny-llama --out foundations/tiny-s0          # once, about 5 min on 2 CPUs
-    python examples/fedoa/qualitative.py --seeds 0,1 --out runs/qualitative
+    python examples/fedoa/qualitative.py --seeds 0,1,2 --out runs/qualitative   # ~25 min a seed
 
 ``--quick`` shrinks the data and rounds for a fast look (not the T2 budget).
 """
@@ -22,6 +23,7 @@ import numpy as np
 
 from raysim.api import ensure_ray
 from raysim.protocols import TABLE2_METHODS, leave_one_out
+from raysim.verdicts import HELD, INCONCLUSIVE, NOT_HELD, RULES, Paired, Summary, all_of
 
 HERE = Path(__file__).parent
 CONFIG = HERE / "qualitative.yaml"
@@ -53,9 +55,10 @@ def _curve(history: list[dict], key: str) -> list[float]:
     return [h[key] for h in history if key in h and math.isfinite(h[key])]
 
 
-def summarize(results: dict, seeds: list[str], methods: list[str]) -> dict[str, dict[str, float]]:
-    """Per method, the mean over seeds of the final metrics and feature-distance figures."""
-    out: dict[str, dict[str, float]] = {}
+def per_seed(results: dict, seeds: list[str], methods: list[str]) -> dict[str, list[dict]]:
+    """Per method, one row per seed (in ``seeds``' order) of final metrics and feature-distance
+    figures."""
+    out: dict[str, list[dict]] = {}
     for m in methods:
         rows = []
         for s in seeds:
@@ -66,39 +69,46 @@ def summarize(results: dict, seeds: list[str], methods: list[str]) -> dict[str, 
                 row["fd_first"], row["fd_last"] = dist[0], dist[-1]
                 row["fd_ratio"] = dist[-1] / dist[0] if dist[0] > 0 else float("nan")
             rows.append(row)
-        keys = set.intersection(*(set(r) for r in rows))
-        out[m] = {k: float(np.mean([r[k] for r in rows])) for k in sorted(keys)}
+        out[m] = rows
     return out
 
 
-def claims(t: dict[str, dict[str, float]]) -> list[tuple[str, bool | None, str]]:
-    """The §7.1 checks: (claim, held?, the numbers behind it); None = report only."""
+def means(rows: dict[str, list[dict]]) -> dict[str, dict[str, float]]:
+    """Per method, the mean over seeds of every figure all its seeds have."""
+    out = {}
+    for m, seeds in rows.items():
+        keys = set.intersection(*(set(r) for r in seeds))
+        out[m] = {k: float(np.mean([r[k] for r in seeds])) for k in sorted(keys)}
+    return out
+
+
+def claims(rows: dict[str, list[dict]]) -> list[tuple[str, str, str]]:
+    """The §7.1 checks with ``raysim.verdicts`` (paired by seed): (claim, verdict, the numbers
+    behind it); the verdict "report" where the spec asks for no decision."""
+
+    def col(m: str, key: str) -> list[float]:
+        return [r.get(key, float("nan")) for r in rows[m]]
+
+    def cmp(a: str, b: str, key: str, margin: float = 0.0, greater: bool = True) -> Paired:
+        return Paired.of(col(a, key), col(b, key), margin, greater)
+
+    t = means(rows)
     ood = {m: v.get("ood_rouge1", float("nan")) for m, v in t.items()}
     idr = {m: v.get("id_rouge1", float("nan")) for m, v in t.items()}
-    out: list[tuple[str, bool | None, str]] = []
-    gate = ood["fedit"] - ood["zero_shot"]
+    out: list[tuple[str, str, str]] = []
+    gate = cmp("fedit", "zero_shot", "ood_rouge1", 5)
+    means_text = f"FedIT {ood['fedit']:.2f} vs zero-shot {ood['zero_shot']:.2f}"
     out.append(
         (
-            "Sanity gate: FedIT OOD ≥ frozen base zero-shot + 5",
-            gate >= 5,
-            f"FedIT {ood['fedit']:.2f} vs zero-shot {ood['zero_shot']:.2f} ({gate:+.2f})",
+            "Sanity gate: FedIT OOD − frozen base zero-shot > +5",
+            gate.verdict,
+            f"{means_text}: {gate.text(digits=2)}",
         )
     )
-    d = ood["fedoa_l0.5"] - ood["local_only"]
-    out.append(
-        (
-            "1a. FedOA(0.5) − Local-only ≥ +5 OOD ROUGE-1",
-            d >= 5,
-            f"{ood['fedoa_l0.5']:.2f} − {ood['local_only']:.2f} = {d:+.2f}",
-        )
-    )
-    out.append(
-        (
-            "1b. FedOA(0.5) ≥ FedLoRA − 1 (OOD)",
-            ood["fedoa_l0.5"] >= ood["fedlora"] - 1,
-            f"{ood['fedoa_l0.5']:.2f} vs FedLoRA {ood['fedlora']:.2f}",
-        )
-    )
+    d = cmp("fedoa_l0.5", "local_only", "ood_rouge1", 5)
+    out.append(("1a. FedOA(0.5) − Local-only > +5 OOD ROUGE-1", d.verdict, d.text(digits=2)))
+    d = cmp("fedoa_l0.5", "fedlora", "ood_rouge1", -1)
+    out.append(("1b. FedOA(0.5) − FedLoRA > −1 (OOD)", d.verdict, d.text(digits=2)))
     order = sorted(
         ["fedit", "fedoa_l0.5", "fedlora", "perada", "pfedme", "local_only", "fedoa_l0", "fedsdr"],
         key=lambda m: -ood[m],
@@ -106,59 +116,64 @@ def claims(t: dict[str, dict[str, float]]) -> list[tuple[str, bool | None, str]]
     out.append(
         (
             "1c. Expected OOD order FedIT ≈ FedOA(≥0.5) > FedLoRA > {PERADA, pFedMe, Local-only, "
-            "FedOA(0)} ≥ FedSDR (report)",
-            None,
-            "measured: " + " > ".join(f"{m} {ood[m]:.1f}" for m in order),
+            "FedOA(0)} ≥ FedSDR",
+            "report",
+            "measured (means): " + " > ".join(f"{m} {ood[m]:.1f}" for m in order),
         )
     )
-    lam = [ood[m] for m in LAMBDAS]
-    drops = [a - b for a, b in zip(lam, lam[1:], strict=False) if b < a]
-    ok = len(drops) <= 1 and all(x <= 1 for x in drops)
+    lam = list(LAMBDAS)
+    steps = [cmp(b, a, "ood_rouge1", -1) for a, b in zip(lam, lam[1:], strict=False)]
     out.append(
         (
-            "2a. FedOA OOD ROUGE-1 non-decreasing in λ ∈ {0, 0.1, 0.5, 2} (one inversion ≤ 1)",
-            ok,
-            ", ".join(f"λ={v}: {ood[m]:.2f}" for m, v in LAMBDAS.items()),
+            "2a. FedOA OOD ROUGE-1 does not fall by more than 1 from each λ to the next "
+            "(λ ∈ {0, 0.1, 0.5, 2})",
+            all_of([s.verdict for s in steps]),
+            "; ".join(
+                f"λ {LAMBDAS[a]}→{LAMBDAS[b]}: {s.text(digits=2)}"
+                for a, b, s in zip(lam, lam[1:], steps, strict=False)
+            ),
         )
     )
-    fd = [t[m].get("fd_last", float("nan")) for m in LAMBDAS]
+    steps = [cmp(b, a, "fd_last", 0, greater=False) for a, b in zip(lam, lam[1:], strict=False)]
     out.append(
         (
-            "2b. Final mean feature distance decreasing in λ",
-            all(b < a for a, b in zip(fd, fd[1:], strict=False)),
-            ", ".join(f"λ={v}: {x:.4g}" for v, x in zip(LAMBDAS.values(), fd, strict=True)),
+            "2b. Final mean feature distance falls from each λ to the next",
+            all_of([s.verdict for s in steps]),
+            "; ".join(
+                f"λ {LAMBDAS[a]}→{LAMBDAS[b]}: {s.text(digits=3)}"
+                for a, b, s in zip(lam, lam[1:], steps, strict=False)
+            ),
         )
     )
-    r_oa, r_lo = t["fedoa_l0.5"].get("fd_ratio"), t["local_only"].get("fd_ratio")
+    if all("fd_ratio" in r for m in ("fedoa_l0.5", "local_only") for r in rows[m]):
+        d = cmp("fedoa_l0.5", "local_only", "fd_ratio", 0, greater=False)
+        out.append(("3. Feature distance final/initial: FedOA(0.5) − Local-only < 0", d.verdict,
+                    d.text(digits=3)))  # fmt: skip
+    else:
+        out.append(("3. Feature distance final/initial: FedOA(0.5) < Local-only",
+                    INCONCLUSIVE, "not logged"))  # fmt: skip
+    parts = {m: cmp(m, "fedit", "id_rouge1", -1) for m in PERSONALIZED}
     out.append(
         (
-            "3. Feature distance final/initial: FedOA(0.5) < Local-only",
-            None if r_oa is None or r_lo is None else r_oa < r_lo,
-            f"FedOA {r_oa:.3g} vs Local-only {r_lo:.3g}" if r_oa and r_lo else "not logged",
-        )
-    )
-    below = [m for m in PERSONALIZED if idr[m] < idr["fedit"] - 1]
-    out.append(
-        (
-            "4a. Every personalized method's ID ROUGE-1 ≥ FedIT − 1",
-            not below,
+            "4a. Every personalized method's ID ROUGE-1 − FedIT > −1",
+            all_of([d.verdict for d in parts.values()]),
             f"FedIT {idr['fedit']:.2f}; "
-            + ", ".join(f"{m} {idr[m]:.2f}" for m in PERSONALIZED)
-            + (f" (below: {', '.join(below)})" if below else ""),
+            + "; ".join(f"{m}: {d.text(digits=2)} ({d.verdict})" for m, d in parts.items()),
         )
     )
-    best = max(idr[m] for m in PERSONALIZED)
+    best = max(PERSONALIZED, key=lambda m: idr[m])
+    d = cmp("fedoa_l0.5", best, "id_rouge1", -3)
     out.append(
         (
-            "4b. FedOA(0.5) ID within 3 of the best personalized method",
-            idr["fedoa_l0.5"] >= best - 3,
-            f"FedOA {idr['fedoa_l0.5']:.2f}, best {best:.2f}",
+            "4b. FedOA(0.5) ID − the best personalized method's (by mean) > −3",
+            d.verdict,
+            f"best: {best} {idr[best]:.2f}; {d.text(digits=2)}",
         )
     )
     out.append(
         (
-            "5. Report only: FedIT vs Centralized (OOD); L2 vs cosine vs Pearson (FedOA OOD/ID)",
-            None,
+            "5. FedIT vs Centralized (OOD); L2 vs cosine vs Pearson (FedOA OOD/ID)",
+            "report",
             f"FedIT {ood['fedit']:.2f} vs Centralized {ood['centralized']:.2f}; "
             + ", ".join(
                 f"{m.split('_')[1]} {ood[m]:.2f}/{idr[m]:.2f}"
@@ -169,7 +184,31 @@ def claims(t: dict[str, dict[str, float]]) -> list[tuple[str, bool | None, str]]
     return out
 
 
-def report(t: dict, checks: list, seeds: list[str], parent: str | None, wall: float) -> str:
+def changed(checks: list[tuple[str, str, str]], previous: str) -> list[str]:
+    """The verdicts that differ from the claims table in ``previous`` (the report this one
+    replaces: two seeds, decided on their mean), each with its claim."""
+    old = {}
+    for line in previous.splitlines():
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        if len(cells) == 3 and cells[1] in ("yes", "**no**", "partly"):
+            key = cells[0].replace("**", "").split(".")[0].split(":")[0].strip()
+            old[key] = {"yes": HELD, "**no**": NOT_HELD}.get(cells[1], cells[1])
+    out = []
+    for text, verdict, _ in checks:
+        key = text.split(".")[0].split(":")[0].strip()
+        if key in old and old[key] != verdict and verdict != "report":
+            out.append(f"- {key}: {old[key]} → {verdict}")
+    return out
+
+
+def report(
+    rows: dict[str, list[dict]],
+    checks: list,
+    seeds: list[str],
+    parent: str | None,
+    wall: float,
+    previous: str = "",
+) -> str:
     cols = [
         ("ood_rouge1", "OOD R-1 (routed)"),
         ("ood_rouge1_global", "OOD R-1 (global)"),
@@ -179,18 +218,25 @@ def report(t: dict, checks: list, seeds: list[str], parent: str | None, wall: fl
         ("fd_last", "feat. dist. last"),
     ]
     lines = [
-        f"Mean over seeds {', '.join(seeds)}; MLflow parent run `{parent}`; "
-        f"{wall / 60:.1f} min wall.\n",
+        f"Seeds {', '.join(seeds)}: mean ± sample standard deviation; MLflow parent run "
+        f"`{parent}`; {wall / 60:.1f} min wall.\n",
         "| method | " + " | ".join(c for _, c in cols) + " |",
         "|---" * (len(cols) + 1) + "|",
     ]
-    for m, v in t.items():
-        cells = [f"{v[k]:.2f}" if k in v else "—" for k, _ in cols]
+    for m, seed_rows in rows.items():
+        cells = []
+        for k, _ in cols:
+            values = [r[k] for r in seed_rows if k in r]
+            cells.append(Summary.of(values).text(digits=2).split(" (")[0] if values else "—")
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
-    lines += ["", "| claim (fedoa.md §7.1) | held? | measured |", "|---|---|---|"]
-    for text, held, numbers in checks:
-        mark = "report" if held is None else ("yes" if held else "**no**")
-        lines.append(f"| {text} | {mark} | {numbers} |")
+    head = "| claim (fedoa.md §7.1) | verdict | measured: mean difference [95 % interval], p |"
+    lines += ["", RULES, "", head, "|---|---|---|"]
+    for text, verdict, numbers in checks:
+        lines.append(f"| {text} | {verdict} | {numbers} |")
+    moved = changed(checks, previous) if previous else []
+    if previous:
+        lines += ["", "Verdicts that changed from the two-seed report this one replaces:", ""]
+        lines += moved or ["- none"]
     return "\n".join(lines) + "\n"
 
 
@@ -252,23 +298,29 @@ def plot_curves(parents: list[str], path: Path) -> None:
 
 
 def combine(dirs: list[str], out: Path) -> None:
-    """Average the per-method tables of several runs (``--seeds`` done separately) and report."""
+    """Join the per-seed rows of several runs (``--seeds`` done separately) and report."""
     tables = [json.loads((Path(d) / "qualitative.json").read_text()) for d in dirs]
     metas = [json.loads((Path(d) / "meta.json").read_text()) for d in dirs]
     seeds = [s for m in metas for s in m["seeds"]]
     parents = [m["parent_run_id"] for m in metas]
     wall = sum(m["wall_s"] for m in metas)
     methods = list(tables[0])
-    table = {}
-    for m in methods:
-        keys = set.intersection(*(set(t[m]) for t in tables))
-        table[m] = {k: float(np.mean([t[m][k] for t in tables])) for k in sorted(keys)}
-    checks = claims(table) if set(METHODS) <= set(methods) else []
-    text = report(table, checks, seeds, ", ".join(map(str, parents)), wall)
+    rows = {m: [r for t in tables for r in t[m]] for m in methods}
+    _write(rows, seeds, ", ".join(map(str, parents)), wall, out, methods)
+    plot_curves(parents, out / "curves.png")
+
+
+def _write(
+    rows: dict, seeds: list[str], parent: str | None, wall: float, out: Path, methods: list[str]
+) -> None:
+    """``qualitative.md`` (verdicts where every method ran on 2+ seeds) and ``qualitative.json``
+    (every seed's row)."""
+    decide = set(METHODS) <= set(methods) and len(seeds) > 1
+    previous = (HERE / "RESULTS.md").read_text() if decide else ""
+    text = report(rows, claims(rows) if decide else [], seeds, parent, wall, previous)
     out.mkdir(parents=True, exist_ok=True)
     (out / "qualitative.md").write_text(text)
-    (out / "qualitative.json").write_text(json.dumps(table, indent=2))
-    plot_curves(parents, out / "curves.png")
+    (out / "qualitative.json").write_text(json.dumps(rows, indent=2))
     print(text)
 
 
@@ -333,18 +385,13 @@ def main() -> None:
         name="fedoa-qualitative-T2",
         on_run=progress,
     )
-    table = summarize(res.results, seeds, list(methods))
+    rows = per_seed(res.results, seeds, list(methods))
     wall = time.perf_counter() - started
-    text = report(
-        table, claims(table) if len(methods) == len(METHODS) else [], seeds, res.parent_run_id, wall
-    )
-    (out / "qualitative.md").write_text(text)
-    (out / "qualitative.json").write_text(json.dumps(table, indent=2))
+    _write(rows, seeds, res.parent_run_id, wall, out, list(methods))
     meta = {"seeds": seeds, "parent_run_id": res.parent_run_id, "wall_s": wall}
     (out / "meta.json").write_text(json.dumps(meta))
     if res.parent_run_id:
         plot_curves([res.parent_run_id], out / "curves.png")
-    print(text)
 
 
 if __name__ == "__main__":

@@ -439,7 +439,21 @@ class Report:
 
         return MlflowClient(self.uri)
 
+    @functools.cached_property
+    def stored(self) -> dict[str, dict[str, list[list[float]]]]:
+        """Each reported run's per-round metrics as ``reproduce.py`` kept them, by run id."""
+        return {
+            row["run_id"]: row["history"]
+            for v in self.results.values()
+            if isinstance(v, dict)
+            for row in v.get("table", [])
+            if "history" in row
+        }
+
     def history(self, run_id: str, key: str) -> dict[int, float]:
+        """A run's metric by step: from ``results.json`` where kept there, else MLflow."""
+        if run_id in self.stored:
+            return {int(step): value for step, value in self.stored[run_id].get(key, [])}
         return {h.step: h.value for h in self.client.get_metric_history(run_id, key)}
 
     def largest_gap(self, one: str, other: str, cell: str) -> float:

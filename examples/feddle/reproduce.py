@@ -14,10 +14,12 @@ A tuned value at the edge of its grid (the client's too) extends the grid past i
 values the method accepts (``extend_at_edges``, at most ``MAX_EXTENSIONS`` times); where the
 last extension still wins at its edge, the table of tuned values shows it.
 
-The results (sweep tables, MLflow run ids) go to ``OUT/results.json`` after every sweep, and a
-sweep already there with the same config and space is not run again, so an interrupted
-reproduction continues where it stopped. Feddle's ``fallback_lr`` (η_fb) is the tuned FedBuff's
-server lr (§3.6).
+The results (sweep tables, MLflow run ids, and each reported run's per-round metrics that
+``report.py`` reads) go to ``OUT/results.json`` after every sweep, and a sweep already there with
+the same config and space is not run again, so an interrupted reproduction continues where it
+stopped, from that file alone (``--resume-from FILE`` starts from a copy of one, e.g. the
+partial ``examples/feddle/results.json`` a session committed). Feddle's ``fallback_lr`` (η_fb)
+is the tuned FedBuff's server lr (§3.6).
 ``report.py`` turns them into ``RESULTS.md`` and plots.
 
     python examples/feddle/reproduce.py --out runs/feddle-mini        # ~3 hours on 2 CPUs
@@ -152,6 +154,30 @@ def with_cell(raw: dict[str, Any], cell: str) -> dict[str, Any]:
     return out
 
 
+#: the per-round metrics report.py reads of each reported run
+HISTORY_KEYS = (
+    "accuracy",
+    "feddle_coef_negative_fraction",
+    "staleness_versions_mean",
+    "staleness_rounds_mean",
+)
+
+
+def histories(uri: str, run_id: str) -> dict[str, list[list[float]]]:
+    """A run's ``HISTORY_KEYS`` as ``[step, value]`` pairs, from its MLflow store: stored in
+    ``results.json``, so that the report (and a reproduction continued on another machine, with
+    that file alone) needs no MLflow store."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    out = {}
+    for key in HISTORY_KEYS:
+        points = client.get_metric_history(run_id, key)
+        if points:
+            out[key] = [[m.step, m.value] for m in sorted(points, key=lambda m: m.step)]
+    return out
+
+
 class Reproduction:
     """Runs the sweeps in order and keeps what each one gave in ``results.json``."""
 
@@ -179,10 +205,14 @@ class Reproduction:
 
         t0 = time.time()
         summary = tune(raw, storage=self.storage / label)
+        table = [dict(row) for row in summary.table]
+        if label.startswith("grid/"):  # what report.py reads, kept beside the MLflow store
+            for row in table:
+                row["history"] = histories(raw["tracking"]["uri"], row["run_id"])
         self.results[label] = {
             "parent_run_id": summary.parent_run_id,
             "best_params": summary.best_params,
-            "table": summary.table,
+            "table": table,
             "seconds": time.time() - t0,
             "config": raw,
             "space": space,
@@ -277,8 +307,16 @@ def main() -> None:
     ap.add_argument(
         "--cells", default="a,d", help=f"cells to report, from {','.join(CELLS)} (default a,d)"
     )
+    ap.add_argument(
+        "--resume-from",
+        type=Path,
+        default=None,
+        help="a results.json to continue from (copied to OUT/results.json where OUT has none)",
+    )
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.resume_from and not (args.out / "results.json").is_file():
+        (args.out / "results.json").write_text(args.resume_from.read_text())
     cells = args.cells.split(",")
     unknown = sorted(set(cells) - set(CELLS))
     if unknown:

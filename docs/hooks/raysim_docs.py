@@ -316,9 +316,12 @@ def on_files(files, config, **kwargs):
 _LINK = re.compile(r"(!?)\[([^\]\n]*)\]\(([^)\s]+)\)")
 
 
-def _rewrite_links(markdown: str, page_src: str, docs_dir: Path) -> str:
-    """Links that leave ``docs/``: to an included page → its site page; else → their text."""
-    here = (docs_dir / page_src).parent
+def _rewrite_links(markdown: str, repo_page: str, page_src: str, docs_dir: Path) -> str:
+    """Links that leave ``docs/`` (written relative to the page's place in the repository,
+    ``repo_page``, so that they work on GitHub): to a docs page → its path from the site's page
+    ``page_src``; to an included page → that page; to any other file → the link's text."""
+    here = (ROOT / repo_page).parent
+    docs = docs_dir.resolve()
 
     def fix(m: re.Match) -> str:
         bang, text, target = m.groups()
@@ -326,19 +329,14 @@ def _rewrite_links(markdown: str, page_src: str, docs_dir: Path) -> str:
             return m.group(0)
         path, _, anchor = target.partition("#")
         resolved = (here / path).resolve()
-        try:
-            resolved.relative_to(docs_dir.resolve())
-            return m.group(0)  # inside docs/: MkDocs checks it
-        except ValueError:
-            pass
-        try:
-            repo_path = resolved.relative_to(ROOT).as_posix()
-        except ValueError:
+        if resolved.is_relative_to(docs):
+            uri = resolved.relative_to(docs).as_posix()
+        elif resolved.is_relative_to(ROOT) and resolved.relative_to(ROOT).as_posix() in INCLUDED:
+            uri = INCLUDED[resolved.relative_to(ROOT).as_posix()]
+        else:
             return text
-        if repo_path in INCLUDED:
-            rel = posixpath.relpath(INCLUDED[repo_path], posixpath.dirname(page_src) or ".")
-            return f"[{text}]({rel}{'#' + anchor if anchor else ''})"
-        return text
+        rel = posixpath.relpath(uri, posixpath.dirname(page_src) or ".")
+        return f"[{text}]({rel}{'#' + anchor if anchor else ''})"
 
     return _LINK.sub(fix, markdown)
 
@@ -346,6 +344,9 @@ def _rewrite_links(markdown: str, page_src: str, docs_dir: Path) -> str:
 def on_page_markdown(markdown, page, config, files, **kwargs):
     if MARKER in markdown:
         markdown = markdown.replace(MARKER, config_reference())
-    if page.file.src_uri in INCLUDED.values():
-        return markdown
-    return _rewrite_links(markdown, page.file.src_uri, Path(config["docs_dir"]))
+    src = page.file.src_uri
+    docs_dir = Path(config["docs_dir"])
+    repo_page = {v: k for k, v in INCLUDED.items()}.get(src)
+    if repo_page is None:
+        repo_page = (docs_dir / src).resolve().relative_to(ROOT).as_posix()
+    return _rewrite_links(markdown, repo_page, src, docs_dir)

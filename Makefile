@@ -3,9 +3,10 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+DOCS_STAMP := $(VENV)/.docs-installed
 export RAY_AUTH_MODE ?= disabled
 
-.PHONY: demo test lint bench browser clean gpu-bundle gpu-check
+.PHONY: demo test lint docs bench browser clean gpu-bundle gpu-check
 
 $(STAMP): pyproject.toml requirements.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -24,6 +25,16 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check raysim tests benchmarks
 	$(BIN)/ruff format --check raysim tests benchmarks
+
+# The documentation site (mkdocs.yml, docs/) into site/: MkDocs, Material and mkdocstrings at the
+# versions of requirements-docs.txt; a warning fails the build (strict). NO_MKDOCS_2_WARNING
+# silences Material's notice about its own end of life, which is not about this site.
+$(DOCS_STAMP): $(STAMP) requirements-docs.txt
+	$(BIN)/pip install -q --disable-pip-version-check -r requirements-docs.txt
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py
@@ -50,4 +61,4 @@ gpu-check: $(STAMP)
 	  bash benchmarks/gpu_e2e.sh --shape tiny
 
 clean:
-	rm -rf $(VENV) mlflow.db mlruns .pytest_cache
+	rm -rf $(VENV) mlflow.db mlruns .pytest_cache site

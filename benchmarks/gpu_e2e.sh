@@ -8,7 +8,7 @@
 #   make gpu-bundle                      # here, once: .gpu/bundle-cp312.tar.xz (what the image lacks)
 #   bash benchmarks/gpu_e2e.sh           # on the GPU machine, carrying .gpu/bundle-cp312.tar.xz
 #                                        # (the file, not .gpu/); the figures and logs in $OUT
-#   make gpu-check                       # CI: --shape tiny under the image guard (README)
+#   make gpu-check                       # CI: --shape tiny under the image guard (docs/gpu.md)
 #   bash benchmarks/gpu_e2e.sh --shape tiny    # the same steps on this CPU, in minutes
 #   ONLY="plain fedit" bash benchmarks/gpu_e2e.sh   # some steps only
 #   ONLY="multilora fm_fedit fm_fedoa fedbaf_b16" bash benchmarks/gpu_e2e.sh

@@ -45,7 +45,7 @@ META, CONFIG, ARRAYS, STATE = "meta.json", "config.yaml", "arrays.safetensors", 
 PRIVATE = "private.safetensors"
 #: Config keys that may differ between a checkpoint and its resumption: they place the run on a
 #: cluster or say where it is recorded, never what it computes (results do not depend on the
-#: number of workers, see README "Runtime"). Every other key must match.
+#: number of workers, see docs/execution.md, "Runtime"). Every other key must match.
 RESUME_FREE = (
     "workers.count",
     "workers.num_cpus",

@@ -1,10 +1,10 @@
-"""Every command in the README runs as written on a 2-core machine.
+"""Every command in the README and in the docs site's pages runs as written on a 2-core machine.
 
-Each ``raysim`` command of the README's bash blocks goes through the real CLI with ``--dry-run``
-(config validated, resources planned against 2 CPUs and no GPU, nothing started). A few need
-something a reader supplies first (a run id, a cluster, the paper's data) or are long jobs that
-other tests run; each is listed in ``ELSEWHERE`` with where it is covered, and the list must
-match the README exactly, so a new command is never skipped silently.
+Each ``raysim`` command of the bash blocks of ``README.md`` and ``docs/**/*.md`` goes through the
+real CLI with ``--dry-run`` (config validated, resources planned against 2 CPUs and no GPU,
+nothing started). A few need something a reader supplies first (a run id, a cluster, the paper's
+data) or are long jobs that other tests run; each is listed in ``ELSEWHERE`` with where it is
+covered, and the list must match those pages exactly, so a new command is never skipped silently.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from raysim import api, cli
 from tests.conftest import ROOT
 
 README = ROOT / "README.md"
+#: the README first, then the site's pages (a command may use what an earlier one made)
+PAGES = [README, *sorted((ROOT / "docs").rglob("*.md"))]
 
 #: command (as written, comment stripped) → why it is not dry-run here / where it is tested
 ELSEWHERE = {
@@ -29,8 +31,8 @@ ELSEWHERE = {
     "raysim run --resume RUN_ID": "tests/test_checkpoint.py (CLI resume of a real run)",
     "raysim run --resume RUN_ID workers.count=1": "tests/test_checkpoint.py",
     "raysim run --resume ./ckpt": "tests/test_checkpoint.py",
-    "raysim foundation --out foundations/tiny-s0": "tests/test_foundation.py (the CLI, fewer "
-    "steps)",
+    "raysim pretrain tiny-llama --out foundations/tiny-s0": "tests/test_foundation.py (the CLI, "
+    "fewer steps)",
     "raysim loto examples/fedoa/paper-table2.yaml model.path=... data.text.data_dir=...": "the "
     "paper's model and data (GPUs)",
     "python examples/fedoa/qualitative.py --seeds 0": "needs the foundation model; "
@@ -54,6 +56,15 @@ ELSEWHERE = {
     "step on the CPU",
     "bash benchmarks/gpu_e2e.sh --shape tiny": "make gpu-check (a CI step, .ci/run)",
     "make gpu-check": "a CI step (.ci/run)",
+    "make docs": "a CI step (.ci/run); tests/test_docs.py checks the configuration reference",
+    "make bench": "the benchmarks (minutes); benchmarks/RESULTS.md",
+    "python examples/feddle/reproduce.py --out runs/feddle-mini": "about 3 hours; "
+    "examples/feddle/RESULTS.md",
+    "raysim run examples/quickstart.yaml 'algorithm={name: fedmedian, module: ./fedmedian.py}'": (
+        "the page's file first; tests/test_docs.py saves it and runs this command"
+    ),
+    "raysim run examples/quickstart.yaml 'algorithm={name: scaffold, module: ./scaffold.py}' "
+    "local.momentum=0": "the page's file first; tests/test_client_state.py saves it and runs it",
     "ray job submit --runtime-env cluster/runtime_env.yaml -- raysim run "
     "examples/quickstart.yaml workers.num_gpus=0.25": "a cluster; tests/test_cluster.py submits "
     "it to a two-node `ray start` cluster with a logical GPU",
@@ -61,8 +72,9 @@ ELSEWHERE = {
 
 
 def readme_commands() -> list[str]:
-    """Each line of the README's bash blocks, its trailing ``  # comment`` and padding removed."""
-    blocks = re.findall(r"```bash\n(.*?)```", README.read_text(), flags=re.S)
+    """Each line of the pages' bash blocks, its trailing ``  # comment`` and padding removed."""
+    text = "\n".join(page.read_text() for page in PAGES)
+    blocks = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
     lines = (re.split(r"\s+#\s", line)[0] for b in blocks for line in b.splitlines())
     return [" ".join(line.split()) for line in lines if line.strip()]
 

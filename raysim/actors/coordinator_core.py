@@ -93,7 +93,7 @@ class _Broadcast:
 
 
 #: Per-round metrics that measure wall-clock time: they differ between two runs of one config,
-#: every other metric does not (README, "What deterministic promises").
+#: every other metric does not (docs/execution.md, "What deterministic promises").
 TIMING_METRICS = frozenset(
     {"wall_time", "round_wall_s", "round_wait_s", "round_compute_s"}
     | {"server_wall_s", "audit_wall_s"}

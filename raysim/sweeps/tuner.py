@@ -117,7 +117,7 @@ def tune(
     on_result: Callable[[str, Mapping[str, Any]], None] | None = None,
     dry_run: bool = False,
 ) -> SweepSummary | str:
-    """Run the sweep described by the config's ``tune:`` section (README "Sweeps"). With
+    """Run the sweep described by the config's ``tune:`` section (docs/tune.md). With
     ``dry_run`` everything is checked, nothing starts, and a one-line plan comes back."""
     import ray
     from ray import tune as rtune

@@ -40,6 +40,7 @@ INCLUDED = {
     "examples/fedot/RESULTS.md": "papers/fedot/results.md",
     "benchmarks/RESULTS.md": "benchmarks/results.md",
     "cluster/README.md": "clusters/guide.md",
+    "CHANGELOG.md": "changelog.md",
 }
 IMAGES = (".png", ".svg", ".jpg")
 

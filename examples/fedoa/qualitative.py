@@ -184,14 +184,24 @@ def claims(rows: dict[str, list[dict]]) -> list[tuple[str, str, str]]:
     return out
 
 
+#: the heading of the claims table ``changed`` compares with (RESULTS.md has others below it,
+#: for other held-out families)
+CLAIMS_HEADING = "## The spec's directional claims"
+
+
 def changed(checks: list[tuple[str, str, str]], previous: str) -> list[str]:
-    """The verdicts that differ from the claims table in ``previous`` (the report this one
-    replaces: two seeds, decided on their mean), each with its claim."""
-    old = {}
+    """The verdicts that differ from the first claims table in ``previous`` (the one under
+    ``CLAIMS_HEADING`` where there is one: the report this one replaces, two seeds decided on
+    their mean), each with its claim."""
+    old: dict[str, str] = {}
+    if CLAIMS_HEADING in previous:
+        previous = previous.split(CLAIMS_HEADING, 1)[1].split("\n## ", 1)[0]
     for line in previous.splitlines():
         cells = [c.strip() for c in line.split("|")[1:-1]]
         if len(cells) == 3 and cells[1] in ("yes", "**no**", "partly"):
             key = cells[0].replace("**", "").split(".")[0].split(":")[0].strip()
+            if key in old:
+                break  # the next table
             old[key] = {"yes": HELD, "**no**": NOT_HELD}.get(cells[1], cells[1])
     out = []
     for text, verdict, _ in checks:

@@ -23,6 +23,7 @@ the results into ``RESULTS.md``.
     python examples/fedot/reproduce.py --out runs/fedot-mini            # the grid
     python examples/fedot/reproduce.py --out /tmp/q --results /tmp/q/r.json --quick   # smoke
     python examples/fedot/reproduce.py --out runs/fedot-mini --only affine/1
+    python examples/fedot/reproduce.py --out runs/fedot-mini --only affine/1/fedot --again
 """
 
 from __future__ import annotations
@@ -215,8 +216,20 @@ def main() -> None:
     )
     ap.add_argument("--quick", action="store_true", help="1 seed, rounds/20 (a smoke test)")
     ap.add_argument("--only", default=None, help="cells whose label starts with this")
+    ap.add_argument(
+        "--again",
+        action="store_true",
+        help="run the --only cells again, replacing what --results holds for them (e.g. after "
+        "a change to what a run logs)",
+    )
     args = ap.parse_args()
-    Reproduction(args.out, args.quick, args.results, args.execution).grid(args.only)
+    if args.again and not args.only:
+        ap.error("--again replaces the --only cells: name them (--only affine/1/fedot)")
+    repro = Reproduction(args.out, args.quick, args.results, args.execution)
+    if args.again:
+        repro.results = {k: v for k, v in repro.results.items() if not k.startswith(args.only)}
+        repro.file.write_text(json.dumps(repro.results, indent=1, default=str))
+    repro.grid(args.only)
 
 
 if __name__ == "__main__":

@@ -227,7 +227,10 @@ def main() -> None:
         ap.error("--again replaces the --only cells: name them (--only affine/1/fedot)")
     repro = Reproduction(args.out, args.quick, args.results, args.execution)
     if args.again:
-        repro.results = {k: v for k, v in repro.results.items() if not k.startswith(args.only)}
+        # the named cell, or the cells under a named prefix (affine/1/fedot is not fedot_l0)
+        prefix = args.only.rstrip("/")
+        again = [k for k in repro.results if k == prefix or k.startswith(prefix + "/")]
+        repro.results = {k: v for k, v in repro.results.items() if k not in again}
         repro.file.write_text(json.dumps(repro.results, indent=1, default=str))
     repro.grid(args.only)
 

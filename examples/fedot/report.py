@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from reproduce import FM_METHODS, METHODS, RESULTS, SHIFTS, TAUS
+from reproduce import EXTRA_CELLS, EXTRAS, FM_METHODS, METHODS, RESULTS, SHIFTS, TAUS
 
 from raysim.verdicts import HELD, INCONCLUSIVE, RULES, Paired, Summary
 
@@ -90,6 +90,8 @@ class Report:
     def cell(self, label: str) -> str:
         a = self.scores(label)
         if len(a) == 0:
+            if self.collapsed(label):
+                return "stopped: dual guard"
             return "no run finished" if self.results.get(label, {}).get("error") else "—"
         if np.isnan(a).any():
             return "NaN"
@@ -116,15 +118,20 @@ class Report:
         return Paired.of(pick(x), pick(y), margin=margin / 100)
 
     def collapsed(self, label: str) -> bool:
-        """A FedOT cell whose dual term passed the guard's default limit in its last round."""
+        """A FedOT cell whose dual term passed the guard's default limit in its last round, or
+        whose runs the guard stopped (``dual_limit``: ``Diverged`` naming the dual penalty)."""
         values = [r.get("client_dual_penalty") for r in self.rows(label)]
-        return any(v is not None and abs(v) > DUAL_LIMIT for v in values)
+        stopped = self.results.get(label, {}).get("diverged", [])
+        return any(v is not None and abs(v) > DUAL_LIMIT for v in values) or any(
+            "dual_penalty" in x for x in stopped
+        )
 
     def criteria(self) -> list[str]:
         out = []
 
         def line(name: str, verdict: str, detail: str, *labels: str) -> None:
-            missing = [lb for lb in labels if len(self.scores(lb)) < 2]
+            # a cell the dual guard stopped is decided (it collapsed), not missing
+            missing = [lb for lb in labels if len(self.scores(lb)) < 2 and not self.collapsed(lb)]
             if missing:
                 out.append(f"- **{name}** not decided: {', '.join(missing)} has under 2 seeds")
                 return
@@ -209,6 +216,25 @@ class Report:
             )
         return lines
 
+    def extras(self) -> list[str]:
+        """The colour cell at τ = 5 under sync centring beside its two remedies (labelled extra
+        cells, not §9.2's grid)."""
+        shift, tau = EXTRA_CELLS
+        lines = [
+            "| FedOT at colour, τ = 5 | accuracy (%) | seeds | the guard's word |",
+            "|---|---|---|---|",
+        ]
+        settings = {"fedot": "sync centring, the example's ρ_U (§9.2)"}
+        settings |= {m: ", ".join(f"{k}: {v}" for k, v in a.items()) for m, a in EXTRAS.items()}
+        for m, about in settings.items():
+            label = f"{shift}/{tau}/{m}"
+            said = self.results.get(label, {}).get("diverged", [])
+            lines.append(
+                f"| {about} | {self.cell(label)} | {len(self.scores(label))} | "
+                f"{said[0] if said else '—'} |"
+            )
+        return lines
+
     def plot(self, path: Path) -> None:
         import matplotlib.pyplot as plt
 
@@ -216,7 +242,10 @@ class Report:
         for ax, (shift, tau) in zip(axes, [(s, t) for s in SHIFTS for t in TAUS], strict=True):
             names = list(METHODS)
             means = [100 * self.scores(f"{shift}/{tau}/{m}").mean() for m in names]
-            stds = [100 * Summary.of(self.scores(f"{shift}/{tau}/{m}")).sd for m in names]
+            stds = [  # a cell without a finished run (stopped, or not run yet) has no bar
+                100 * Summary.of(a).sd if len(a := self.scores(f"{shift}/{tau}/{m}")) else 0.0
+                for m in names
+            ]
             colours = ["tab:red" if m == "fedot" else "tab:gray" for m in names]
             ax.bar(range(len(names)), means, yerr=stds, color=colours)
             ax.set_xticks(range(len(names)), names, rotation=60, ha="right")
@@ -262,6 +291,10 @@ class Report:
             "## Foundation-model extension (fedot.md §9.4)",
             FM_INTRO,
             *self.fm_table(),
+            "",
+            "## The colour cell at τ = 5 and its remedies (extra cells)",
+            "",
+            *self.extras(),
             "",
             "## Where it ran",
             "",

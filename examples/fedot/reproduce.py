@@ -98,6 +98,27 @@ def run_digest(client: Any, run_id: str) -> dict[str, Any]:
     }
 
 
+def diverged(storage: Path) -> list[str]:
+    """Each failed trial's ``Diverged`` line (the run's own words: round, client, which guard),
+    from Tune's ``error.txt`` files under ``storage``."""
+    lines = []
+    for error in sorted(storage.rglob("error.txt")):
+        said = [x for x in error.read_text().splitlines() if "Diverged:" in x]
+        if said:
+            lines.append(said[-1].split("Diverged:", 1)[1].strip())
+    return lines
+
+
+#: labelled extra cells beside the §9.2 grid: the colour cell at τ = 5, which collapses under
+#: sync centring, under the two remedies its diagnosis found (issue 45): exact centring, and
+#: ρ_U = 0.1 (λ² < 4ρ_vρ_U, a concave local max problem)
+EXTRAS: dict[str, dict[str, Any]] = {
+    "fedot_exact": {"dual_centering": "exact"},
+    "fedot_rho_u0.1": {"rho_u": 0.1},
+}
+EXTRA_CELLS = ("colour", 5)
+
+
 class Reproduction:
     def __init__(
         self, out: Path, quick: bool, results: Path = RESULTS, execution: str = "batched"
@@ -127,7 +148,7 @@ class Reproduction:
             raw = yaml.safe_load(SHIFTS[shift].read_text())
             rounds = raw["rounds"] // tau // (20 if self.quick else 1)
             raw["local"]["max_steps"] = tau
-            algo = METHODS[method]
+            algo = {**METHODS, **EXTRAS}[method]
         raw["rounds"] = rounds
         if algo is not None and "name" in algo:
             raw["algorithm"] = dict(algo)
@@ -164,6 +185,7 @@ class Reproduction:
         except RuntimeError as e:  # every trial failed (a diverged run stops with Diverged)
             self.results[label] = {
                 "error": str(e),
+                "diverged": diverged((self.out / "tune" / label).resolve()),
                 "table": [],
                 "seconds": time.time() - t0,
                 "rounds": raw["rounds"],
@@ -202,6 +224,10 @@ class Reproduction:
         for method in FM_METHODS:
             if only is None or f"fm/{method}".startswith(only):
                 self.cell("fm", 0, method)
+        shift, tau = EXTRA_CELLS
+        for method in EXTRAS:
+            if only is None or f"{shift}/{tau}/{method}".startswith(only):
+                self.cell(shift, tau, method)
 
 
 def main() -> None:

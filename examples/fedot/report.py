@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,16 @@ not O(σ_e); it was designed knowing the first result, so its margin is not an u
 §9.4. **The baselines sit near chance** (5 classes: 20 %): the random-init LLaMA learns little in
 30 rounds, so the ranking below is between weak models.
 """
+
+
+CRITERION = re.compile(r"- \*\*(.+?)\*\* (held|not held|inconclusive|not decided)")
+
+
+def changed(criteria: list[str], previous: str) -> list[str]:
+    """The criteria whose verdict differs from ``previous`` (the RESULTS.md this replaces)."""
+    old = {m[1]: m[2] for m in map(CRITERION.match, previous.splitlines()) if m}
+    new = {m[1]: m[2] for m in map(CRITERION.match, criteria) if m}
+    return [f"- {k}: {old[k]} → {v}" for k, v in new.items() if k in old and old[k] != v]
 
 
 class Report:
@@ -138,6 +149,11 @@ class Report:
             out.append(f"- **{name}** {verdict}: {detail}")
 
         def compared(name: str, a: str, b: str, margin: float, what: str, extra: str = ""):
+            stopped = self.results.get(a, {}).get("diverged", [])
+            if not len(self.scores(a)) and self.collapsed(a):  # no run of a reached its end
+                return line(name, "not held", f"{what}: every run of {a} collapsed and the "
+                            f"dual guard stopped it ({len(stopped)} of {len(stopped)}; "
+                            f"{stopped[0].split(';')[0]})")  # fmt: skip
             if min(len(self.scores(a)), len(self.scores(b))) < 2:
                 return line(name, "", "", a, b)
             p = self.paired(a, b, margin)
@@ -233,6 +249,7 @@ class Report:
                 f"| {about} | {self.cell(label)} | {len(self.scores(label))} | "
                 f"{said[0] if said else '—'} |"
             )
+        lines += ["", f"— : not run yet (`reproduce.py --only {shift}/{tau}/fedot_` runs them)."]
         return lines
 
     def plot(self, path: Path) -> None:
@@ -255,6 +272,9 @@ class Report:
         fig.savefig(path, dpi=110)
 
     def write(self, where: Path) -> None:
+        old = where / "RESULTS.md"
+        previous = old.read_text() if old.is_file() else ""
+        criteria = self.criteria()
         seconds = sum(float(v.get("seconds", 0)) for v in self.results.values())
         modes: dict[str, int] = {}
         for v in self.results.values():
@@ -264,7 +284,7 @@ class Report:
         machines = sorted({v.get("machine", "machine not recorded") for v in self.results.values()})
         cells = [f"{sh}/{t}/{m}" for sh in SHIFTS for t in TAUS for m in METHODS]
         cells += [f"fm/{m}" for m in FM_METHODS]
-        done = sum(len(self.scores(c)) > 0 for c in cells)
+        done = sum(len(self.scores(c)) > 0 or self.collapsed(c) for c in cells)
         status = (
             f"**{done} of {len(cells)} cells measured so far**; the rest are marked — and the "
             "criteria that need them are not decided. `reproduce.py` resumes where it stopped."
@@ -286,7 +306,13 @@ class Report:
             "",
             RULES,
             "",
-            *self.criteria(),
+            *criteria,
+            "",
+            "Verdicts that changed from the report this one replaces (A5 is now decided on "
+            "‖Σ_i v_i‖ from every client's stored head, and a run whose dual term passes the "
+            "guard is stopped and counted as collapsed):",
+            "",
+            *(changed(criteria, previous) or ["- none"]),
             "",
             "## Foundation-model extension (fedot.md §9.4)",
             FM_INTRO,

@@ -152,6 +152,11 @@ def test_the_t2_driver_judges_the_claims_from_the_numbers():
     assert q.changed(q.claims(rows), previous) == [
         "- 1a: held → inconclusive", "- 2a: held → not held", "- 4b: not held → held"
     ]  # fmt: skip
+    report = (
+        f"{q.CLAIMS_HEADING}\n{previous}\n## x\n### grid, entailment held out\n| 1a. e | no | |"
+    )
+    assert q.claims_section(report, None).strip() == previous
+    assert q.claims_section(report, "entailment").strip() == "| 1a. e | no | |"
 
 
 def test_the_corpus_families_are_a_checked_switch():

@@ -235,3 +235,22 @@ def test_the_dry_run_says_whether_ray_starts_and_why(tmp_path):
         "runtime: a private local Ray (on Ray: a round trains its clients in 10 groups"
         in " ".join(ray.stdout.split())
     )
+
+
+def test_a_stop_signal_waits_for_the_checkpoint_being_written():
+    """Without Ray the signal's handler raises in the thread that writes a checkpoint; the save
+    holds SIGTERM back, so the round it records is known before the stop (a race the mid-run
+    SIGTERM test lost under load: the tag was in MLflow, the coordinator had not noted it)."""
+    from raysim.actors.coordinator_actor import _stop_signals_held
+
+    seen: list[str] = []
+    previous = signal.signal(signal.SIGTERM, lambda *_: seen.append("stop"))
+    try:
+        with _stop_signals_held():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+            seen.append("saved")
+        time.sleep(0.05)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert seen == ["saved", "stop"]

@@ -310,7 +310,7 @@ class Coordinator:
         rounds it covers are in the store already (a resumed run does not log them again)."""
         from raysim import checkpoint
 
-        with self._saving:
+        with self._saving, _stop_signals_held():
             if self._stopping.is_set():  # the run is KILLED already; its last one stands
                 return
             core = self.core.state_dict()
@@ -444,3 +444,26 @@ def _open_quietly(uri: str) -> None:
         open_store(uri)
     except Exception:  # noqa: BLE001, S110 - raised again, in one line, where the run opens it
         pass
+
+
+@contextlib.contextmanager
+def _stop_signals_held():
+    """SIGINT and SIGTERM held back while a checkpoint is written in the main thread (a run
+    without Ray, where their handlers raise in the thread that is saving): the save ends, and
+    the round it holds is known, before the stop the signal asks for; the signal is then raised
+    again for its own handler. Elsewhere (an actor's own thread) a no-op."""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, lambda signum, _: caught.append(signum)) for s in held}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
+        for signum in dict.fromkeys(caught):  # each once, in the order they came
+            signal.raise_signal(signum)

@@ -616,3 +616,24 @@ def test_theta_init_warm_continues_the_probe_and_fresh_starts_a_new_one(monkeypa
                     np.testing.assert_array_equal(after[k], before[k])
         else:
             assert len(set(seeds)) == len(seeds) and not loaded
+
+
+def test_the_reports_histories_come_from_results_json_without_mlflow(tmp_path, monkeypatch):
+    """A reproduction continued from ``results.json`` alone (another session, machine): the
+    per-round metrics ``reproduce.py`` kept are what ``report.py`` reads; no MLflow store."""
+    import importlib
+    import json
+    import sys
+
+    monkeypatch.syspath_prepend(str(EXAMPLES / "feddle"))
+    for name in ("report", "reproduce"):  # another example's modules of the same names
+        sys.modules.pop(name, None)
+    report = importlib.import_module("report")
+    row = {"run_id": "r1", "seed": 0, "history": {"accuracy": [[0, 0.1], [5, 0.5]]}}
+    (tmp_path / "results.json").write_text(json.dumps({"grid/feddle_id/a": {"table": [row]}}))
+    rep = report.Report(tmp_path)
+    assert rep.history("r1", "accuracy") == {0: 0.1, 5: 0.5}
+    assert rep.history("r1", "feddle_coef_negative_fraction") == {}
+    assert not (tmp_path / "mlflow.db").exists()
+    for name in ("report", "reproduce"):
+        sys.modules.pop(name, None)

@@ -195,7 +195,8 @@ class PooledData(DataConfig):
         return self
 
     def load(self, seed: int) -> RawData:
-        """The rows before the split (``seed``: the run's, for data noise)."""
+        """The rows before the split (``seed``: the run's, for data noise); here the built-in
+        loader of the source's name."""
         return BUILTIN_LOADERS[self.name]()
 
     def build(self, num_clients: int, seed: int) -> FederatedDataset:

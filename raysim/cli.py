@@ -261,9 +261,13 @@ def cmd_leave_one_out(args: argparse.Namespace) -> int:
     if args.command == "lodo":
         key, default, name = "data.text.held_out_domain", ["d1", "d2"], "leave-one-domain-out"
         # one client per remaining sub-dataset (4 families) × shards
-        from raysim.config import load_config
+        from raysim.config import ConfigError, load_config
 
-        shards = load_config(args.config, overrides).data.text.shards_per_task
+        data = load_config(args.config, overrides).data
+        text = getattr(data, "text", None)
+        if text is None:
+            raise ConfigError(f"lodo leaves text domains out: data.name={data.name!r} has none")
+        shards = text.shards_per_task
         overrides = [
             "data.text.protocol=domain",
             f"clients.num={4 * shards}",

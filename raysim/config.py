@@ -32,7 +32,7 @@ from raysim.algorithms.registry import (
     method_spec,
 )
 from raysim.algorithms.spec import HookParams, MethodParams
-from raysim.data import DataConfig
+from raysim.data.federated import DataSection, DigitsData
 from raysim.delays import DelayParams, NoDelayParams, parse_delay_params
 from raysim.models.registry import ModelConfig, model_names, model_traits
 from raysim.schema import StrictModel, did_you_mean
@@ -398,7 +398,7 @@ class RunConfig(StrictModel):
     seed: int = 0
     rounds: int = Field(30, ge=1)
     clients: ClientsConfig = Field(default_factory=ClientsConfig)
-    data: DataConfig = Field(default_factory=DataConfig)
+    data: DataSection = Field(default_factory=DigitsData)
     model: ModelConfig = Field(default_factory=ModelConfig)
     local: LocalTrainingConfig = Field(default_factory=LocalTrainingConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
@@ -451,8 +451,8 @@ class RunConfig(StrictModel):
             self.algorithm.name,
             self.model.name,
             set(model_traits(self.model.name)),
-            self.data.server.id_size,
-            len(self.data.server.ood),
+            self.data.server_data().id_size,
+            len(self.data.server_data().ood),
             self.local,
         )
         if unmet:
@@ -489,13 +489,8 @@ class RunConfig(StrictModel):
         config name, method, dataset, its label partition (α for Dirichlet), and seed."""
         if self.tracking.run_name:
             return self.tracking.run_name
-        from raysim.data.text_tasks import TEXT_TASK_DATASETS
-
-        part = self.data.partition
-        alpha = f" α={part.alpha:g}" if part.kind == "dirichlet" else f" {part.kind}"
-        if self.data.name in TEXT_TASK_DATASETS:  # split by task, not by a label partition
-            alpha = ""
-        return f"{self.name} · {self.algorithm.name} · {self.data.name}{alpha} · seed {self.seed}"
+        split = self.data.partition_label()  # empty for text tasks: split by task
+        return f"{self.name} · {self.algorithm.name} · {self.data.name}{split} · seed {self.seed}"
 
     def group_size(self) -> int:
         """How many of a submission's jobs train together: 1 (each alone), ``workers.group_size``
@@ -532,7 +527,7 @@ class RunConfig(StrictModel):
         what = f"{self.algorithm.name} trains a round's clients together on one worker"
         if self.workers.count == "per_client":
             raise ValueError(f"{what}: set workers.count to a number (not per_client)")
-        if self.data.shift.kind == "embedding":
+        if self.data.input_shift().kind == "embedding":
             raise ValueError(
                 f"{what}; data.shift.kind embedding shifts one resident model per worker: "
                 "set algorithm.dual_centering sync"
@@ -594,16 +589,31 @@ def _yaml_message(path: Path, error: yaml.YAMLError) -> str:
     return f"{where}: invalid YAML: {problem}"
 
 
+#: sections that are a union tagged by their ``name``: pydantic puts the tag after the section's
+#: key in an error's location (``data.hf.hf.path``), where the user wrote none
+TAGGED_SECTIONS = ("data",)
+
+
+def _location(loc: tuple[int | str, ...]) -> str:
+    """An error's location as the user wrote the key (without pydantic's union tags)."""
+    parts = [str(p) for p in loc if not str(p).startswith("function-")]
+    if len(parts) > 1 and parts[0] in TAGGED_SECTIONS:
+        del parts[1]
+    return ".".join(parts)
+
+
 def _format(error: ValidationError) -> str:
     lines = []
     for e in error.errors():
-        loc = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-"))
+        loc = _location(e["loc"])
         msg = e["msg"].removeprefix("Value error, ")
         got = e.get("input")
         if e["type"] not in ("value_error", "assertion_error", "missing") and not isinstance(
             got, dict
         ):
             msg += f" (got {got!r})"
+        if loc and msg.startswith(f"{loc}."):  # the message names the key itself
+            loc = ""
         lines.append(f"{loc}: {msg}" if loc else msg)
     if len(lines) == 1:
         return f"invalid config: {lines[0]}"

@@ -23,7 +23,7 @@ class MissingInput(ValueError):
     """A file or folder the config names is not there."""
 
 
-def _written_as_path(value: str) -> bool:
+def written_as_path(value: str) -> bool:
     first = Path(value).parts[0] if Path(value).parts else ""
     return value.startswith(("/", "./", "../", "~")) or (
         os.sep in value and Path(first).expanduser().is_dir()
@@ -40,22 +40,8 @@ def named_inputs(cfg: Any) -> Iterator[tuple[str, str, str]]:
         path = getattr(hook.params, "foundation", None)
         if isinstance(path, str):
             yield f"hooks.server[{i}].foundation ({hook.name})", path, "foundation"
-    data = cfg.data
-    text = data.text
-    if data.name == "flan" and text.data_dir:
-        yield "data.text.data_dir", text.data_dir, "Flan's released jsonl files"
-    if data.name in ("flan_mini", "flan") and text.tokenizer not in ("word", "smollm2"):
-        yield "data.text.tokenizer", text.tokenizer, "tokenizer"
-    if data.tokenizer and data.tokenizer != "smollm2" and _written_as_path(data.tokenizer):
-        yield "data.tokenizer", data.tokenizer, "a tokenizer folder"
-    for key, source in (("data.hf", data.hf), ("data.hf_image", data.hf_image)):
-        if data.name != key.split(".")[1]:
-            continue
-        if source.load_from_disk and source.path:
-            yield f"{key}.path", source.path, "a dataset saved with save_to_disk"
-        elif source.path in FOLDER_BUILDERS and source.data_dir:
-            yield f"{key}.data_dir", source.data_dir, f"a folder for {source.path}"
-    if cfg.model.path and _written_as_path(cfg.model.path):
+    yield from cfg.data.local_inputs()
+    if cfg.model.path and written_as_path(cfg.model.path):
         yield "model.path", cfg.model.path, "the model's weights"
 
 

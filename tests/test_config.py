@@ -92,3 +92,101 @@ def test_overrides_apply_to_a_validated_config_too():
     assert load_config(cfg, ["local.lr=0.3"]).local.lr == 0.3
     with pytest.raises(ConfigError, match="did you mean 'lr'"):
         load_config(cfg, ["local.lrr=0.3"])
+
+
+# ---------------------------------------------------------------- the data section's sources
+
+
+def _run_configs() -> list:
+    """Every run config under examples/ (the methods.yaml files list a reproduction's cells)."""
+    return sorted(p for p in EXAMPLES.rglob("*.yaml") if p.name != "methods.yaml")
+
+
+def test_every_example_data_section_is_its_sources_class():
+    import yaml
+
+    from raysim.data.federated import SOURCES, DigitsData
+
+    classes = {n: s for s in SOURCES for n in s.names()}
+    assert len(_run_configs()) > 30
+    for path in _run_configs():
+        raw = yaml.safe_load(path.read_text()).get("data") or {}
+        cfg = load_config(path)
+        cls = classes[raw.get("name", "digits")]
+        assert type(cfg.data) is cls, path
+        assert set(cfg.to_dict()["data"]) == set(cls.model_fields), path  # its options only
+        assert load_config(cfg.to_dict()) == cfg, path
+    assert type(load_config({}).data) is DigitsData  # no data section: digits
+    assert type(load_config({"data": {"test_fraction": 0.3}}).data) is DigitsData
+
+
+def _data_error(data: dict) -> str:
+    with pytest.raises(ConfigError) as err:
+        load_config({"data": data})
+    return str(err.value)
+
+
+def test_an_unknown_data_key_names_the_closest_one_of_its_source():
+    assert _data_error({"name": "digits", "test_fractoin": 0.2}) == (
+        "invalid config: data: unknown key 'test_fractoin' (did you mean 'test_fraction'?); "
+        "valid keys for name='digits': digits, name, partition, server, shift, test_fraction"
+    )
+    assert "(did you mean 'hf_image'? it applies to name='hf_image')" in _data_error(
+        {"name": "digits", "hf_imag": {"preset": "cifar10"}}
+    )
+    assert _data_error({"name": "hf", "hf": {"path": 3}}) == (
+        "invalid config: data.hf.path: Input should be a valid string (got 3)"
+    )  # pydantic's tag (data.hf.hf.path) is not the user's key
+
+
+def test_an_option_of_another_source_names_the_sources_that_take_it():
+    assert _data_error({"name": "digits", "hf": {"path": "x"}}) == (
+        "invalid config: data.hf applies only to name='hf', not to name='digits'"
+    )
+    assert _data_error({"name": "flan_mini", "partition": {"alpha": 0.1}}) == (
+        "invalid config: data.partition applies only to name in ('digits', 'mnist1d', "
+        "'bbc_news', 'hf', 'hf_image', 'markov', 'hf_lm'), not to name='flan_mini': clients "
+        "follow leave-one-task-out (use data.text.shards_per_task)"
+    )
+    assert _data_error({"name": "digits", "vocab_size": 300}) == (
+        "invalid config: data.vocab_size applies only to name in ('bbc_news', 'hf', "
+        "'flan_mini', 'flan'), not to name='digits'"
+    )
+
+
+def test_an_unknown_source_names_the_closest_and_lists_them():
+    assert _data_error({"name": "mnist"}) == (
+        "invalid config: data.name 'mnist' is no data source (did you mean 'mnist1d'?); "
+        "sources: digits, mnist1d, bbc_news, hf, hf_image, flan_mini, flan, markov, hf_lm, "
+        "synthetic"
+    )
+
+
+def test_other_sources_options_at_their_defaults_are_dropped():
+    """What configs written before the sources had their own classes hold (every section, at
+    its default where it did not apply): they load, a checkpoint's config among them."""
+    cfg = load_config(
+        {"data": {"name": "flan_mini", "test_fraction": 0.2, "hf": {}, "partition": {}}}
+    )
+    assert set(cfg.to_dict()["data"]) == {"name", "text", "vocab_size"}
+    # switching the source by an override on a dumped config (its digits section at defaults)
+    dumped = load_config(EXAMPLES / "quickstart.yaml").to_dict()
+    assert load_config(dumped, ["data.name=bbc_news"]).data.name == "bbc_news"
+
+
+def test_data_config_builds_the_class_its_name_picks():
+    from pydantic import ValidationError
+
+    from raysim.data import DataConfig
+    from raysim.data.federated import HFImageData, TextTaskData
+
+    assert isinstance(DataConfig(name="hf_image", hf_image={"preset": "cifar10"}), HFImageData)
+    assert isinstance(
+        DataConfig.model_validate({"name": "flan", "text": {"data_dir": "/x"}}),
+        TextTaskData,
+    )
+    with pytest.raises(ValidationError, match="data.hf applies only to name='hf'"):
+        DataConfig(hf={"path": "csv"})  # digits by default
+    cfg = load_config({"data": {"name": "flan_mini"}})
+    assert cfg.data.server_data().id_size == 0 and cfg.data.input_shift().kind == "none"
+    assert cfg.run_name() == "run · fedavg · flan_mini · seed 0"

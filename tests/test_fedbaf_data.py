@@ -34,7 +34,9 @@ def test_the_pools_are_disjoint_stratified_and_fixed_whatever_the_run_seed():
     assert np.array_equal(a.x_test, b.x_test) and len(a.y_train) == 900
     noisy = build_federated_dataset(DataConfig(digits={"split": "fedbaf", "pixel_noise": 2}), 10, 1)
     assert np.array_equal(noisy.x_test, a.x_test) and not np.array_equal(noisy.x_train, a.x_train)
-    with pytest.raises(ValueError, match="digits options only apply"):
+    with pytest.raises(
+        ValueError, match="data.digits applies only to name='digits', not to name='mnist1d'"
+    ):
         DataConfig(name="mnist1d", digits={"split": "fedbaf"})
 
 

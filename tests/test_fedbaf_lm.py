@@ -49,7 +49,9 @@ def test_a_markov_run_gives_clients_contiguous_blocks_of_windows():
     blocks = [ds.client_train_indices(j) for j in range(4)]
     assert all(np.array_equal(b, np.arange(b[0], b[-1] + 1)) for b in blocks)
     assert [b[0] for b in blocks] == sorted(b[0] for b in blocks)
-    with pytest.raises(ValueError, match="markov options only apply"):
+    with pytest.raises(
+        ValueError, match="data.markov applies only to name='markov', not to name='digits'"
+    ):
         DataConfig(name="digits", markov=SMALL)
 
 

@@ -203,7 +203,7 @@ def test_an_imagenet_like_ood_pool_feeds_feddle_ood(tmp_path):
 def test_image_options_are_checked_before_anything_loads():
     with pytest.raises(ValueError, match="hf_image.preset or hf_image.path"):
         DataConfig(name="hf_image")
-    with pytest.raises(ValueError, match="only apply to name='hf_image'"):
+    with pytest.raises(ValueError, match="data.hf_image applies only to name='hf_image'"):
         DataConfig(name="digits", hf_image={"preset": "cifar10"})
     with pytest.raises(ValueError, match="exactly when kind is hf_image"):
         DataConfig(server={"ood": [{"kind": "hf_image"}]})

@@ -117,8 +117,14 @@ def test_held_out_rows_are_not_trained_on():
 @pytest.mark.parametrize(
     ("data", "message"),
     [
-        ({"name": "synthetic", "partition": {"kind": "iid"}}, "partition does not apply"),
-        ({"name": "digits", "synthetic": {"alpha": 0.5}}, "only apply to name='synthetic'"),
+        (
+            {"name": "synthetic", "partition": {"kind": "iid"}},
+            "data.partition applies only to .*, not to name='synthetic': each client",
+        ),
+        (
+            {"name": "digits", "synthetic": {"alpha": 0.5}},
+            "data.synthetic applies only to name='synthetic', not to name='digits'",
+        ),
         ({"name": "synthetic", "synthetic": {"alfa": 0.5}}, "did you mean 'alpha'"),
     ],
 )

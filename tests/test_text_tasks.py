@@ -371,9 +371,13 @@ def test_text_task_errors(tmp_path) -> None:
         DataConfig(name="flan")
     with pytest.raises(ValidationError, match="only apply to data.name='flan'"):
         DataConfig(name="flan_mini", text={"data_dir": str(tmp_path)})
-    with pytest.raises(ValidationError, match="text options only apply"):
+    with pytest.raises(
+        ValidationError, match="data.text applies only to name in \\('flan_mini', 'flan'\\)"
+    ):
         DataConfig(name="digits", text={"n_train": 5})
-    with pytest.raises(ValidationError, match="partition options do not apply"):
+    with pytest.raises(
+        ValidationError, match="data.partition applies only to .*leave-one-task-out"
+    ):
         DataConfig(name="flan_mini", partition=PartitionConfig(kind="iid"))
     with pytest.raises(ValidationError, match="did you mean 'held_out'"):
         DataConfig.model_validate({"name": "flan_mini", "text": {"heldout": "sentiment"}})

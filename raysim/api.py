@@ -64,11 +64,12 @@ class Result:
 UNSAVED_DIR, WEIGHTS = "raysim-unsaved", "weights.safetensors"
 
 
-def preflight(cfg: RunConfig, address: str | None = None) -> None:
+def preflight(cfg: RunConfig, address: str | None = None, plan: RunPlan | None = None) -> None:
     """Refuse, before Ray starts, a run that cannot start: a file or folder the config names
     that is not on this machine (a private Ray's run; ``raysim.inputs``), a named cluster that
     does not answer, or workers that do not fit a private local Ray (``MissingInput`` /
-    ``ClusterError`` / ``ResourceError``)."""
+    ``ClusterError`` / ``ResourceError``). ``plan``: the run's, resolved already (its pool was
+    sized then, so it is not sized again here)."""
     from raysim.inputs import check_inputs
     from raysim.resources import plan_resources
     from raysim.without_ray import runs_without_ray
@@ -77,6 +78,8 @@ def preflight(cfg: RunConfig, address: str | None = None) -> None:
     if target == "local":  # on a cluster, a file may be on the nodes that read it, not here
         check_inputs(cfg)
     check_reachable(target, named_by="--address" if address else "RAY_ADDRESS")
+    if plan is not None:  # ``plan_run`` sized its pool (or it runs without Ray)
+        return
     if runs_without_ray(cfg, address):  # its one worker fits (``needs_ray`` planned it)
         return
     if target == "local":
@@ -195,7 +198,7 @@ class RunSession:
         #: the whole run in this process, without Ray (``runtime``, ``raysim.without_ray``)
         self.local = plan.local
         if self.local:
-            preflight(cfg, address)
+            preflight(cfg, address, plan)
             self.pool_size, self._launch, self._started = 1, None, []
             try:
                 self._start_coordinator(self._first_source)
@@ -223,7 +226,7 @@ class RunSession:
         if not ray.is_initialized():
             if self.tracking_uri:  # before ray.init, for every Ray process (ENVIRONMENT.md)
                 os.environ["MLFLOW_TRACKING_URI"] = self.tracking_uri
-            preflight(cfg, address)
+            preflight(cfg, address, self.plan)
         self._started_ray = ensure_ray(address)
         try:
             self.plan = self.plan.on_cluster(ray.cluster_resources())  # a named cluster's pool

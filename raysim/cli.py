@@ -167,13 +167,12 @@ def _run_command(args: argparse.Namespace, started: list[Any]) -> int:
         cfg = load_config(config, overrides)
 
     from raysim.api import preflight
+    from raysim.plan import plan_run
     from raysim.without_ray import ray_is_up
 
-    if not ray_is_up():
-        preflight(cfg, args.address)  # before the progress bar: a refusal is one line on stderr
-    from raysim.plan import plan_run
-
     plan = plan_run(cfg, args.address, resume=resume)  # what the run does, decided once
+    if not ray_is_up():
+        preflight(cfg, args.address, plan)  # before the progress bar: one line on stderr
     if args.dry_run:  # the plan, and nothing starts or is written
         console.print(f"dry run: {plan.describe()}", soft_wrap=True, highlight=False, markup=False)
         return 0
@@ -629,10 +628,6 @@ def cmd_foundation(args: argparse.Namespace) -> int:
         style="yellow",
         markup=False,
     )
-    for name in PRETRAIN_OPTIONS:
-        if not hasattr(args, name):
-            setattr(args, name, None)
-    args.kind = "tiny-llama"
     return cmd_pretrain(args)
 
 
@@ -759,7 +754,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("foundation", help="the old name of raysim pretrain tiny-llama")
     p.add_argument("--out", default=None, help="output directory (default: foundations/tiny-s0)")
     _tiny_llama_options(p)
-    p.set_defaults(func=cmd_foundation)
+    # the options of raysim pretrain that this alias has not, unset
+    p.set_defaults(func=cmd_foundation, kind="tiny-llama", epochs=None, samples=None, seed=None)
     p = sub.add_parser(
         "extract",
         help="FedBaF's extraction harness (E0/E1/E2, fedbaf.md §6) against a run with observers",

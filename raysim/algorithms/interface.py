@@ -42,11 +42,10 @@ def accepts(signature: inspect.Signature, expected: inspect.Signature) -> bool:
         if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
     ]
     keywords = {p.name: None for p in expected.parameters.values() if p.kind is p.KEYWORD_ONLY}
-    try:
+    try:  # binds only where every parameter the caller never passes has a default
         signature.bind(*range(len(positional)), **keywords)
     except TypeError:
         return False
-    # a parameter the caller never passes must have a default (bind checked the required ones)
     return True
 
 

@@ -551,7 +551,9 @@ def _pretrain_tiny_llama(args: argparse.Namespace, report: Any) -> str:
     meta = pretrain_foundation(cfg, args.out, lambda step, loss: report(step, cfg.steps, loss))
     return (
         f"{meta['parameters']:,} parameters, vocabulary {meta['vocab_size']}, held-out exact "
-        f"match {meta['heldout_exact_match']:.3f} ({meta['pretrain_seconds']:.0f} s). Use it with\n"
+        f"match {meta['heldout_exact_match']:.3f} ({meta['pretrain_seconds']:.0f} s), weights "
+        f"sha256 {meta['weights_sha256'][:12]}… on {meta['machine']['cpu']} "
+        f"({meta['machine']['cpu_capability']}). Use it with\n"
         f"  model: {{name: hf_causal_lm, path: {args.out}}}\n"
         f"  data.text: {{tokenizer: {args.out}, data_seed: {cfg.data_seed}}}"
     )

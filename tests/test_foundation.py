@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 import numpy as np
 import pytest
+import torch
 
 from raysim.data.foundation_corpus import FOUNDATION_FAMILIES, generate_foundation_corpus
 from raysim.data.text_tasks import (
@@ -61,6 +63,12 @@ def test_pretraining_learns_and_saves_a_loadable_directory(foundation_dir):
     assert foundation_metadata(out) == meta
     assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
     assert meta["parameters"] > 100_000 and 0 <= meta["heldout_exact_match"] <= 1
+    # which weights, and where they were made: the digest is the saved file's
+    assert (
+        meta["weights_sha256"]
+        == hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest()
+    )
+    assert meta["machine"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
 
 
 def test_a_run_dataset_with_the_foundation_tokenizer_has_no_unknown_words(foundation_dir):
@@ -157,6 +165,32 @@ def test_the_t2_driver_judges_the_claims_from_the_numbers():
     )
     assert q.claims_section(report, None).strip() == previous
     assert q.claims_section(report, "entailment").strip() == "| 1a. e | no | |"
+
+
+def test_the_t2_driver_names_its_foundation_and_will_not_mix_two(foundation_dir, tmp_path):
+    """A report names the frozen base by its weights' digest (the same code pre-trains another
+    foundation on another CPU), and seeds run on different bases are not combined."""
+    import json
+
+    q = _driver()
+    out, meta = foundation_dir[:2]
+    base = q.foundation_used(["seed=0", f"model.path={out}"])
+    assert base["weights_sha256"] == meta["weights_sha256"]
+    assert base["cpu_capability"] == meta["machine"]["cpu_capability"]
+    assert f"weights sha256 `{meta['weights_sha256'][:12]}`" in q.describe_foundation(base)
+    dirs = []
+    for i, digest in enumerate((meta["weights_sha256"], "0" * 64)):
+        d = tmp_path / f"run{i}"
+        d.mkdir()
+        (d / "qualitative.json").write_text(json.dumps({"fedit": [{"ood_rouge1": 1.0}]}))
+        (d / "meta.json").write_text(json.dumps({
+            "seeds": [str(i)], "parent_run_id": None, "wall_s": 1.0, "held_out": None,
+            "foundation": {**base, "weights_sha256": digest},
+        }))  # fmt: skip
+        dirs.append(str(d))
+    with pytest.raises(SystemExit, match="different foundations"):
+        q.combine(dirs, tmp_path / "combined")
+    assert not (tmp_path / "combined").exists()
 
 
 def test_the_corpus_families_are_a_checked_switch():

@@ -231,6 +231,37 @@ def changed(checks: list[tuple[str, str, str]], previous: str) -> list[str]:
     return out
 
 
+def foundation_used(overrides: list[str]) -> dict:
+    """The frozen base the runs load (``model.path``, from the overrides or the config): its
+    folder, weights digest, held-out exact match and the CPU that pre-trained it. The same code
+    pre-trains a different foundation on another CPU (float kernels differ), so a report names
+    its foundation, and ``--combine`` refuses seeds run on different ones."""
+    import yaml
+
+    from raysim.models.foundation import foundation_metadata, weights_digest
+
+    path = yaml.safe_load(CONFIG.read_text())["model"]["path"]
+    path = next((o.split("=", 1)[1] for o in overrides if o.startswith("model.path=")), path)
+    meta = foundation_metadata(path) or {}
+    return {
+        "path": path,
+        "weights_sha256": meta.get("weights_sha256") or weights_digest(path),
+        "heldout_exact_match": meta.get("heldout_exact_match"),
+        "cpu": meta.get("machine", {}).get("cpu", "not recorded"),
+        "cpu_capability": meta.get("machine", {}).get("cpu_capability", "not recorded"),
+    }
+
+
+def describe_foundation(base: dict) -> str:
+    """One line naming the foundation ``foundation_used`` found."""
+    match = base.get("heldout_exact_match")
+    return (
+        f"Foundation `{base['path']}`: weights sha256 `{base['weights_sha256'][:12]}`, "
+        f"held-out exact match {match if match is None else f'{match:.3f}'}, pre-trained on "
+        f"{base['cpu']} ({base['cpu_capability']})."
+    )
+
+
 def report(
     rows: dict[str, list[dict]],
     checks: list,
@@ -239,9 +270,11 @@ def report(
     wall: float,
     previous: str = "",
     held_out: str | None = None,
+    foundation: dict | None = None,
 ) -> str:
     """The per-method table and, where ``checks`` are given, the claims table with its rules
-    and the verdicts that changed from ``previous`` (the same setting's section)."""
+    and the verdicts that changed from ``previous`` (the same setting's section);
+    ``foundation``: which frozen base the runs used (``foundation_used``)."""
     cols = [
         ("ood_rouge1", "OOD R-1 (routed)"),
         ("ood_rouge1_global", "OOD R-1 (global)"),
@@ -252,7 +285,9 @@ def report(
     ]
     lines = [
         f"Seeds {', '.join(seeds)}: mean ± sample standard deviation; MLflow parent run "
-        f"`{parent}`; {wall / 60:.1f} min wall.\n",
+        f"`{parent}`; {wall / 60:.1f} min wall.",
+        *([describe_foundation(foundation)] if foundation else []),
+        "",
         "| method | " + " | ".join(c for _, c in cols) + " |",
         "|---" * (len(cols) + 1) + "|",
     ]
@@ -342,7 +377,14 @@ def combine(dirs: list[str], out: Path) -> None:
     methods = list(tables[0])
     rows = {m: [r for t in tables for r in t[m]] for m in methods}
     held = {m.get("held_out") for m in metas}
-    _write(rows, seeds, ", ".join(map(str, parents)), wall, out, methods, held.pop())
+    bases = {json.dumps(m.get("foundation"), sort_keys=True) for m in metas}
+    if len(bases) > 1:
+        raise SystemExit(
+            f"--combine: these runs used different foundations ({', '.join(sorted(bases))}); "
+            "seeds on different frozen bases are not one experiment"
+        )
+    foundation = metas[0].get("foundation")
+    _write(rows, seeds, ", ".join(map(str, parents)), wall, out, methods, held.pop(), foundation)
     plot_curves(parents, out / "curves.png")
 
 
@@ -354,13 +396,14 @@ def _write(
     out: Path,
     methods: list[str],
     held_out: str | None = None,
+    foundation: dict | None = None,
 ) -> None:
     """``qualitative.md`` (verdicts where every method ran on 2+ seeds) and ``qualitative.json``
     (every seed's row); ``held_out``: the family held out where an override names one."""
     decide = set(METHODS) <= set(methods) and len(seeds) > 1
     previous = claims_section((HERE / "RESULTS.md").read_text(), held_out) if decide else ""
     checks = claims(rows) if decide else []
-    text = report(rows, checks, seeds, parent, wall, previous, held_out)
+    text = report(rows, checks, seeds, parent, wall, previous, held_out, foundation)
     out.mkdir(parents=True, exist_ok=True)
     (out / "qualitative.md").write_text(text)
     (out / "qualitative.json").write_text(json.dumps(rows, indent=2))
@@ -431,9 +474,10 @@ def main() -> None:
     rows = per_seed(res.results, seeds, list(methods))
     wall = time.perf_counter() - started
     held = [o.split("=", 1)[1] for o in overrides if o.startswith("data.text.held_out=")]
-    _write(rows, seeds, res.parent_run_id, wall, out, list(methods), (held or [None])[-1])
+    base = foundation_used(overrides)
+    _write(rows, seeds, res.parent_run_id, wall, out, list(methods), (held or [None])[-1], base)
     meta = {"seeds": seeds, "parent_run_id": res.parent_run_id, "wall_s": wall,
-            "held_out": (held or [None])[-1]}  # fmt: skip
+            "held_out": (held or [None])[-1], "foundation": base}  # fmt: skip
     (out / "meta.json").write_text(json.dumps(meta))
     if res.parent_run_id:
         plot_curves([res.parent_run_id], out / "curves.png")

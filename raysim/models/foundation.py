@@ -166,6 +166,8 @@ def pretrain_foundation(
     tmp = out.with_name(out.name + ".tmp")
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
+    meta["weights_sha256"] = weights_digest(tmp)
+    meta["machine"] = pretraining_machine()
     (tmp / METADATA_FILE).write_text(json.dumps(meta, indent=2))
     if out.exists():
         shutil.rmtree(out)
@@ -177,3 +179,30 @@ def foundation_metadata(path: str | Path) -> dict[str, Any] | None:
     """The metadata of a foundation directory, or None if ``path`` is not one."""
     f = Path(path) / METADATA_FILE
     return json.loads(f.read_text()) if f.is_file() else None
+
+
+def weights_digest(directory: str | Path) -> str:
+    """sha256 of a foundation's ``model.safetensors``: which foundation a run used, in one word."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(Path(directory) / "model.safetensors", "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def pretraining_machine() -> dict[str, object]:
+    """What the weights depend on beyond the config and seeds: the same machine gives the same
+    weights bit for bit, but another CPU's kernels (AVX2 or AVX-512, thread count) round floats
+    differently, and 8,000 steps carry that into another foundation."""
+    import torch
+
+    from raysim.machine import cpu_model
+
+    return {
+        "cpu": cpu_model(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }

@@ -361,7 +361,8 @@ def plot_curves(parents: list[str], path: Path) -> None:
         ax.set_xlabel("round")
         ax.set_yscale("log" if key == "client_feature_distance" else "linear")
         ax.grid(alpha=0.3)
-    axes[-1].legend(fontsize=7)
+    if axes[-1].get_legend_handles_labels()[0]:  # none where no curve method ran
+        axes[-1].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

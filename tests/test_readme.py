@@ -58,7 +58,7 @@ ELSEWHERE = {
     "make gpu-check": "a CI step (.ci/run)",
     "make docs": "a CI step (.ci/run); tests/test_docs.py checks the configuration reference",
     "make bench": "the benchmarks (minutes); benchmarks/RESULTS.md",
-    "python examples/feddle/reproduce.py --out runs/feddle-mini": "about 3 hours; "
+    "python examples/feddle/reproduce.py --out runs/feddle-mini": "about 50 minutes; "
     "examples/feddle/RESULTS.md",
     "raysim run examples/quickstart.yaml 'algorithm={name: fedmedian, module: ./fedmedian.py}'": (
         "the page's file first; tests/test_docs.py saves it and runs this command"

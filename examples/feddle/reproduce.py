@@ -22,7 +22,7 @@ partial ``examples/feddle/results.json`` a session committed). Feddle's ``fallba
 is the tuned FedBuff's server lr (§3.6).
 ``report.py`` turns them into ``RESULTS.md`` and plots.
 
-    python examples/feddle/reproduce.py --out runs/feddle-mini        # ~3 hours on 2 CPUs
+    python examples/feddle/reproduce.py --out runs/feddle-mini        # ~50 min on 2 CPUs
     python examples/feddle/reproduce.py --out /tmp/q --quick          # a 20-round look, minutes
 """
 

@@ -95,12 +95,40 @@ def sequential(cfg):
 
 def test_i1_lambda_zero_with_a_frozen_identity_map_is_fedavg_bit_for_bit():
     """λ = 0, η_θ = 0, duals at 0: the predictor's trajectory is FedAvg's exactly, for k_max 3
-    and τ 2 (a dual term left in the descent loss, or another batch stream, breaks it)."""
+    and τ 2 (another batch stream or a moving map breaks it), and the heads stay at 0 (an
+    ascent that drops λ moves them). A dual term left in the descent is the next test's."""
     fedot = run(sequential(fedot_cfg(**{"lambda": 0.0, "lr_map": 0.0})))
     plain = run(sequential(fedot_cfg(algorithm={"name": "fedavg"})))
     assert np.array_equal(fedot.weights, plain.weights)
     for state in fedot.materialized_states().values():
         assert not heads(state).any()  # ∇_v = −2ρ_v v = 0 from v = 0
+
+
+@pytest.mark.parametrize("potential", ["quad_diag", "nn"])
+def test_i1_lambda_multiplies_the_whole_dual_term_in_the_descent(potential):
+    """At λ = 0 a descent step on (w, θ_i) sees the task loss alone, whatever the heads hold.
+
+    The FedAvg test above cannot see a dual term left in the descent (there the heads are 0 and
+    the map frozen, and φ_i(ψ_i(x)) does not depend on w): here the heads are far from 0 and the
+    map trains. Control: at λ > 0 the same heads move the map, so the comparison can fail."""
+
+    def step(lam: float, heads_at: float) -> list[torch.Tensor]:
+        model, p = tiny_model(potential=potential, **{"lambda": lam})
+        with torch.no_grad():
+            for h in model.potential.head.parameters():
+                h.fill_(heads_at)
+        w = list(model.predictor.parameters())
+        theta = list(model.psi.parameters())
+        torch.manual_seed(1)
+        x, y = torch.randn(16, 8) * 2 + 1, torch.randint(0, 3, (16,))
+        FedOTClient(p).descend(model, ClassificationTask(), (x, y), w, theta, 0.1, 0.1)
+        return [q.detach().clone() for q in w + theta]
+
+    def same(a, b) -> bool:
+        return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+    assert same(step(0.0, 0.7), step(0.0, 0.0))
+    assert not same(step(1.0, 0.7), step(1.0, 0.0))
 
 
 def test_i1_the_trunk_only_decays_and_the_predictor_still_follows_fedavg():

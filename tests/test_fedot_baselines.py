@@ -157,9 +157,53 @@ def test_fed_fomaml_adapts_with_one_step_at_alpha_before_testing():
 
 @pytest.mark.parametrize("name", ["l_fedavg", "fedmi", "fed_fomaml", "local_only", "fedot"])
 def test_every_fedot_comparison_runs_on_colour_shifts(name):
+    """Each comparison takes (N, P, 3) colour inputs and evaluates every client (a method that
+    cannot fails here); what a client is scored on is the next test's."""
     algo = {"name": name}
     if name == "fedot":
         algo |= {"psi_family": "pixel_relu", "potential": "nn", "lr_map": 0.01}
     core = local_core(fedot_cfg(n=3, rounds=1, algorithm=algo, shift="colour"), evaluate=True)
     m = core.step()
     assert 0 <= m["accuracy"] <= 1 and m["clients_evaluated"] == 3
+
+
+def colour_view(shifts, client: int) -> np.ndarray:
+    """Client ``client``'s Colored-MNIST view of the test images, from §6.2's formula: a_j
+    where x ≤ ζ (background), x · b_j elsewhere."""
+    x = shifts.x_test_raw.reshape(len(shifts.x_test_raw), -1).astype(np.float64)
+    p = shifts.params(client, x.shape[1])
+    background = (x <= shifts.cfg.threshold)[..., None]
+    return np.where(background, p["a"], x[..., None] * p["b"]).astype(np.float32)
+
+
+@pytest.mark.parametrize(
+    "algorithm",
+    [
+        {"name": "fedavg"},
+        {"name": "fedot", "psi_family": "pixel_relu", "potential": "nn", "lr_map": 0.01},
+    ],
+    ids=["global model", "fedot's own map"],
+)
+def test_on_colour_shifts_each_client_is_scored_on_its_own_colour_view(algorithm):
+    """The loss each client reports is its model's on its own colour view of the test images,
+    recomputed here from the formula; a neighbour's view gives another loss."""
+    cfg = fedot_cfg(
+        n=3, rounds=3, algorithm=algorithm, shift="colour", local={"lr": 0.2, "max_steps": 4}
+    )
+    core = local_core(cfg, evaluate=True)
+    while not core.done:
+        core.step()
+    reported = {r["client"]: r["loss"] for r in core.evaluator.last_clients}
+    assert sorted(reported) == [0, 1, 2]
+    for j in range(3):
+        runner, ctx, _ = client_context(cfg, j)  # the client's model as its evaluation loads it
+        shifts = runner.dataset.shifts
+        y = torch.tensor(runner.dataset.eval_sets["test"].y, dtype=torch.long)
+        module = ctx.model.module.eval()
+
+        def loss_on(view: np.ndarray, module=module, y=y) -> float:
+            with torch.no_grad():
+                return float(torch.nn.functional.cross_entropy(module(torch.from_numpy(view)), y))
+
+        assert loss_on(colour_view(shifts, j)) == pytest.approx(reported[j], rel=1e-5)
+        assert loss_on(colour_view(shifts, (j + 1) % 3)) != pytest.approx(reported[j], rel=1e-4)

@@ -236,12 +236,10 @@ def foundation_used(overrides: list[str]) -> dict:
     folder, weights digest, held-out exact match and the CPU that pre-trained it. The same code
     pre-trains a different foundation on another CPU (float kernels differ), so a report names
     its foundation, and ``--combine`` refuses seeds run on different ones."""
-    import yaml
-
+    from raysim.config import load_config
     from raysim.models.foundation import foundation_metadata, weights_digest
 
-    path = yaml.safe_load(CONFIG.read_text())["model"]["path"]
-    path = next((o.split("=", 1)[1] for o in overrides if o.startswith("model.path=")), path)
+    path = load_config(CONFIG, overrides).model.path
     meta = foundation_metadata(path) or {}
     return {
         "path": path,
@@ -257,7 +255,8 @@ def describe_foundation(base: dict) -> str:
     match = base.get("heldout_exact_match")
     return (
         f"Foundation `{base['path']}`: weights sha256 `{base['weights_sha256'][:12]}`, "
-        f"held-out exact match {match if match is None else f'{match:.3f}'}, pre-trained on "
+        f"held-out exact match {'not recorded' if match is None else f'{match:.3f}'}, "
+        "pre-trained on "
         f"{base['cpu']} ({base['cpu_capability']})."
     )
 

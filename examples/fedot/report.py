@@ -366,8 +366,7 @@ class Report:
             "vectorised pass; the two agree to float rounding, `tests/test_fedot.py`).",
             "",
             f"Seeds: {len(SEEDS)}. A cell cost {seconds / 60 / len(self.results):.1f} min of wall "
-            "time "
-            "here on average, past the minute under which issue 45 asks for five seeds; with "
+            "time here on average, past the minute under which issue 45 asks for five seeds; with "
             f"n = {len(SEEDS)} the smallest one-sided sign-flip p-value is "
             f"{0.5 ** len(SEEDS):.3g}, so the verdicts rest on the t-intervals.",
         ]

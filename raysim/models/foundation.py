@@ -185,11 +185,8 @@ def weights_digest(directory: str | Path) -> str:
     """sha256 of a foundation's ``model.safetensors``: which foundation a run used, in one word."""
     import hashlib
 
-    digest = hashlib.sha256()
     with open(Path(directory) / "model.safetensors", "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def pretraining_machine() -> dict[str, object]:

@@ -1,29 +1,40 @@
 """raysim's main path end to end, step by step, as ``benchmarks/gpu_e2e.sh`` runs it on a GPU.
 
 Every raysim step goes through the ``raysim run`` / ``raysim tune`` command (``python -m
-raysim``), with an MLflow store of its own under ``--out``; the figures are read back from that
-store (each round's metrics, ``placement.json``, ``workers.json``, ``weights.safetensors``).
+raysim``) against the one Ray the call started (``--address``: the GPU path and the tiny path are
+the same path), with an MLflow store of its own under ``--out``; the figures are read back from
+that store (each round's metrics, ``placement.json``, ``workers.json``, ``weights.safetensors``).
 
-Steps (each writes ``OUT/<step>.json``; ``report`` gathers them into ``OUT/figures.md``):
+Part 1, the most valuable figures first (``gpu_e2e_plan.py`` holds the cost model):
 
+* ``preflight``: every import the bundle brings, the GPUs counted as raysim counts them, the GPU's
+  compute mode, ``/dev/shm`` and memory; then the call's Ray started and reached, in under a
+  minute, or one line naming what is broken;
 * ``plain``: the reference, a plain PEFT loop over the same clients' data, rounds and local
   recipe (``LlamaForCausalLM`` built from the same config, LoRA r 8 on q/v, a fresh AdamW per
   client), timed in its own process so that it holds no GPU memory while raysim runs;
-* ``fedit``: FedIT in five placements: one worker at 1.0 GPU and four at 0.25 GPU, clients one
-  after another (their digests must be equal: placement must not change results), then
-  multi-LoRA batched clients (``workers.execution: batched``) with one worker (a group of 8), one
-  worker with ``workers.cuda_deterministic: false`` (what deterministic kernels cost), and four
-  workers with batched groups of 2;
-* ``backends``: the one-worker run with ``local.backend`` DeepSpeed ZeRO-2, ZeRO-3 and
-  Accelerate (against the torch backend's run of ``fedit``), with DeepSpeed's per-call engine cost;
-* ``fedoa``: FedOA (two adapters and the teacher's forward) on the one-worker placement;
-* ``tune``: ``raysim tune`` of 4 trials at 0.5 GPU each under ASHA, on a small LLaMA;
+* ``fedit``: FedIT with one worker at 1.0 GPU and four at 0.25 GPU, clients one after another
+  (their digests must be equal: placement must not change results), then multi-LoRA batched
+  clients (``workers.execution: batched``, a group of 8);
+* ``backends``: the one-worker run with ``local.backend`` DeepSpeed ZeRO-2 and Accelerate
+  (against the torch backend's run of ``fedit``), with DeepSpeed's per-call engine cost;
 * ``fedbaf``: FedBaF over FedAvg on ViT-B/16 (digits at 224², a random-init foundation of the
-  same shape), the coordinator on the GPU: the server's mix and the leak auditor's share of a round.
+  same shape), the coordinator on the GPU: the server's mix and the leak auditor's share;
+* ``gpu_tests``: the CUDA tests (``tests/test_gpu.py``).
+
+Part 2 (``--part 2``, a second call): its own one-worker reference, the fastest kernels
+(``workers.cuda_deterministic: false``), four workers with groups of 2, ZeRO-3, FedOA, and
+``raysim tune`` of 4 trials at 0.5 GPU under ASHA on a small LLaMA.
+
+Each step writes ``OUT/<step>.json`` after each of its runs, stamped with the call's id;
+``gpu_e2e_report.py`` gathers them. A run that fails is a finding, not the step's end.
 
 ``--shape tiny`` runs every step on the CPU in minutes (a two-layer LLaMA, a two-layer ViT at
-32²), against a Ray started with one logical GPU (``--address``), so that the script is known to
-work before a GPU is lent. Numbers printed there are CPU numbers and say so.
+32²), against a Ray with one logical GPU, so that the script is known to work before a GPU is
+lent. Numbers printed there are CPU numbers and say so.
+
+``RAYSIM_E2E_FAIL="step step:run ..."`` makes a step, or one run of a step, fail at its start
+(the tests' way to check that every other figure survives).
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -39,7 +51,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gpu_e2e_plan as plans  # noqa: E402
 from common import ROOT, machine  # noqa: E402
+from gpu_e2e_report import save  # noqa: E402
 
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
@@ -74,16 +88,34 @@ PLACEMENTS = {
     "w4_lora2": ["workers.count=4", "workers.num_gpus=0.25", "workers.execution=batched",
                  "workers.group_size=2"],
 }  # fmt: skip
-#: The other training backends, cheapest first (ZeRO-3 partitions the whole base every call).
+#: The other training backends.
 BACKENDS = {
     "accelerate": ["local.backend=accelerate"],
     "deepspeed_zero2": ["local.backend=deepspeed", "local.deepspeed.zero_stage=2"],
     "deepspeed_zero3": ["local.backend=deepspeed", "local.deepspeed.zero_stage=3"],
 }
+#: what the preflight imports: everything the steps and Ray's workers load
+IMPORTS = ("torch", "transformers", "peft", "accelerate", "safetensors", "pydantic", "yaml",
+           "ray", "ray.tune", "mlflow", "deepspeed", "rouge_score", "raysim", "raysim.cli",
+           "raysim.runtime", "raysim.actors.worker")  # fmt: skip
+#: the packages that only the bundle brings to the GPU image
+BUNDLED = {"ray", "mlflow", "deepspeed", "pydantic", "peft", "rouge_score"}
+
+
+class Failed(RuntimeError):
+    """A run or step that failed; its message is the figure's reason."""
 
 
 def on_gpu(shape: str) -> bool:
     return shape != "tiny"
+
+
+def injected(step: str, run: str | None = None) -> None:
+    """Fail here if ``RAYSIM_E2E_FAIL`` names this step (or this run of it)."""
+    names = os.environ.get("RAYSIM_E2E_FAIL", "").split()
+    if (step if run is None else f"{step}:{run}") in names:
+        raise Failed(f"injected failure ({'step' if run is None else 'run'} named in "
+                     "RAYSIM_E2E_FAIL)")  # fmt: skip
 
 
 def fedit_config(shape: str, rounds: int) -> dict[str, Any]:
@@ -200,11 +232,13 @@ class Store:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
-                raise RuntimeError(f"{label}: stopped after its limit of {limit:.0f} s") from None
+                raise Failed(f"{label}: stopped at its limit of {limit:.0f} s") from None
         took = time.perf_counter() - t0
         if rc != 0:
-            tail = "\n".join(log.read_text().splitlines()[-25:])
-            raise RuntimeError(f"{' '.join(cmd)} exited {rc}:\n{tail}")
+            lines = [line for line in log.read_text().splitlines() if line.strip()]
+            cause = lines[-1].strip() if lines else "no output"
+            tail = "\n".join(lines[-25:])
+            raise Failed(f"{label}: raysim {verb} exited {rc}: {cause}\n{' '.join(cmd)}\n{tail}")
         print(f"{label}: {verb} took {took:.1f} s", flush=True)
         return took
 
@@ -223,7 +257,7 @@ class Store:
             max_results=1,
         )
         if not runs:
-            raise RuntimeError(f"no MLflow run named {label!r} in {self.uri}")
+            raise Failed(f"no MLflow run named {label!r} in {self.uri}")
         return runs[0]
 
     def artifact(self, run_id: str, name: str) -> Path:
@@ -351,10 +385,10 @@ def weight_gap(store: Store, a: str, b: str) -> float:
     return max(float(np.max(np.abs(wa[k].astype(np.float64) - wb[k]))) for k in wa)
 
 
-# --- the steps ------------------------------------------------------------------------------
+# --- the plain reference ------------------------------------------------------------------
 
 
-def step_plain(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+def plain_loop(shape: str, n_rounds: int) -> dict[str, Any]:
     """A plain PEFT loop: the same clients, rounds, data and local recipe as ``fedit``'s runs,
     each client from the round's global adapter with a fresh AdamW, its delta read back to the
     host as a client would send it. No raysim code trains here."""
@@ -365,7 +399,7 @@ def step_plain(args: argparse.Namespace, out: Path) -> dict[str, Any]:
 
     from raysim.config import load_config
 
-    cfg = fedit_config(args.shape, args.rounds)
+    cfg = fedit_config(shape, n_rounds)
     m = cfg["model"]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cpu":  # as many threads as a raysim worker trains with
@@ -376,8 +410,13 @@ def step_plain(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     config = LlamaConfig(
         **m["llama"], max_position_embeddings=512, rms_norm_eps=1e-6, pad_token_id=0
     )
-    with device:
-        base = LlamaForCausalLM(config).to(dtype)
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # built in bf16 directly, as raysim builds it
+    try:
+        with device:
+            base = LlamaForCausalLM(config).to(dtype)
+    finally:
+        torch.set_default_dtype(before)
     lora = m["lora"]
     model = get_peft_model(
         base,
@@ -393,8 +432,8 @@ def step_plain(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     start = [p.detach().clone() for p in trainable]
 
     ds = dataset(cfg)
-    steady = range(1, args.rounds)
-    rounds = round_clients(cfg, range(args.rounds))
+    steady = range(1, n_rounds)
+    rounds = round_clients(cfg, range(n_rounds))
     tokens = client_tokens(cfg)
     bs = cfg["local"]["batch_size"]
 
@@ -438,61 +477,151 @@ def step_plain(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     }
 
 
-def _save(out: Path, step: str, result: dict[str, Any]) -> None:
-    """A step's figures so far (a step stopped at its limit keeps the runs it finished)."""
-    (out / f"{step}.json").write_text(json.dumps(result, indent=1, default=str))
+# --- running the runs of a step -----------------------------------------------------------
 
 
-def step_fedit(args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    store = Store(out, args.address)
-    cfg = fedit_config(args.shape, args.rounds)
-    res: dict[str, Any] = {}
-    for name in args.placements:
-        res[name] = {"command_s": store.raysim("run", f"fedit_{name}", cfg, *PLACEMENTS[name])}
-        res[name].update(run_figures(store, f"fedit_{name}", cfg))
-        _save(out, "fedit", res)
-    if "w1_seq" in res and "w4_seq" in res:
-        a, b = res["w1_seq"], res["w4_seq"]
-        res["placement_digest_equal"] = a["digest"] == b["digest"]
-        res["placement_weight_gap"] = weight_gap(store, a["run_id"], b["run_id"])
-    if "w4_seq" in res:  # four actors, one card
-        ids = res["w4_seq"]["placement_gpu_ids"]
-        res["four_workers_gpu_ids"] = ids
-        res["four_workers_one_gpu"] = len(ids) == 4 and len({tuple(i) for i in ids}) == 1
-    return res
+class Runs:
+    """A step's runs, one after another, each under its limit from the cost model and before the
+    step's deadline; each saved as it ends, a failed one as ``{"error": ...}`` and one with no
+    time left as ``{"skipped": ...}``, so that every finished run survives whatever follows."""
 
+    def __init__(self, args: argparse.Namespace, out: Path, step: str) -> None:
+        self.args, self.out, self.step = args, out, step
+        self.cost = plans.COSTS[args.shape][step]
+        self.res: dict[str, Any] = {}
 
-def step_backends(args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    store = Store(out, args.address)
-    cfg = fedit_config(args.shape, args.rounds)
-    res: dict[str, Any] = {}
-    for name in args.backends:
-        label = f"backend_{name}"
+    def names(self) -> list[str]:
+        """The step's runs, or those ``ONLY`` names as ``step:run``."""
+        only = [w.split(":", 1)[1] for w in os.environ.get("ONLY", "").split()
+                if w.startswith(f"{self.step}:")]  # fmt: skip
+        return [r for r in self.cost.runs if not only or r in only]
+
+    def limit(self, run: str) -> float:
+        """The run's limit, or what is left before the step's deadline; raises if that is less
+        than half the run's planned seconds (it would only be cut)."""
+        limit = float(self.cost.runs[run].limit_s)
+        if self.args.deadline:
+            left = self.args.deadline - time.time() - 5
+            planned = self.cost.runs[run].seconds
+            if left < planned / 2:
+                raise Skipped(f"{left:.0f} s left of the step's limit, {planned:.0f} s planned")
+            limit = min(limit, left)
+        return limit
+
+    def do(self, run: str, fn: Any, *extra: Any) -> dict[str, Any] | None:
+        """``fn(run, limit, *extra)`` → the run's figures, saved; None if it did not finish."""
         try:
-            overrides = (*PLACEMENTS["w1_seq"], *BACKENDS[name])
-            took = store.raysim("run", label, cfg, *overrides, limit=args.run_limit)
-            res[name] = {"command_s": took, **run_figures(store, label, cfg)}
-            w = res[name]["workers"][0]
-            if w.get("deepspeed_engines"):
-                res[name]["engine_s_per_call"] = w["deepspeed_engine_s"] / w["deepspeed_engines"]
-                res[name]["engine_share_of_training"] = w["deepspeed_engine_s"] / w["train_s"]
-        except RuntimeError as e:  # one backend's failure is a finding, not the step's end
-            res[name] = {"error": str(e)[-2000:]}
-        _save(out, "backends", res)
-    return res
+            injected(self.step, run)
+            self.res[run] = fn(run, self.limit(run), *extra)
+        except Skipped as e:
+            self.res[run] = {"skipped": str(e)}
+        except Exception as e:  # noqa: BLE001 - one run's failure is a finding, not the end
+            self.res[run] = {"error": f"{type(e).__name__}: {e}"[-3000:]}
+            print(f"{self.step}:{run} failed: {self.res[run]['error']}", flush=True)
+        self.save()
+        return self.res[run] if "error" not in self.res[run] else None
+
+    def save(self) -> None:
+        save(self.out, self.step, self.res)
+
+
+class Skipped(Exception):
+    """No time left in the step for this run."""
+
+
+def rounds_of(args: argparse.Namespace, step: str, run: str) -> int:
+    return plans.COSTS[args.shape][step].runs[run].rounds
+
+
+# --- the steps ------------------------------------------------------------------------------
+
+
+def step_plain(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """The plain PEFT loop's figures (``plain_loop``), under the plan's rounds."""
+    injected("plain")
+    run = plans.COSTS[args.shape]["plain"].runs["plain PEFT loop"]
+    return plain_loop(args.shape, run.rounds)
+
+
+def step_fedit(args: argparse.Namespace, out: Path, step: str = "fedit") -> dict[str, Any]:
+    """FedIT in each placement of the step; the placements' comparisons after each run."""
+    injected(step)
+    store, runs = Store(out, args.address), Runs(args, out, step)
+
+    def one(name: str, limit: float) -> dict[str, Any]:
+        cfg = fedit_config(args.shape, rounds_of(args, step, name))
+        label = f"{step}_{name}"
+        took = store.raysim("run", label, cfg, *PLACEMENTS[name], limit=limit)
+        return {"command_s": took, **run_figures(store, label, cfg)}
+
+    for name in runs.names():
+        runs.do(name, one)
+        runs.res.update(placement_comparisons(store, runs.res))
+        runs.save()
+    return runs.res
+
+
+def placement_comparisons(store: Store, res: dict[str, Any]) -> dict[str, Any]:
+    """One worker against four on one card: equal digests, the weights' largest gap, and every
+    actor's GPU ids; only from runs that finished."""
+    ok = {k: r for k, r in res.items() if isinstance(r, dict) and "digest" in r}
+    out: dict[str, Any] = {}
+    if "w1_seq" in ok and "w4_seq" in ok:
+        a, b = ok["w1_seq"], ok["w4_seq"]
+        out["placement_digest_equal"] = a["digest"] == b["digest"]
+        out["placement_weight_gap"] = weight_gap(store, a["run_id"], b["run_id"])
+    four = ok.get("w4_seq") or ok.get("w4_lora2")
+    if four:  # four actors, one card
+        ids = four["placement_gpu_ids"]
+        out["four_workers_gpu_ids"] = ids
+        out["four_workers_one_gpu"] = len(ids) == 4 and len({tuple(i) for i in ids}) == 1
+    return out
+
+
+def step_fedit_more(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    return step_fedit(args, out, "fedit_more")
+
+
+def step_backends(args: argparse.Namespace, out: Path, step: str = "backends") -> dict[str, Any]:
+    injected(step)
+    store, runs = Store(out, args.address), Runs(args, out, step)
+
+    def one(name: str, limit: float) -> dict[str, Any]:
+        cfg = fedit_config(args.shape, rounds_of(args, step, name))
+        label = f"backend_{name}"
+        overrides = (*PLACEMENTS["w1_seq"], *BACKENDS[name])
+        took = store.raysim("run", label, cfg, *overrides, limit=limit)
+        res = {"command_s": took, **run_figures(store, label, cfg)}
+        w = res["workers"][0]
+        if w.get("deepspeed_engines"):
+            res["engine_s_per_call"] = w["deepspeed_engine_s"] / w["deepspeed_engines"]
+            res["engine_share_of_training"] = w["deepspeed_engine_s"] / w["train_s"]
+        return res
+
+    for name in runs.names():
+        runs.do(name, one)
+    return runs.res
+
+
+def step_backends_more(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    return step_backends(args, out, "backends_more")
 
 
 def step_fedoa(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    injected("fedoa")
     store = Store(out, args.address)
-    cfg = fedit_config(args.shape, args.rounds)
+    cfg = fedit_config(args.shape, rounds_of(args, "fedoa", "fedoa_w1"))
     cfg["algorithm"] = {"name": "fedoa", "lambda": 0.5, "distance": "l2"}
-    took = store.raysim("run", "fedoa_w1", cfg, *PLACEMENTS["w1_seq"])
+    limit = plans.run_limit(args.shape, "fedoa", "fedoa_w1")
+    took = store.raysim("run", "fedoa_w1", cfg, *PLACEMENTS["w1_seq"], limit=limit)
     return {"command_s": took, **run_figures(store, "fedoa_w1", cfg)}
 
 
 def step_tune(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    injected("tune")
     store = Store(out, args.address)
-    took = store.raysim("tune", "tune", tune_config(args.shape))
+    limit = plans.run_limit(args.shape, "tune", "sweep")
+    took = store.raysim("tune", "tune", tune_config(args.shape), limit=limit)
     c = store.client()
     exp = c.get_experiment_by_name("gpu-e2e")
     runs = c.search_runs([exp.experiment_id], order_by=["attributes.start_time DESC"])
@@ -508,6 +637,9 @@ def step_tune(args: argparse.Namespace, out: Path) -> dict[str, Any]:
 
 
 def step_fedbaf(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    injected("fedbaf")
+    import torch
+
     from raysim.config import load_config
     from raysim.models.pretraining import save_foundation
     from raysim.models.registry import build_handle
@@ -515,10 +647,9 @@ def step_fedbaf(args: argparse.Namespace, out: Path) -> dict[str, Any]:
 
     store = Store(out, args.address)
     foundation = out / "foundation-vit"
-    cfg = fedbaf_config(args.shape, args.rounds, foundation)
+    rounds = rounds_of(args, "fedbaf", "fedbaf_vit")
+    cfg = fedbaf_config(args.shape, rounds, foundation)
     rc = load_config({**cfg, "algorithm": {"name": "fedavg"}})
-    import torch
-
     torch.manual_seed(1)  # a foundation other than the clients' own start
     handle = build_handle(rc.model, data_spec(run_dataset(rc)))
     with torch.no_grad():  # as if trained: no tensor left at its constant init (norms' ones)
@@ -526,7 +657,8 @@ def step_fedbaf(args: argparse.Namespace, out: Path) -> dict[str, Any]:
             p.add_(0.02 * torch.randn_like(p))
     save_foundation(handle, foundation, {"task": "gpu_e2e random-init ViT"})
     del handle
-    took = store.raysim("run", "fedbaf_vit", cfg)
+    limit = plans.run_limit(args.shape, "fedbaf", "fedbaf_vit")
+    took = store.raysim("run", "fedbaf_vit", cfg, limit=limit)
     res = {"command_s": took, **run_figures(store, "fedbaf_vit", cfg)}
     split = res["split_s"]
     res["server_share"] = (split["aggregation"] or 0.0) / res["round_s"]
@@ -534,109 +666,221 @@ def step_fedbaf(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     return res
 
 
+def step_gpu_tests(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """The CUDA tests (skipped, and counted so, where no CUDA device is visible)."""
+    injected("gpu_tests")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_gpu.py",
+           "tests/test_multilora.py::test_client_losses_stay_on_the_logits_device"]  # fmt: skip
+    t0 = time.perf_counter()
+    limit = plans.run_limit(args.shape, "gpu_tests", "pytest")
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=limit)
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    summary = lines[-1].strip("= ") if lines else "no output"
+    print(proc.stdout[-3000:], proc.stderr[-2000:], flush=True)
+    if proc.returncode != 0:
+        raise Failed(f"CUDA tests exited {proc.returncode}: {summary}")
+    return {"summary": summary, "wall_s": time.perf_counter() - t0}
+
+
 STEPS = {
     "plain": step_plain,
     "fedit": step_fedit,
     "backends": step_backends,
+    "fedbaf": step_fedbaf,
+    "gpu_tests": step_gpu_tests,
+    "fedit_more": step_fedit_more,
+    "backends_more": step_backends_more,
     "fedoa": step_fedoa,
     "tune": step_tune,
-    "fedbaf": step_fedbaf,
 }
 
 
-# --- the report -----------------------------------------------------------------------------
+# --- the preflight, and the wait between steps ----------------------------------------------
 
 
-def _load(out: Path, step: str) -> dict[str, Any] | None:
-    p = out / f"{step}.json"
-    return json.loads(p.read_text()) if p.is_file() else None
+def _import_all() -> dict[str, float]:
+    """Every import the steps need, timed; raises ``Failed`` naming the first that fails."""
+    import importlib
+
+    times = {}
+    for name in IMPORTS:
+        t = time.perf_counter()
+        try:
+            importlib.import_module(name)
+        except Exception as e:  # noqa: BLE001 - any import error is the preflight's finding
+            hint = ""
+            if name.split(".")[0] in BUNDLED:
+                bundle = os.environ.get("RAYSIM_BUNDLE_TAR")
+                hint = (f" (the bundle {bundle} did not bring it)" if bundle else
+                        " (no bundle was unpacked: `make gpu-bundle` here, then carry "
+                        ".gpu/bundle-cp312.tar.xz)")  # fmt: skip
+            raise Failed(f"cannot import {name}: {type(e).__name__}: {e}{hint}") from None
+        times[name] = round(time.perf_counter() - t, 2)
+    return times
 
 
-def _gib(b: Any) -> str:
-    return "-" if b is None else f"{b / 2**30:.2f}"
+def gpu_census() -> dict[str, Any]:
+    """The GPUs as raysim counts them (``raysim.resources.local_resources``), and what NVML,
+    torch and ``nvidia-smi`` say, for the line that explains a zero."""
+    import torch
+
+    from raysim.resources import local_resources
+
+    census: dict[str, Any] = {"raysim": int(local_resources()["GPU"])}
+    try:
+        import ray._private.thirdparty.pynvml as pynvml
+
+        pynvml.nvmlInit()
+        census["nvml"] = pynvml.nvmlDeviceGetCount()
+        pynvml.nvmlShutdown()
+    except Exception as e:  # noqa: BLE001 - the reason is the finding
+        census["nvml"] = f"{type(e).__name__}: {e}"
+    census["torch"] = torch.cuda.device_count()
+    census["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
+    fields = "name,memory.total,driver_version,compute_mode"
+    try:
+        smi = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=15,
+        )  # fmt: skip
+        census["nvidia_smi"] = (smi.stdout.strip() or smi.stderr.strip())[:500]
+    except (OSError, subprocess.TimeoutExpired) as e:
+        census["nvidia_smi"] = f"not run: {e}"
+    return census
 
 
-def _split(r: dict[str, Any]) -> str:
-    s = r["split_s"]
-    parts = ("client_compute", "transfer_and_scheduling", "aggregation", "other")
-    return " / ".join(f"{s[p]:.3f}" if s[p] is not None else "-" for p in parts)
+def machine_facts(work: Path) -> dict[str, Any]:
+    """Shared memory (Ray's object store), memory and the work folder's disk, in GiB."""
+    import shutil
+
+    facts: dict[str, Any] = {}
+    for name, path in (("shm", "/dev/shm"), ("work_disk", str(work))):
+        try:
+            facts[f"{name}_free_gib"] = round(shutil.disk_usage(path).free / 2**30, 1)
+        except OSError:
+            facts[f"{name}_free_gib"] = None
+    try:
+        meminfo = Path("/proc/meminfo").read_text().splitlines()
+        avail = next(line for line in meminfo if line.startswith("MemAvailable"))
+        facts["memory_available_gib"] = round(int(avail.split()[1]) / 2**20, 1)
+    except (OSError, StopIteration):
+        facts["memory_available_gib"] = None
+    return facts
 
 
-def report(out: Path) -> dict[str, Any]:
-    """Every step's figures, the ratios the issue asks for, and a Markdown page of them."""
-    meta = _load(out, "machine") or {}
-    plain, fedit = _load(out, "plain"), _load(out, "fedit") or {}
-    backends, fedoa = _load(out, "backends") or {}, _load(out, "fedoa")
-    tune, fedbaf = _load(out, "tune"), _load(out, "fedbaf")
-    lines = [f"Device: {meta.get('device', '?')}; {meta.get('machine', '?')}; shape "
-             f"{meta.get('shape', '?')}.", ""]  # fmt: skip
-    for name, where in meta.get("libraries", {}).items():
-        lines.insert(-1, f"- {name} {where}")
-    figures: dict[str, Any] = {}
-    ref = fedit.get("w1_seq")
-    if plain and ref:
-        figures["fm_e2e_ratio"] = ref["tokens_per_s"] / plain["tokens_per_s"]
-    lines += [
-        "| run | tokens/s | vs plain PEFT | round s | compute / transfer / aggregation / "
-        "other s | eval s (total) | peak GiB per worker | digest (rounds) |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    if plain:
-        lines.append(
-            f"| plain PEFT loop | {plain['tokens_per_s']:.0f} | 1 | {plain['round_s']:.3f} "
-            f"| - | - | {_gib(plain['peak_gpu_bytes'])} | - |"
+def start_ray(args: argparse.Namespace, gpus: int) -> float:
+    """The call's one Ray, on loopback (``ray start``, its processes under ``--ray-dir``), then
+    reached and given one task; its start's seconds. Raises ``Failed`` with Ray's reason."""
+    host, port = args.address.rsplit(":", 1)
+    cpus = 4 if args.shape == "tiny" else (os.cpu_count() or 1)
+    cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head",
+           "--node-ip-address", host, "--port", port, "--num-cpus", str(cpus),
+           "--num-gpus", str(gpus), "--temp-dir", args.ray_dir, "--include-dashboard", "false",
+           "--disable-usage-stats"]  # fmt: skip
+    t0 = time.perf_counter()
+    with socket.socket() as s:  # Ray would try for half a minute before saying so
+        try:
+            s.bind((host, int(port)))
+        except OSError as e:
+            why = f"Ray cannot start: {args.address} is taken ({e.strerror}); leave "
+            raise Failed(f"{why}RAYSIM_E2E_PORT unset for a free port, or name another") from None
+    left = max(5.0, args.deadline - time.time() - 3) if args.deadline else 45.0
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=left)
+    except subprocess.TimeoutExpired:
+        raise Failed(
+            f"Ray did not start within {left:.0f} s: {ray_log_cause(args.ray_dir)}"
+        ) from None
+    if proc.returncode != 0:
+        text = (proc.stderr + proc.stdout).strip().splitlines()
+        cause = ray_log_cause(args.ray_dir) or next(
+            (ln for ln in reversed(text) if "rror" in ln), text[-1] if text else "no output"
         )
-    rows = [(f"FedIT {k}", v) for k, v in fedit.items() if k in PLACEMENTS]
-    rows += [(f"FedIT w1_seq, {k}", v) for k, v in backends.items()]
-    if fedoa:
-        rows.append(("FedOA w1_seq", fedoa))
-    for name, r in rows:
-        if "error" in r:
-            lines.append(f"| {name} | failed: see backends.json | | | | | | |")
-            continue
-        vs = f"{r['tokens_per_s'] / plain['tokens_per_s']:.3f}" if plain else "-"
-        peaks = ", ".join(_gib(w["peak_gpu_bytes"]) for w in r["workers"])
-        lines.append(
-            f"| {name} | {r['tokens_per_s']:.0f} | {vs} | {r['round_s']:.3f} | {_split(r)} | "
-            f"{r['split_s']['evaluation_total']:.2f} | {peaks} | {r['digest'][:8]} "
-            f"({r['rounds']}) |"
+        raise Failed(f"Ray could not start on {args.address}: {cause.strip()[:300]}")
+    import ray
+
+    ray.init(address=args.address, logging_level="ERROR", log_to_driver=False)
+    try:
+        have = ray.cluster_resources()
+        if have.get("GPU", 0.0) != gpus:
+            raise Failed(f"Ray started with {have.get('GPU', 0)} GPUs, not the {gpus} counted")
+        if ray.get(ray.remote(num_cpus=0)(lambda: 1).remote(), timeout=30) != 1:
+            raise Failed("Ray's worker returned a wrong value")
+    finally:
+        ray.shutdown()
+    return time.perf_counter() - t0
+
+
+def ray_log_cause(ray_dir: str) -> str:
+    """The last error line of the Ray's own logs (GCS, raylet), where its start failed."""
+    found = ""
+    for name in ("gcs_server.out", "gcs_server.err", "raylet.out", "raylet.err"):
+        for log in sorted(Path(ray_dir).glob(f"session_*/logs/{name}")):
+            for line in log.read_text(errors="replace").splitlines():
+                if "rror" in line or "Failed" in line or "Check failed" in line:
+                    found = f"{name}: {line.strip()[-250:]}"
+    return found
+
+
+def step_preflight(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """Fails fast, naming the cause: imports, the GPUs counted, then the call's Ray started."""
+    t0 = time.perf_counter()
+    res: dict[str, Any] = {"shape": args.shape, "imports_s": _import_all()}
+    res.update(describe(args.shape))
+    res["gpus"] = census = gpu_census()
+    res["machine_facts"] = machine_facts(out)
+    save(out, "preflight", res)  # what it found, whatever follows
+    smi = census["nvidia_smi"]
+    if on_gpu(args.shape) and census["raysim"] == 0:
+        raise Failed(
+            f"no GPU counted: raysim counts 0 (NVML: {census['nvml']}; torch.cuda: "
+            f"{census['torch']}; nvidia-smi: {smi.splitlines()[0] if smi else '-'}); the "
+            f"{args.shape} shape needs a CUDA GPU, --shape tiny runs on the CPU"
         )
-    if ref and "w4_seq" in fedit:
-        figures["four_workers_vs_one"] = fedit["w4_seq"]["tokens_per_s"] / ref["tokens_per_s"]
-        figures["four_workers_one_gpu"] = fedit["four_workers_one_gpu"]
-        figures["placement_digest_equal"] = fedit["placement_digest_equal"]
-        figures["placement_weight_gap"] = fedit["placement_weight_gap"]
-    if plain and "w1_seq_fast" in fedit:  # the fastest kernels, placements may differ in bits
-        fast = fedit["w1_seq_fast"]["tokens_per_s"]
-        figures["fm_e2e_ratio_fast_kernels"] = fast / plain["tokens_per_s"]
-        if ref:
-            figures["deterministic_kernels_cost"] = fast / ref["tokens_per_s"]
-    if ref and "w1_lora8" in fedit:
-        figures["multilora_vs_sequential"] = fedit["w1_lora8"]["tokens_per_s"] / ref["tokens_per_s"]
-    for name, r in backends.items():
-        if ref and "tokens_per_s" in r:
-            figures[f"{name}_vs_torch"] = r["tokens_per_s"] / ref["tokens_per_s"]
-        if "engine_s_per_call" in r:
-            figures[f"{name}_engine_s_per_call"] = r["engine_s_per_call"]
-            figures[f"{name}_engine_share"] = r["engine_share_of_training"]
-    if ref and fedoa:
-        figures["fedoa_cost_vs_fedit"] = ref["tokens_per_s"] / fedoa["tokens_per_s"]
-    if tune:
-        figures["tune_sweep_wall_s"] = tune["sweep_wall_s"]
-        figures["tune_trials"] = tune["trials"]
-    if fedbaf:
-        figures["fedbaf_round_s"] = fedbaf["round_s"]
-        figures["fedbaf_server_share"] = fedbaf["server_share"]
-        figures["fedbaf_audit_share"] = fedbaf["audit_share"]
-    lines += ["", "| figure | value |", "|---|---|"]
-    lines += [
-        f"| `{k}` | {v:.4g} |" if isinstance(v, float) else f"| `{k}` | {v} |"
-        for k, v in figures.items()
-    ]
-    (out / "figures.md").write_text("\n".join(lines) + "\n")
-    (out / "figures.json").write_text(json.dumps(figures, indent=1))
-    print("\n".join(lines))
-    return figures
+    if on_gpu(args.shape) and "Prohibited" in smi:
+        raise Failed(f"the GPU's compute mode is Prohibited: {smi}")
+    res["environment"] = (
+        f"GPUs counted {census['raysim']} (NVML {census['nvml']}, torch {census['torch']}); "
+        f"nvidia-smi: {smi.splitlines()[0] if smi else '-'}; "
+        + ", ".join(f"{k} {v}" for k, v in res["machine_facts"].items())
+    )
+    gpus = census["raysim"] if on_gpu(args.shape) else 1  # tiny: one logical GPU
+    res["ray_start_s"] = start_ray(args, gpus)
+    res["preflight_s"] = time.perf_counter() - t0
+    return res
+
+
+def settle(args: argparse.Namespace) -> dict[str, Any]:
+    """Waits until the last step's actors have given back every resource to the call's Ray and
+    no process holds the GPU (a stopped run's workers end in the background), at most
+    ``--wait`` s; what it waited for."""
+    import ray
+
+    t0 = time.time()
+    ray.init(address=args.address, logging_level="ERROR", log_to_driver=False)
+    try:
+        total = {k: v for k, v in ray.cluster_resources().items() if k in ("CPU", "GPU")}
+        while time.time() - t0 < args.wait:
+            free = ray.available_resources()
+            if all(free.get(k, 0.0) >= v - 1e-6 for k, v in total.items()):
+                break
+            time.sleep(0.5)
+        busy = {k: v - ray.available_resources().get(k, 0.0) for k, v in total.items()}
+    finally:
+        ray.shutdown()
+    apps = ""
+    while time.time() - t0 < args.wait:
+        try:
+            apps = subprocess.run(
+                ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader"],
+                capture_output=True, text=True, timeout=10,
+            ).stdout.strip()  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired):
+            apps = ""  # no nvidia-smi: nothing to wait for
+        if not apps:
+            break
+        time.sleep(0.5)
+    return {"waited_s": round(time.time() - t0, 1), "still_busy": busy, "gpu_processes": apps}
 
 
 def describe(shape: str) -> dict[str, Any]:
@@ -658,28 +902,27 @@ def describe(shape: str) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("step", choices=[*STEPS, "report", "machine"])
+    parser.add_argument("step", choices=[*STEPS, "preflight", "settle"])
     parser.add_argument("--shape", choices=sorted(LLAMA), default="7b")
-    parser.add_argument("--out", default="gpu-out")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--address", default=None, help="a Ray cluster (tiny: one logical GPU)")
-    parser.add_argument("--placements", nargs="+", default=list(PLACEMENTS))
-    parser.add_argument("--backends", nargs="+", default=list(BACKENDS))
-    parser.add_argument(
-        "--run-limit", type=float, default=60, help="seconds for each backend's run"
-    )
+    parser.add_argument("--out", default="gpu-out", help="the call's work folder")
+    parser.add_argument("--address", default=None, help="the call's Ray (host:port)")
+    parser.add_argument("--ray-dir", default=None, help="preflight: the call's Ray's folder")
+    parser.add_argument("--deadline", type=float, default=None, help="epoch s the step must end")
+    parser.add_argument("--wait", type=float, default=30.0, help="settle: seconds at most")
     args = parser.parse_args()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     os.chdir(ROOT)  # configs and the raysim package are read from the repository
-    if args.step == "report":
-        report(out)
-        return
-    if args.step == "machine":
-        result = describe(args.shape)
-    else:
-        result = STEPS[args.step](args, out)
-    _save(out, args.step, result)
+    try:
+        if args.step == "settle":
+            print(json.dumps(settle(args)), flush=True)
+            return
+        result = (step_preflight if args.step == "preflight" else STEPS[args.step])(args, out)
+    except Failed as e:
+        print(f"\nFAILED: {str(e).splitlines()[0]}", flush=True)
+        print(str(e), file=sys.stderr, flush=True)
+        sys.exit(1)
+    save(out, args.step, result)
     print(json.dumps(result, indent=1, default=str)[:4000], flush=True)
 
 

@@ -1,9 +1,10 @@
 # Sourced, not run (by scripts on the lent GPU machine, and here): `source benchmarks/gpu_env.sh`.
 # Makes the image's python3 see the bundle that benchmarks/gpu_bundle.sh built and the repo:
 #  - .gpu/bundle-<tag>.tar.xz (tag: that of ${PYTHON:-python3}, cp312 on the GPU image, or
-#    RAYSIM_BUNDLE=<tag>), where it exists, is unpacked
+#    RAYSIM_BUNDLE=<tag>; RAYSIM_BUNDLE=none uses none), where it exists, is unpacked
 #    once into ${RAYSIM_SITE:-/tmp/raysim-site} (again only when the bundle changes: a stamp
-#    holds its checksum) and put first on PYTHONPATH, its bin/ on PATH;
+#    holds its checksum), compiled there on every core, and put first on PYTHONPATH, its bin/
+#    on PATH (RAYSIM_BUNDLE_TAR names it);
 #  - the repo root goes on PYTHONPATH (raysim is not installed there);
 #  - RAYSIM_IMAGE_GUARD=1 also puts benchmarks/gpu_image/ first on PYTHONPATH: its
 #    sitecustomize makes every Python process refuse what neither the image nor the bundle has
@@ -26,7 +27,9 @@ _rs_path() {  # _rs_path VAR DIR: DIR first in the :-list VAR, once
   esac
 }
 
-if [ -f "$_rs_tar" ]; then
+if [ "${RAYSIM_BUNDLE:-}" = none ]; then
+  :  # no bundle: this Python's own packages (a GPU machine that has them all)
+elif [ -f "$_rs_tar" ]; then
   export RAYSIM_SITE=${RAYSIM_SITE:-/tmp/raysim-site}
   _rs_stamp="$_rs_tag $(sha256sum "$_rs_tar" | cut -d' ' -f1)"
   if [ "$(cat "$RAYSIM_SITE/.raysim-bundle" 2>/dev/null || true)" != "$_rs_stamp" ]; then
@@ -41,15 +44,19 @@ kw = {"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}
 t.extractall(sys.argv[2], **kw)' "$_rs_tar" "$_rs_new" || _rs_rc=1
     fi
     if [ "$_rs_rc" = 0 ]; then
-      echo "$_rs_stamp" >"$_rs_new/.raysim-bundle"
       rm -rf "$RAYSIM_SITE" && mv "$_rs_new" "$RAYSIM_SITE" || _rs_rc=1
-      echo "gpu_env: unpacked $(basename "$_rs_tar") into $RAYSIM_SITE" >&2
+      # compiled once here, on every core, not by each process's first imports (the bundle
+      # ships no .pyc); in place, so that tracebacks name the files where they are
+      "${PYTHON:-python3}" -m compileall -q -j 0 "$RAYSIM_SITE" >/dev/null 2>&1 || true
+      [ "$_rs_rc" = 0 ] && echo "$_rs_stamp" >"$RAYSIM_SITE/.raysim-bundle"
+      echo "gpu_env: unpacked $(basename "$_rs_tar") into $RAYSIM_SITE and compiled it" >&2
     else
       echo "gpu_env: could not unpack $_rs_tar" >&2
       rm -rf "$_rs_new"
     fi
   fi
   if [ "$_rs_rc" = 0 ]; then
+    export RAYSIM_BUNDLE_TAR=$_rs_tar
     _rs_path PYTHONPATH "$RAYSIM_SITE"
     if [ -d "$RAYSIM_SITE/bin" ]; then _rs_path PATH "$RAYSIM_SITE/bin"; fi
   fi

@@ -71,6 +71,10 @@ def ensure_ray(address: str | None = None, **init_kwargs: Any) -> bool:
     if target == "local":  # a private Ray needs no token; a named cluster's token is kept
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": "WARNING"}
+    if target == "local":  # raysim's count: Ray's own is 0 on any NVML error
+        from raysim.resources import local_resources
+
+        kwargs["num_gpus"] = int(local_resources()["GPU"])
     kwargs.update(init_kwargs)
     main = threading.current_thread() is threading.main_thread()
     sigterm = signal.getsignal(signal.SIGTERM) if main else None

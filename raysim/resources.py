@@ -128,18 +128,35 @@ def _ray_cpus() -> int:
 
 
 def _visible_gpus() -> int:
+    """The CUDA GPUs this process may use: NVML's count (Ray's own detection), limited to
+    ``CUDA_VISIBLE_DEVICES``. Ray counts 0 on any NVML error, and every GPU run would then be
+    refused: where NVML is there but fails, torch counts them. No NVIDIA driver at all is 0,
+    without importing torch (the driver of a run on the CPU imports none)."""
     try:
+        import ray._private.thirdparty.pynvml as pynvml
         from ray._private.accelerators import NvidiaGPUAcceleratorManager as nvidia
     except ImportError:  # another Ray layout: ask CUDA through torch
-        try:
-            import torch
-
-            return torch.cuda.device_count()
-        except Exception:  # noqa: BLE001 - no usable CUDA: no GPUs
-            return 0
+        return _torch_gpus()
     try:
-        gpus = nvidia.get_current_node_num_accelerators()
-        visible = nvidia.get_current_process_visible_accelerator_ids()
-    except Exception:  # noqa: BLE001 - no usable NVML: no GPUs
+        pynvml.nvmlInit()
+    except pynvml.NVMLError_LibraryNotFound:  # no NVIDIA driver here: no GPUs
         return 0
+    except pynvml.NVMLError:  # the driver is there but NVML fails: torch may still see them
+        return _torch_gpus()
+    try:
+        gpus = pynvml.nvmlDeviceGetCount()
+    except pynvml.NVMLError:
+        return _torch_gpus()
+    finally:
+        pynvml.nvmlShutdown()
+    visible = nvidia.get_current_process_visible_accelerator_ids()
     return gpus if visible is None else min(gpus, len(visible))
+
+
+def _torch_gpus() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except Exception:  # noqa: BLE001 - no usable CUDA: no GPUs
+        return 0

@@ -255,3 +255,5 @@ def test_gpu_env_unpacks_once_and_sets_the_environment_under_set_u(tmp_path):
     assert "missing: rc=1" in lines
     assert out.stderr.count("unpacked bundle-test.tar.xz") == 1
     assert (site / ".raysim-bundle").read_text().startswith("test ")
+    # compiled at unpack, in place: no process compiles the bundle at its first import
+    assert list((site / "rsg_bundled" / "__pycache__").glob("__init__.cpython-*.pyc"))

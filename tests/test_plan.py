@@ -113,3 +113,37 @@ def test_a_plan_is_decided_before_anything_starts(monkeypatch):
     with pytest.raises(ConfigError, match="workers.transport=in_process"):
         plan_run(load_config(QUICKSTART, [*SHORT, "workers.count=2",
                                           "workers.transport=in_process"]))  # fmt: skip
+
+
+def test_gpus_are_counted_by_torch_where_nvml_is_there_but_fails(monkeypatch):
+    """Ray counts 0 GPUs on any NVML error, and every GPU run would be refused; raysim asks
+    torch then, and a private Ray starts with raysim's count. No NVIDIA driver at all is 0,
+    without asking torch (a CPU run's driver imports none)."""
+    import ray._private.thirdparty.pynvml as pynvml
+    import torch
+
+    import raysim.ray_start
+    import raysim.resources
+
+    def fails(error):
+        def init():
+            raise error
+
+        return init
+
+    asked = []
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: asked.append(1) or 2)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(pynvml, "nvmlInit", fails(pynvml.NVMLError_Unknown()))
+    assert raysim.resources.local_resources()["GPU"] == 2.0 and asked
+    asked.clear()
+    monkeypatch.setattr(pynvml, "nvmlInit", fails(pynvml.NVMLError_LibraryNotFound()))
+    assert raysim.resources.local_resources()["GPU"] == 0.0 and not asked
+    # the private Ray gets the count: ray.init(num_gpus=...) rather than Ray's own NVML look
+    monkeypatch.setattr(pynvml, "nvmlInit", fails(pynvml.NVMLError_Unknown()))
+    seen = {}
+    monkeypatch.setattr("ray.is_initialized", lambda: False)
+    monkeypatch.setattr("ray.init", lambda **kw: seen.update(kw))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    raysim.ray_start.ensure_ray(None)
+    assert seen["num_gpus"] == 2 and seen["address"] == "local"

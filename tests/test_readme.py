@@ -51,9 +51,11 @@ ELSEWHERE = {
     "raysim tune examples/tune-async.yaml --resume tune/tune-async-DATE": "a stopped sweep's "
     "directory; tests/test_tune.py interrupts a sweep and resumes it",
     "make gpu-bundle": "the cp312 bundle is built for the GPU machine; make gpu-check (a CI "
-    "step) builds the same pins for CI's Python; tests/test_gpu_bundle.py",
+    "step) builds it and imports it under Python 3.12; tests/test_gpu_bundle.py",
     "bash benchmarks/gpu_e2e.sh": "a GPU (the lent device machine); make gpu-check runs every "
-    "step on the CPU",
+    "step on the CPU; tests/test_gpu_e2e.py runs its preflight here (no GPU: one line)",
+    "bash benchmarks/gpu_e2e.sh --part 2 --budget 420": "a GPU; make gpu-check runs part 2 on "
+    "the CPU (tests/test_gpu_e2e.py)",
     "bash benchmarks/gpu_e2e.sh --shape tiny": "make gpu-check (a CI step, .ci/run)",
     "make gpu-check": "a CI step (.ci/run)",
     "make docs": "a CI step (.ci/run); tests/test_docs.py checks the configuration reference",

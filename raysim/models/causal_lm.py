@@ -9,7 +9,8 @@ once to safetensors in a cache directory).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,18 @@ from raysim.models.registry import (
 )
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@contextmanager
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """Tensors made inside are ``dtype`` unless told otherwise: a model built in bf16 directly,
+    not in fp32 and cast (a 7B base: 13.5 GB written once instead of 27 GB and a copy)."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
 
 
 class LoraHandle(ModelHandle):
@@ -162,7 +175,7 @@ def build_llama(cfg: ModelConfig, spec: DataSpec, groups: Sequence[ParamGroup]) 
     if not vocab:
         raise ValueError("model 'llama' needs model.llama.vocab_size or a tokenised dataset")
     device, dtype = resolve_device(cfg.device), DTYPES[cfg.dtype]
-    with torch.device(device):
+    with torch.device(device), default_dtype(dtype):  # buffers made in fp32 are cast after
         base = LlamaForCausalLM(llama_config(cfg.llama, vocab)).to(dtype)
     return _finish(base, cfg, groups)
 

@@ -161,8 +161,9 @@ def figures_of(data: dict[str, dict[str, Any] | None]) -> dict[str, Any]:
     out.update({k: v for k, v in candidates.items() if v is not None})
     for key in ("placement_digest_equal", "placement_weight_gap", "four_workers_gpu_ids",
                 "four_workers_one_gpu"):  # fmt: skip
-        if key in fedit:
-            out[key] = fedit[key]
+        for step in (fedit, more):  # part 1's placements, or part 2's
+            if key in step:
+                out[key] = step[key]
     for name, r in backends.items():
         vs = _ratio(r, ref)
         if vs is not None:

@@ -50,16 +50,20 @@ def free_port() -> int:
 
 
 def ray_pids(marker: str) -> list[int]:
-    """Processes whose command line holds ``marker`` (a call's Ray folder), not this one."""
+    """Processes of the Ray whose folder ``marker`` names (or begins), not this one: by their
+    command line, or by ``RAYSIM_E2E_RAY`` in their environment (Ray's agents rename
+    themselves, and their command line no longer names the folder)."""
     pids = []
+    tag = f"RAYSIM_E2E_RAY={marker}".encode()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            environ = (entry / "environ").read_bytes()
         except OSError:
             continue
-        if marker in cmdline:
+        if marker in cmdline or tag in environ:
             pids.append(int(entry.name))
     return pids
 
@@ -138,7 +142,8 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     ray_dir = tempfile.mkdtemp(prefix=RAY_PREFIX)
     address = f"127.0.0.1:{os.environ.get('RAYSIM_E2E_PORT') or free_port()}"
-    env = {**os.environ, "RAYSIM_E2E_RUN": run, "RAYSIM_E2E_PUBLISH": str(out)}
+    env = {**os.environ, "RAYSIM_E2E_RUN": run, "RAYSIM_E2E_PUBLISH": str(out),
+           "RAYSIM_E2E_RAY": ray_dir}  # fmt: skip
     os.environ.update(RAYSIM_E2E_RUN=run, RAYSIM_E2E_PUBLISH=str(out))
     with contextlib.suppress(FileNotFoundError):
         (out / "e2e-logs.tar.gz").unlink()  # an earlier call's

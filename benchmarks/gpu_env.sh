@@ -31,7 +31,7 @@ if [ "${RAYSIM_BUNDLE:-}" = none ]; then
   :  # no bundle: this Python's own packages (a GPU machine that has them all)
 elif [ -f "$_rs_tar" ]; then
   export RAYSIM_SITE=${RAYSIM_SITE:-/tmp/raysim-site}
-  _rs_stamp="$_rs_tag $(sha256sum "$_rs_tar" | cut -d' ' -f1)"
+  _rs_stamp="$_rs_tag $(sha256sum "$_rs_tar" | cut -d' ' -f1) compiled"
   if [ "$(cat "$RAYSIM_SITE/.raysim-bundle" 2>/dev/null || true)" != "$_rs_stamp" ]; then
     _rs_new=$RAYSIM_SITE.new.$$
     rm -rf "$_rs_new" && mkdir -p "$_rs_new"

@@ -368,3 +368,13 @@ def test_part_two_runs_its_own_reference_and_the_rest(tmp_path):
     assert figures["tune_trials"] == 4
     assert figures["four_workers_one_gpu"] is True
     shutil.rmtree(tmp_path / "work", ignore_errors=True)
+
+
+def test_part_twos_four_workers_report_their_card(tmp_path):
+    """Part 2's four workers (fedit_more) give the one-card figures as part 1's do."""
+    work = golden_work(tmp_path, steps=["preflight"])
+    data = json.loads((GOLDEN / "fedit.json").read_text())
+    data["_run"] = "golden"
+    (work / "fedit_more.json").write_text(json.dumps(data))
+    figures = reports.report(work, "golden", quiet=True)
+    assert figures["four_workers_one_gpu"] is True and "placement_digest_equal" in figures

@@ -543,16 +543,29 @@ def step_plain(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     return plain_loop(args.shape, run.rounds)
 
 
+def fedit_run(
+    args: argparse.Namespace,
+    store: Store,
+    step: str,
+    name: str,
+    label: str,
+    overrides: list[str],
+    limit: float,
+) -> dict[str, Any]:
+    """One FedIT ``raysim run`` of the step's run ``name`` (its rounds from the plan): its
+    command's seconds and figures."""
+    cfg = fedit_config(args.shape, rounds_of(args, step, name))
+    took = store.raysim("run", label, cfg, *overrides, limit=limit)
+    return {"command_s": took, **run_figures(store, label, cfg)}
+
+
 def step_fedit(args: argparse.Namespace, out: Path, step: str = "fedit") -> dict[str, Any]:
     """FedIT in each placement of the step; the placements' comparisons after each run."""
     injected(step)
     store, runs = Store(out, args.address), Runs(args, out, step)
 
     def one(name: str, limit: float) -> dict[str, Any]:
-        cfg = fedit_config(args.shape, rounds_of(args, step, name))
-        label = f"{step}_{name}"
-        took = store.raysim("run", label, cfg, *PLACEMENTS[name], limit=limit)
-        return {"command_s": took, **run_figures(store, label, cfg)}
+        return fedit_run(args, store, step, name, f"{step}_{name}", PLACEMENTS[name], limit)
 
     for name in runs.names():
         runs.do(name, one)
@@ -587,11 +600,8 @@ def step_backends(args: argparse.Namespace, out: Path, step: str = "backends") -
     store, runs = Store(out, args.address), Runs(args, out, step)
 
     def one(name: str, limit: float) -> dict[str, Any]:
-        cfg = fedit_config(args.shape, rounds_of(args, step, name))
-        label = f"backend_{name}"
-        overrides = (*PLACEMENTS["w1_seq"], *BACKENDS[name])
-        took = store.raysim("run", label, cfg, *overrides, limit=limit)
-        res = {"command_s": took, **run_figures(store, label, cfg)}
+        overrides = [*PLACEMENTS["w1_seq"], *BACKENDS[name]]
+        res = fedit_run(args, store, step, name, f"backend_{name}", overrides, limit)
         w = res["workers"][0]
         if w.get("deepspeed_engines"):
             res["engine_s_per_call"] = w["deepspeed_engine_s"] / w["deepspeed_engines"]

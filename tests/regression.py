@@ -3,7 +3,7 @@
 ``tests/goldens/regression.json`` was written *before* the method-interface change of issue 8,
 and ``tests/test_regression.py`` compares every later version of raysim against it at a tolerance
 that catches a changed algorithm but forgives last-bit differences between CPU models (a stored
-digest would only hold on one kind of CPU, see ``../shared/ENVIRONMENT.md``).
+digest would only hold on one kind of CPU, see docs/execution.md).
 
 Regenerate (only when a change of results is intended, and say so in the commit)::
 

@@ -398,6 +398,7 @@ def plain_loop(shape: str, n_rounds: int) -> dict[str, Any]:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from raysim.config import load_config
+    from raysim.models.causal_lm import default_dtype
 
     cfg = fedit_config(shape, n_rounds)
     m = cfg["model"]
@@ -410,13 +411,8 @@ def plain_loop(shape: str, n_rounds: int) -> dict[str, Any]:
     config = LlamaConfig(
         **m["llama"], max_position_embeddings=512, rms_norm_eps=1e-6, pad_token_id=0
     )
-    before = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)  # built in bf16 directly, as raysim builds it
-    try:
-        with device:
-            base = LlamaForCausalLM(config).to(dtype)
-    finally:
-        torch.set_default_dtype(before)
+    with device, default_dtype(dtype):  # built in bf16 directly, as raysim builds it
+        base = LlamaForCausalLM(config).to(dtype)
     lora = m["lora"]
     model = get_peft_model(
         base,

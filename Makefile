@@ -4,7 +4,6 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DOCS_STAMP := $(VENV)/.docs-installed
-export RAY_AUTH_MODE ?= disabled
 
 .PHONY: demo test lint docs bench browser clean gpu-bundle gpu-check
 

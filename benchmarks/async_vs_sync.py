@@ -30,6 +30,7 @@ from common import QUICKSTART, machine, report
 from raysim.clock import Schedule
 from raysim.config import RunConfig, load_config
 from raysim.delays import build_delay_model
+from raysim.ray_start import ensure_ray
 
 
 def computed_jobs(cfg: RunConfig, rounds: int) -> int:
@@ -117,7 +118,7 @@ def main() -> None:
     )
 
     if not local:
-        ray.init(num_cpus=args.workers, include_dashboard=False, logging_level="WARNING")
+        ensure_ray(num_cpus=args.workers)
     try:
         pairs, pairs_at_dispatch = [], []
         for _ in range(args.repeats):

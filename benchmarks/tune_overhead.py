@@ -50,6 +50,8 @@ from pathlib import Path
 
 from common import ROOT, machine, report
 
+from raysim.ray_start import ensure_ray
+
 WATCHED = ("Coordinator", "Worker", "RunTrial")
 POLL_S = 0.02
 
@@ -80,7 +82,7 @@ def fresh_ray() -> Iterator[None]:
     """A private Ray for one side, as ``raysim run`` or ``raysim tune`` would start it."""
     import ray
 
-    ray.init(include_dashboard=False, logging_level="ERROR")
+    ensure_ray(logging_level="ERROR")
     try:
         yield
     finally:
@@ -205,7 +207,7 @@ def main() -> None:
             if args.here:
                 with fresh_ray():
                     sides["sweep_here"].append(sweep(here, Path(tmp) / f"here{i}"))
-        ray.init(include_dashboard=False, logging_level="ERROR")  # the rest shares one Ray
+        ensure_ray(logging_level="ERROR")  # the rest shares one Ray
         if args.trials > 1:
             next_start = series(cfg, Path(tmp) / "series", args.trials)
         walls: dict[str, list[float]] = {"auto": [], "actor": []}

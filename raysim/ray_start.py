@@ -68,8 +68,8 @@ def ensure_ray(address: str | None = None, **init_kwargs: Any) -> bool:
     if ray.is_initialized():
         return False
     target = ray_address(address)
-    if target == "local":  # a private Ray needs no token; a named cluster's token is kept
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if target == "local":  # a named cluster keeps the user's own auth settings
+        private_ray_auth()
     kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": "WARNING"}
     if target == "local":  # raysim's count: Ray's own is 0 on any NVML error
         from raysim.resources import local_resources
@@ -95,6 +95,51 @@ def ensure_ray(address: str | None = None, **init_kwargs: Any) -> bool:
     return True
 
 
+#: Where a private Ray's processes listen: loopback only (``ray.init`` would turn 127.0.0.1
+#: into the machine's LAN address, and Ray binds its servers to the node's address).
+LOOPBACK = "127.0.0.1"
+_TOKEN: list[str] = []  # this process's private-Ray token, made once
+
+
+def private_ray_auth() -> str:
+    """Token authentication for a private Ray: ``RAY_AUTH_MODE=token`` and a random token of this
+    process (``RAY_AUTH_TOKEN``, in the environment only, never on disk), unless the user set
+    ``RAY_AUTH_MODE`` or a token already. Ray's processes inherit both, so only processes this
+    driver starts can call them. Returns the mode in force; ``disabled`` (the user's choice)
+    is warned about once."""
+    import secrets
+    import warnings
+
+    mode = os.environ.get("RAY_AUTH_MODE", "").strip().lower()
+    if mode == "disabled":
+        if not _TOKEN:
+            _TOKEN.append("")
+            warnings.warn(
+                "RAY_AUTH_MODE=disabled: the run's private Ray accepts any process on this "
+                "machine (its listeners stay on loopback); unset it for token authentication",
+                stacklevel=3,
+            )
+        return mode
+    if not (os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")):
+        if not _TOKEN or not _TOKEN[0]:
+            _TOKEN[:] = [secrets.token_hex(32)]
+        os.environ["RAY_AUTH_TOKEN"] = _TOKEN[0]
+    if mode != "token":
+        os.environ["RAY_AUTH_MODE"] = "token"
+        _refresh_ray_auth()
+    return "token"
+
+
+def _refresh_ray_auth() -> None:
+    """Make an already imported Ray read the auth settings again (it caches them)."""
+    try:
+        from ray._raylet import AuthenticationTokenLoader, Config
+    except ImportError:  # pragma: no cover - another Ray layout
+        return
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+
+
 #: Ray settings a private Ray starts with (a user's own environment wins): the raylet's first
 #: look for its own object store, made before the store listens in about one start of three on
 #: 2 vCPUs, is retried after 0.1 s instead of 1 s, with 100 tries instead of 10 (the same 10 s
@@ -108,9 +153,13 @@ PRIVATE_RAY_ENV = {
 @contextlib.contextmanager
 def private_ray_params(local: bool) -> Iterator[None]:
     """Start-up settings for a private Ray that ``ray.init`` does not expose: the environment
-    of ``PRIVATE_RAY_ENV``, two of Ray's node parameters, and its API server started beside the
+    of ``PRIVATE_RAY_ENV``, three of Ray's node parameters, and its API server started beside the
     rest (``_api_server_beside``):
 
+    - the node's address is loopback (``LOOPBACK``): Ray binds its GCS, raylet, workers and
+      agents to the node's address, which ``ray.init`` otherwise sets to the LAN address even
+      when given 127.0.0.1 (they listened on all interfaces or the LAN: anyone on the network
+      could reach them);
     - the dashboard agent's HTTP server takes any free port. ``ray.init`` binds it to 52365
       (ray-project/ray#14763); while a second Ray runs on the machine (a sweep, a test session,
       another run) the agent retries that port for ~3.5 s on the start's critical path, then runs
@@ -130,6 +179,7 @@ def private_ray_params(local: bool) -> Iterator[None]:
 
     class PrivateRayParams(base or object):  # type: ignore[misc, valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["node_ip_address"] = LOOPBACK
             kwargs.setdefault("dashboard_agent_listen_port", 0)
             kwargs.setdefault("no_monitor", True)
             super().__init__(*args, **kwargs)

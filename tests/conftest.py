@@ -11,7 +11,6 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,7 +30,9 @@ def ray_cluster(mlflow_uri):
     """A local Ray instance with 2 CPUs and 4 *logical* GPUs (fractional placement on CPU)."""
     import ray
 
-    ray.init(num_cpus=2, num_gpus=4, include_dashboard=False, logging_level="ERROR")
+    from raysim.ray_start import ensure_ray
+
+    ensure_ray(num_cpus=2, num_gpus=4, logging_level="ERROR")  # token auth, loopback only
     yield ray
     ray.shutdown()
 
@@ -71,7 +72,7 @@ def fresh_cli(
 ) -> subprocess.CompletedProcess:
     """``raysim ARGS`` in a fresh process started in ``cwd`` (its own private Ray); ``env``:
     variables to set besides this process's."""
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", **(env or {})}
+    env = {**os.environ, **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "raysim.cli", *args],
         cwd=cwd,

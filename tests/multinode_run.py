@@ -9,7 +9,9 @@ import json
 import os
 import sys
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+from raysim.ray_start import private_ray_auth
+
+private_ray_auth()  # token auth, as a private run's Ray has
 
 import ray  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402

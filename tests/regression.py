@@ -86,7 +86,6 @@ def main(argv: list[str]) -> None:
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     out = {name: run_case(name) for name in CASES}
     for name, rec in out.items():
         print(f"{name}: digest {rec['digest']}")

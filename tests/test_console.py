@@ -230,7 +230,6 @@ def test_workers_lines_reach_a_redirected_console_without_colour_codes():
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "RAY_COLOR_PREFIX"}
-    env["RAY_AUTH_MODE"] = "disabled"
     done = subprocess.run(
         [sys.executable, "-c", WORKER_LINE], capture_output=True, text=True, env=env, timeout=120
     )

@@ -596,7 +596,7 @@ def test_data_that_cannot_load_fails_once_in_one_line(tmp_path):
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "RAY_AUTH_MODE": "disabled"},
+        env=dict(os.environ),
     )
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr and "died" not in proc.stderr

@@ -374,7 +374,7 @@ def test_plugin_method_runs_on_ray_workers_from_a_fresh_process(tmp_path):
         print("RESULT", h["echo_received"], h["echo_mismatches"])
         """
     )
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    env = dict(os.environ)
     env.pop("RAY_ADDRESS", None)
     out = subprocess.run(
         [sys.executable, "-c", script],

@@ -37,7 +37,7 @@ print("FACTS " + json.dumps(facts))
 
 
 def followed(tmp_path, overrides: list[str]) -> tuple[str, dict]:
-    env = {**NO_GPU, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(ROOT)}
+    env = {**NO_GPU, "PYTHONPATH": str(ROOT)}
     out = subprocess.run(
         [sys.executable, "-c", FOLLOW, QUICKSTART, *overrides],
         cwd=tmp_path,

@@ -72,7 +72,12 @@ if [ "${RAYSIM_IMAGE_GUARD:-}" = 1 ]; then
   fi
   export RAYSIM_IMAGE_GUARD
 fi
-export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}
+# The call's Ray (loopback only) takes calls only from processes with this shell's token.
+export RAY_AUTH_MODE=${RAY_AUTH_MODE:-token}
+if [ "$RAY_AUTH_MODE" = token ] && [ -z "${RAY_AUTH_TOKEN:-}" ] && [ -z "${RAY_AUTH_TOKEN_PATH:-}" ]; then
+  RAY_AUTH_TOKEN=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
+  export RAY_AUTH_TOKEN
+fi
 export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1}
 export TRANSFORMERS_OFFLINE=${TRANSFORMERS_OFFLINE:-1}
 export TOKENIZERS_PARALLELISM=${TOKENIZERS_PARALLELISM:-false}

@@ -9,6 +9,9 @@ The table reports, per row, how many tries there were, how many survived, and ho
     python benchmarks/reliability.py --only inputs   # the bad-input half (about 3 min)
     python benchmarks/reliability.py --only faults   # the fault half (about 15-20 min)
     python benchmarks/reliability.py --only store    # personal state on disk (about 3 min)
+    python benchmarks/reliability.py --only full-disk     # a disk that fills mid-checkpoint
+    python benchmarks/reliability.py --only locked-store  # "database is locked" mid-run
+    python benchmarks/reliability.py --only shared-folder # two runs, one checkpoint.dir
     python benchmarks/reliability.py --only methods  # method x example (about 2.5 h: ~25 s a run)
     python benchmarks/reliability.py --only methods --examples quickstart  # one example's row
 
@@ -601,7 +604,7 @@ def read_only_artifacts(rows: list[Row], reference: str) -> None:
         proc = _popen(["run", QUICK, "checkpoint.every=3"], store)
         deadline = time.time() + 300
         while time.time() < deadline and not list(
-            store.glob("mlruns/*/*/artifacts/checkpoint/meta.json")
+            store.glob("mlruns/*/*/artifacts/checkpoint/*/meta.json")
         ):
             time.sleep(0.2)
         _freeze(store / "mlruns", True)
@@ -616,6 +619,133 @@ def read_only_artifacts(rows: list[Row], reference: str) -> None:
         row.note = _tail(err) if not ok else "exit 1; weights saved by the driver; run FAILED"
     rows.append(row)
     print(f"  {row.name}: {row.survived}/{row.tried}", flush=True)
+
+
+#: Run in a mount namespace of its own (``unshare --mount``): a small tmpfs at $1 takes the
+#: checkpoints; once the first is there, a filler leaves half a checkpoint free, so the next one
+#: runs out of space midway (and every one after it). The run must go on; then the filler goes,
+#: and the folder is copied out (the tmpfs ends with the namespace).
+FULL_DISK_SH = """
+mount -t tmpfs -o size=16m none "$1" || exit 97
+"$2" -c '
+import os, sys, time
+from pathlib import Path
+d = Path(sys.argv[1]) / "ckpt"
+while not (d / "LATEST").exists():
+    time.sleep(0.05)
+first = d / (d / "LATEST").read_text().strip()
+size = sum(p.stat().st_size for p in first.iterdir())
+st = os.statvfs(sys.argv[1])
+with open(Path(sys.argv[1]) / "filler", "wb") as f:
+    f.write(b"x" * max(0, st.f_bavail * st.f_frsize - size // 2))
+print("FILLED", first.name, flush=True)
+' "$1" &
+shift 2
+"$@"; code=$?
+wait
+rm -f "$DISK/filler"
+cp -a "$DISK/ckpt" "$SAVE" || exit 98
+exit $code
+"""
+
+
+def full_disk(rows: list[Row], reference: str) -> None:
+    """The disk under ``checkpoint.dir`` fills during a checkpoint: the run must finish with the
+    reference weights, warn, leave the previous checkpoint current and no half-written folder,
+    and that checkpoint must resume to the reference weights."""
+    row = Row("fault", "disk full during a checkpoint (tmpfs)", tried=1)
+    with tempfile.TemporaryDirectory() as tmp:
+        store, disk, save = Path(tmp), Path(tmp) / "disk", Path(tmp) / "saved"
+        disk.mkdir()
+        argv = [*RAYSIM, "run", QUICK, "checkpoint.every=1", f"checkpoint.dir={disk}/ckpt",
+                "tracking.enabled=false"]  # fmt: skip
+        res = subprocess.run(
+            ["unshare", "--mount", "sh", "-c", FULL_DISK_SH, "sh", str(disk), sys.executable,
+             *argv],
+            capture_output=True, text=True, timeout=900, cwd=store,
+            env={**_env(store), "DISK": str(disk), "SAVE": str(save)},
+        )  # fmt: skip
+        problems = []
+        if res.returncode == 97:
+            row.tried, row.note = 0, "cannot mount a tmpfs here (needs root)"
+            rows.append(row)
+            return
+        if res.returncode != 0 or _final_digest(res.stdout) != reference:
+            problems.append(f"run: exit {res.returncode}, {_tail(res.stderr)}")
+        if "not written" not in res.stderr:
+            problems.append("no warning")
+        left = sorted(p.name for p in save.iterdir()) if save.exists() else []
+        if len([n for n in left if n.startswith("round-")]) != 1 or any(
+            n.startswith(".writing") for n in left
+        ):
+            problems.append(f"folder holds {left}")
+        if not problems:
+            again = raysim(["run", "--resume", str(save), f"checkpoint.dir={store}/after"], store)
+            if _final_digest(again.stdout) != reference:
+                problems.append(f"resume: {_tail(again.stderr)}")
+        row.survived, row.lost = int(not problems), int(bool(problems))
+        row.note = "; ".join(problems) or "run finished; previous checkpoint resumed to the digest"
+    rows.append(row)
+    print(f"  {row.name}: {row.note}", flush=True)
+
+
+def locked_store(rows: list[Row], reference: str, hold_s: tuple[float, ...] = (3.0, 12.0)) -> None:
+    """Another process holds the sqlite store's write lock for ``hold_s`` seconds while the run
+    checkpoints every round ("database is locked"): the run must finish FINISHED with the
+    reference weights."""
+    import sqlite3
+
+    for hold in hold_s:
+        row = Row("fault", f"tracking store locked for {hold:g} s mid-run", tried=1)
+        with tempfile.TemporaryDirectory() as tmp:
+            store = Path(tmp)
+            proc = _popen(["run", QUICK, "checkpoint.every=1"], store)
+            deadline = time.time() + 300
+            while time.time() < deadline and not _tagged_run(store, "raysim.checkpoint_round"):
+                time.sleep(0.2)
+            db = sqlite3.connect(store / "mlflow.db", timeout=60)
+            db.execute("BEGIN EXCLUSIVE")
+            time.sleep(hold)
+            waited = proc.poll() is None  # the run was held up, not done before the lock
+            db.rollback()
+            db.close()
+            out, err = proc.communicate(timeout=900)
+            ok = proc.returncode == 0 and _final_digest(out) == reference
+            ok = ok and _statuses(store) == ["FINISHED"]
+            row.survived, row.lost = int(ok), int(not ok)
+            row.note = (
+                f"finished FINISHED, same digest; {'still running' if waited else 'done'} when "
+                "the lock was released"
+                if ok
+                else f"exit {proc.returncode}: {_tail(err)}"
+            )
+        rows.append(row)
+        print(f"  {row.name}: {row.note}", flush=True)
+
+
+def shared_folder(rows: list[Row], reference: str) -> None:
+    """Two runs given one ``checkpoint.dir``: the second is refused in one line (exit 2) while
+    the first runs on to the reference weights."""
+    row = Row("fault", "two runs on one checkpoint.dir", tried=1)
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Path(tmp)
+        folder = store / "shared"
+        first = _popen(["run", QUICK, "checkpoint.every=1", f"checkpoint.dir={folder}"], store)
+        deadline = time.time() + 300
+        while time.time() < deadline and not (folder / "LATEST").exists():
+            time.sleep(0.2)
+        second = raysim(["run", QUICK, f"checkpoint.dir={folder}", "seed=5"], store)
+        out, err = first.communicate(timeout=900)
+        lines = second.stderr.strip().splitlines()
+        problems = []
+        if second.returncode != 2 or len(lines) != 1 or "in use by another run" not in lines[0]:
+            problems.append(f"second: exit {second.returncode}, {_tail(second.stderr)}")
+        if first.returncode != 0 or _final_digest(out) != reference:
+            problems.append(f"first: exit {first.returncode}, {_tail(err)}")
+        row.survived, row.lost = int(not problems), int(bool(problems))
+        row.note = "; ".join(problems) or (lines[0][:90] if lines else "")
+    rows.append(row)
+    print(f"  {row.name}: {row.note}", flush=True)
 
 
 def _env(store: Path) -> dict[str, str]:
@@ -699,6 +829,9 @@ def main() -> None:
         "concurrent": lambda ref, t, rng, s: concurrent_runs(rows),
         "stale-cluster": lambda ref, t, rng, s: stale_cluster_file(rows, ref),
         "store": lambda ref, t, rng, s: personal_store(rows, t, rng),
+        "full-disk": lambda ref, t, rng, s: full_disk(rows, ref),
+        "locked-store": lambda ref, t, rng, s: locked_store(rows, ref),
+        "shared-folder": lambda ref, t, rng, s: shared_folder(rows, ref),
     }
     parser.add_argument("--only", choices=["inputs", "methods", "faults", *faults], default=None)
     parser.add_argument("--tries", type=int, default=2, help="tries per random fault row")

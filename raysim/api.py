@@ -67,8 +67,9 @@ UNSAVED_DIR, WEIGHTS = "raysim-unsaved", "weights.safetensors"
 def preflight(cfg: RunConfig, address: str | None = None, plan: RunPlan | None = None) -> None:
     """Refuse, before Ray starts, a run that cannot start: a file or folder the config names
     that is not on this machine (a private Ray's run; ``raysim.inputs``), a named cluster that
-    does not answer, or workers that do not fit a private local Ray (``MissingInput`` /
-    ``ClusterError`` / ``ResourceError``). ``plan``: the run's, resolved already (its pool was
+    does not answer, a ``checkpoint.dir`` another live run writes to, or workers that do not
+    fit a private local Ray (``MissingInput`` / ``ClusterError`` / ``CheckpointDirBusy`` /
+    ``ResourceError``). ``plan``: the run's, resolved already (its pool was
     sized then, so it is not sized again here)."""
     from raysim.inputs import check_inputs
     from raysim.resources import plan_resources
@@ -78,6 +79,10 @@ def preflight(cfg: RunConfig, address: str | None = None, plan: RunPlan | None =
     if target == "local":  # on a cluster, a file may be on the nodes that read it, not here
         check_inputs(cfg)
     check_reachable(target, named_by="--address" if address else "RAY_ADDRESS")
+    if cfg.checkpoint.dir:  # another live run's folder (its coordinator holds the lock)
+        from raysim.checkpoint_files import check_free
+
+        check_free(cfg.checkpoint.dir)
     if plan is not None:  # ``plan_run`` sized its pool (or it runs without Ray)
         return
     if runs_without_ray(cfg, address):  # its one worker fits (``needs_ray`` planned it)
@@ -518,6 +523,7 @@ def run(
     on_round: RoundCallback | None = None,
     on_start: Callable[[RunSession], None] | None = None,
     plan: RunPlan | None = None,
+    trust_modules: bool = False,
 ) -> Result:
     """Run one simulation to the end. ``config`` is a YAML path, a dict or a ``RunConfig``.
 
@@ -529,11 +535,12 @@ def run(
     ``overrides`` applied) and must match the checkpoint's. An interrupted run is marked KILLED,
     a failed one FAILED; both can be resumed. ``plan``: the run's plan, resolved already
     (``raysim.plan.plan_run``; the CLI prints it for ``--dry-run``), instead of the above.
+    ``trust_modules``: import the modules that a checkpoint's config names (refused otherwise).
     """
     if plan is not None:
         return _carry_out(RunSession(plan=plan, address=address), on_round, on_start)
     if resume is not None and not isinstance(resume, ResumeSource):
-        resume = prepare_resume(resume, config, overrides, force=force)
+        resume = prepare_resume(resume, config, overrides, force=force, trust_modules=trust_modules)
     if resume is not None:
         cfg = resume.config
     elif config is None:

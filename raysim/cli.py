@@ -153,29 +153,19 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _run_command(args: argparse.Namespace, started: list[Any]) -> int:
-    from raysim.checkpoint import prepare_resume
-    from raysim.config import load_config
+    if args.dry_run:  # the plan, and nothing starts, is written or runs the config's modules
+        from raysim.algorithms.registry import module_policy
 
-    config, overrides = _run_args(args)
-    resume = None
-    if args.resume:
-        resume = prepare_resume(args.resume, config, overrides, force=args.force)
-        cfg = resume.config
-    elif config is None:
-        return error("raysim run needs a config path (or --resume RUN_ID)")
-    else:
-        cfg = load_config(config, overrides)
-
+        with module_policy("skip"):
+            return _dry_run(args)
     from raysim.api import preflight
-    from raysim.plan import plan_run
     from raysim.without_ray import ray_is_up
 
-    plan = plan_run(cfg, args.address, resume=resume)  # what the run does, decided once
+    plan = _planned(args)
+    if plan is None:
+        return error("raysim run needs a config path (or --resume RUN_ID)")
     if not ray_is_up():
-        preflight(cfg, args.address, plan)  # before the progress bar: one line on stderr
-    if args.dry_run:  # the plan, and nothing starts or is written
-        console.print(f"dry run: {plan.describe()}", soft_wrap=True, highlight=False, markup=False)
-        return 0
+        preflight(plan.cfg, args.address, plan)  # before the progress bar: one line on stderr
     result = _run_with_progress(plan, args.address, started.append)
     console.print(_summary_table(result))
     console.print(f"weights sha256: {result.weights_digest}", soft_wrap=True, highlight=False)
@@ -188,6 +178,65 @@ def _run_command(args: argparse.Namespace, started: list[Any]) -> int:
     if result.unsaved:
         errors.print(f"raysim: error: {result.unsaved}", style="red", markup=False)
         return 1
+    return 0
+
+
+def _planned(args: argparse.Namespace) -> Any:
+    """The run's plan (``raysim.plan.plan_run``), decided once; None without a config."""
+    from raysim.plan import plan_run
+
+    checked = _checked_config(args)
+    return None if checked is None else plan_run(checked[0], args.address, resume=checked[1])
+
+
+def _checked_config(args: argparse.Namespace) -> tuple[Any, Any] | None:
+    """``(config, resume)`` of ``raysim run``'s arguments; None without a config."""
+    from raysim.checkpoint import prepare_resume
+    from raysim.config import load_config
+
+    config, overrides = _run_args(args)
+    resume = None
+    if args.resume:
+        resume = prepare_resume(
+            args.resume, config, overrides, force=args.force, trust_modules=args.trust_modules
+        )
+        cfg = resume.config
+    elif config is None:
+        return None
+    else:
+        cfg = load_config(config, overrides)
+    return cfg, resume
+
+
+def _dry_run(args: argparse.Namespace) -> int:
+    """``--dry-run``: the plan, checked as far as it can be without running any of the config's
+    modules."""
+    from raysim.api import preflight
+    from raysim.config import has_unchecked
+    from raysim.plan import plan_run
+    from raysim.without_ray import ray_is_up
+
+    checked = _checked_config(args)
+    if checked is None:
+        return error("raysim run needs a config path (or --resume RUN_ID)")
+    cfg, resume = checked
+    if has_unchecked(cfg):
+        names = [e.name for e in (cfg.algorithm, *cfg.hooks.server, *cfg.hooks.clients)
+                 if type(e.params).__name__ == "UncheckedParams"]  # fmt: skip
+        console.print(
+            f"dry run: config valid except {', '.join(map(repr, names))}, which only a module "
+            "it names registers; a dry run imports no module (it runs no code), so their "
+            "parameters and the run's plan are checked when the run starts",
+            soft_wrap=True,
+            highlight=False,
+            markup=False,
+        )
+        return 0
+    plan = plan_run(cfg, args.address, resume=resume)
+    if not ray_is_up():
+        preflight(cfg, args.address, plan)
+    text = plan.describe()
+    console.print(f"dry run: {text}", soft_wrap=True, highlight=False, markup=False)
     return 0
 
 
@@ -342,7 +391,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
         "--uvicorn-opts",
         "--log-level warning",
     ]
-    log = Path(tempfile.gettempdir()) / f"raysim-ui-{args.port}.log"
+    log = ui_log(args.port)
 
     def _terminate(signum: int, frame: Any) -> None:  # `kill PID` stops the server too
         raise Terminated
@@ -357,6 +406,14 @@ def cmd_ui(args: argparse.Namespace) -> int:
             if proc.poll() is None:
                 proc.terminate()
                 proc.wait(timeout=30)
+
+
+def ui_log(port: int) -> Path:
+    """A new file for the ui's server log: a unique name in the temp folder, 0600 (it may
+    show the store's paths and what the server was asked)."""
+    fd, name = tempfile.mkstemp(prefix=f"raysim-ui-{port}-", suffix=".log")
+    os.close(fd)
+    return Path(name)
 
 
 def _serve_ui(
@@ -406,11 +463,15 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from raysim.sweeps.trial import trial_overrides
     from raysim.sweeps.tuner import BEST_FILE, SweepInterrupted, tune
 
-    cfg = load_config(args.config, args.overrides)
-    if args.dry_run:
-        line = tune(cfg, address=args.address, dry_run=True)
+    if args.dry_run:  # runs none of the config's modules (raysim run --dry-run's rule)
+        from raysim.algorithms.registry import module_policy
+
+        with module_policy("skip"):
+            line = tune(load_config(args.config, args.overrides), address=args.address,
+                        dry_run=True)  # fmt: skip
         console.print(line, soft_wrap=True, markup=False, highlight=False)
         return 0
+    cfg = load_config(args.config, args.overrides)
     metric = cfg.tune.metric if cfg.tune is not None else "accuracy"
     rows: dict[str, dict[str, Any]] = {}
 
@@ -641,7 +702,15 @@ def cmd_extract(args: argparse.Namespace) -> int:
     noise = tuple(float(e) for e in args.noise.split(",")) if args.noise else None
     try:
         with console.status("replaying the observers' rounds and running E0/E1/E2"):
-            out = extract(args.run, uri, args.observations, args.foundation, noise, log=True)
+            out = extract(
+                args.run,
+                uri,
+                args.observations,
+                args.foundation,
+                noise,
+                log=True,
+                trust_modules=args.trust_modules,
+            )
     except (ValueError, FileNotFoundError) as e:  # no such run, no observers, not FedBaF
         return error(str(e))
     table = Table(title="extraction of the foundation (matched layers)")
@@ -706,9 +775,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--force", action="store_true", help="resume even a run still marked RUNNING")
     p.add_argument(
+        "--trust-modules",
+        action="store_true",
+        help="import the modules (module:) that a config read from a checkpoint or an MLflow run "
+        "names; without it such a config is refused, since that code is not a file you gave",
+    )
+    p.add_argument(
         "--dry-run",
         action="store_true",
-        help="validate the config and check that the run fits, then stop (starts nothing)",
+        help="validate the config and check that the run fits, then stop (starts nothing and "
+        "imports no module the config names: a method only such a module registers is checked "
+        "when the run starts)",
     )
     p.set_defaults(func=cmd_run)
     for command, what in (("loto", "task family"), ("lodo", "domain (d1, d2)")):
@@ -763,6 +840,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="FedBaF's extraction harness (E0/E1/E2, fedbaf.md §6) against a run with observers",
     )
     p.add_argument("run", help="the attacked run: an MLflow run id or its config YAML")
+    p.add_argument(
+        "--trust-modules",
+        action="store_true",
+        help="import the modules (module:) that a config read from a checkpoint or an MLflow run "
+        "names; without it such a config is refused, since that code is not a file you gave",
+    )
     p.add_argument(
         "--observations", default=None, help="the observers' records (default: the run's dir)"
     )

@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import (
+    BaseModel,
+    ConfigDict,
     Field,
     SerializeAsAny,
     ValidationError,
@@ -30,6 +32,7 @@ from raysim.algorithms.registry import (
     PluginError,
     load_plugin,
     method_spec,
+    modules_skipped,
 )
 from raysim.algorithms.spec import HookParams, MethodParams
 from raysim.data.federated import DataSection, DigitsData
@@ -83,6 +86,41 @@ class ClientsConfig(StrictModel):
                 )
             data["per_round"] = derived
         return data
+
+
+class UncheckedParams(HookParams):
+    """The parameters of a method or hook that only a module a dry run does not import would
+    register: kept as given, checked when the run starts (``registry.module_policy``)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reject_unknown_keys(cls, data: Any) -> Any:
+        return data
+
+
+def _unchecked(data: Any, lookup: Callable[[str], Any], module: str | None) -> Any:
+    """``data`` left unchecked where its name is unknown only because a dry run did not import
+    the ``module`` that registers it; None where it can be checked."""
+    if module is None or not modules_skipped() or not isinstance(data, Mapping):
+        return None
+    if "params" in data or data.get("name") is None:
+        return None
+    try:
+        lookup(str(data["name"]))
+        return None
+    except KeyError:
+        rest = {k: v for k, v in data.items() if k != "name"}
+        return {"name": data["name"], "params": UncheckedParams(**rest), "module": module}
+
+
+def has_unchecked(config: BaseModel) -> bool:
+    """Whether part of ``config`` was left unchecked by a dry run (``UncheckedParams``)."""
+    algorithm = getattr(config, "algorithm", None)
+    entries = [algorithm, *getattr(getattr(config, "hooks", None), "server", []),
+               *getattr(getattr(config, "hooks", None), "clients", [])]  # fmt: skip
+    return any(isinstance(getattr(e, "params", None), UncheckedParams) for e in entries)
 
 
 def _split_named(
@@ -162,6 +200,9 @@ class AlgorithmConfig(StrictModel):
             data = dict(data)
             module = _load_module(data, "algorithm")
             data.setdefault("name", "fedavg")
+            unchecked = _unchecked(data, method_spec, module)
+            if unchecked is not None:
+                return unchecked
             out = _split_named(data, method_spec, "algorithm", "algorithm")
             return {**out, "module": module}
         return data
@@ -190,6 +231,9 @@ class _HookConfig(StrictModel):
             return data
         data = dict(data)
         module = _load_module(data, section)
+        unchecked = _unchecked(data, lookup, module)
+        if unchecked is not None:
+            return unchecked
         return {**_split_named(data, lookup, what, "", entry_of=section), "module": module}
 
 
@@ -358,10 +402,12 @@ class KillCoordinator(StrictModel):
 class AuditConfig(StrictModel):
     """Checks on what the coordinator sends to clients (``raysim/security/audit.py``)."""
 
-    leaks: bool = Field(
-        False,
+    leaks: bool | Literal["auto"] = Field(
+        "auto",
         description="fail the run if a payload to clients carries a server-private value "
-        "(Strategy.secrets, e.g. FedBaF's foundation weights; fedbaf.md §6.3)",
+        "(Strategy.secrets, e.g. FedBaF's foundation weights; fedbaf.md §6.3); auto: on where "
+        "the method or a hooks.server mixer declares such values, off elsewhere; false over "
+        "declared values warns and tags the run raysim.audit.leaks=off",
     )
     windows: bool = Field(
         True,
@@ -443,6 +489,10 @@ class RunConfig(StrictModel):
             )
         # here, not in ModelConfig: a plugin (algorithm.module) may register the model
         names = model_names()
+        if modules_skipped() and self.model.name not in names:
+            return self  # a module a dry run did not import may register it: checked at start
+        if has_unchecked(self):
+            return self  # the method's needs are known once its module is imported
         if self.model.name not in names:
             close = difflib.get_close_matches(self.model.name, names, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""

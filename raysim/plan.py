@@ -20,6 +20,7 @@ from raysim.ray_start import ray_address
 if TYPE_CHECKING:
     from raysim.checkpoint import ResumeSource
     from raysim.resources import ResourcePlan
+    from raysim.sizes import SizeReport
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,8 @@ class RunPlan:
     Tune trial's), else in its own actor; ``worker_here``: the clients train in the
     coordinator's process (no worker actor). ``resources``: what the run may use (None on a named
     cluster until connected); ``pool``: the coordinator's and the workers' bundles and the number
-    of workers (None until ``resources`` are known).
+    of workers (None until ``resources`` are known). ``sizes``: the run's memory, checkpoint and
+    personal-state store, estimated from the config and held to this machine (``raysim.sizes``).
     """
 
     cfg: RunConfig
@@ -46,6 +48,7 @@ class RunPlan:
     worker_here: bool
     resources: dict[str, float] | None
     pool: ResourcePlan | None
+    sizes: SizeReport | None = None
 
     @property
     def pool_size(self) -> int:
@@ -86,6 +89,11 @@ class RunPlan:
         else:
             lines.append(f"clients: batched, up to {group} at a time on each worker")
         lines.append(f"tracking: {self.tracking_uri or 'off'}")
+        if self.sizes is not None:
+            lines.append(f"sizes: {self.sizes.describe()}")
+        from raysim.audit_policy import audit_plan_line
+
+        lines.append(audit_plan_line(cfg))
         return "\n".join(lines)
 
     def _coordinator(self) -> str:
@@ -138,7 +146,8 @@ def plan_run(
 ) -> RunPlan:
     """Resolve a run's plan (``RunSession``'s arguments, which it documents). ``placed``: the
     caller has placed the run already (a Tune trial handing over its workers), so it runs on
-    Ray. Raises ``ConfigError`` for a placement the config cannot take."""
+    Ray. Raises ``ConfigError`` for a placement the config cannot take, and for sizes this
+    machine cannot hold (``raysim.sizes``), before anything starts or is allocated."""
     from raysim.checkpoint import ResumeSource, prepare_resume
     from raysim.without_ray import (
         auto_prefers_ray,
@@ -158,7 +167,8 @@ def plan_run(
     target = ray_address(address)
     caller_placed = coordinator_here or worker_here or resources is not None or placed
     if not caller_placed and runs_without_ray(cfg, address):
-        return RunPlan(cfg, resume, uri, True, target, None, True, True, None, None)
+        sizes = _sizes(cfg, 1, True, uri)
+        return RunPlan(cfg, resume, uri, True, target, None, True, True, None, None, sizes)
     why = None
     if cfg.runtime == "auto" and not caller_placed:
         why = needs_ray(cfg, address) or auto_prefers_ray()
@@ -183,9 +193,17 @@ def plan_run(
                 "(workers.num_gpus=0), coordinator.num_gpus=0 and no faults.kill_worker; set "
                 "workers.transport=auto"
             )
-    return RunPlan(
-        cfg, resume, uri, False, target, why, here, worker_here or in_process, resources, pool
-    )
+    sizes = _sizes(cfg, 1 if pool is None else pool.num_workers, target == "local", uri)
+    worker_here = worker_here or in_process
+    return RunPlan(cfg, resume, uri, False, target, why, here, worker_here, resources, pool, sizes)
+
+
+def _sizes(cfg: RunConfig, workers: int, here: bool, uri: str | None) -> SizeReport:
+    """The run's sizes, held to this machine where the run is ``here`` (not on a named
+    cluster); raises ``ConfigError`` in one line for what it cannot hold."""
+    from raysim.sizes import size_report
+
+    return size_report(cfg, workers, here, uri)
 
 
 def _resources_before_start(target: str) -> dict[str, float] | None:

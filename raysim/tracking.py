@@ -20,6 +20,7 @@ import numpy as np
 import yaml
 
 from raysim import timeline
+from raysim.private_files import make_private, new_private_file
 
 log = logging.getLogger("raysim")
 
@@ -117,9 +118,15 @@ def create_sqlite_schema(path: Path) -> None:
     2 s on 2 vCPUs) leaves some tables made and others not, a store no later run can open
     ("table … already exists"); killed here, it leaves only the side file, made anew next time.
     The side file is a copy of ``schema_template`` where that can be had: MLflow's migrations
-    then run once per machine and MLflow version, not once per store."""
+    then run once per machine and MLflow version, not once per store.
+
+    The store is made 0600 whatever the umask (sqlite keeps an existing file's mode, and its
+    journals copy it); an empty file the user made in its place keeps its own mode."""
     side = path.with_name(f".{path.name}.creating")
     side.unlink(missing_ok=True)
+    new_private_file(side)
+    if path.exists():
+        shutil.copymode(path, side)
     template = schema_template()
     if template is not None:
         shutil.copyfile(template, side)
@@ -427,25 +434,42 @@ class Tracker:
         )
         self.client.set_tag(self.run_id, "raysim.nodes", str(len({r["node_id"] for r in rows})))
 
-    def log_checkpoint(self, files: Mapping[str, bytes], next_round: int) -> None:
-        """Replace the run's ``checkpoint/`` artifacts; ``meta.json`` goes last."""
+    def log_checkpoint(self, files: Sequence[str], name: str, next_round: int) -> None:
+        """Upload a checkpoint's ``files`` (0600, ``meta.json`` last) to ``checkpoint/<name>/``,
+        then name it current (tag ``raysim.checkpoint``, the commit), then remove the older
+        ones: a failure on the way leaves the previous checkpoint current and whole."""
         self.flush()
-        with tempfile.TemporaryDirectory() as tmp:
-            for name in sorted(files, key=lambda n: n == "meta.json"):
-                path = Path(tmp) / name
-                path.write_bytes(files[name])
-                self.client.log_artifact(self.run_id, str(path), "checkpoint")
+        folder = f"checkpoint/{name}"
+        for path in sorted(files, key=lambda f: Path(f).name == "meta.json"):
+            make_private(path)  # a local artifact store copies the file's mode
+            self.client.log_artifact(self.run_id, path, folder)
+        self.client.set_tag(self.run_id, "raysim.checkpoint", name)
         self.client.set_tag(self.run_id, "raysim.checkpoint_round", str(next_round))
+        self._prune_checkpoints(keep=name)
+
+    def _prune_checkpoints(self, keep: str) -> None:
+        """Delete the run's older checkpoint folders where the artifact store can (best effort:
+        a store that cannot keeps them, unused)."""
+        from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+        with contextlib.suppress(Exception):
+            repo = get_artifact_repository(self.client.get_run(self.run_id).info.artifact_uri)
+            for entry in self.client.list_artifacts(self.run_id, "checkpoint"):
+                name = Path(entry.path).name
+                if name != keep:
+                    repo.delete_artifacts(entry.path)
 
     def log_private(self, secrets: Sequence[Any]) -> None:
         """Server-private tensors the user asked to keep (``private/foundation.safetensors``);
-        the run is tagged ``raysim.restricted`` so whoever shares it knows."""
+        the run is tagged ``raysim.restricted`` so whoever shares it knows. The file is 0600,
+        and so is its copy in a local artifact store (which copies the file's mode)."""
         from safetensors.numpy import save_file
 
         self.flush()
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "foundation.safetensors"
             save_file({s.name: np.ascontiguousarray(s.values) for s in secrets}, str(path))
+            make_private(path)  # in a 0700 temporary folder until now
             self.client.log_artifact(self.run_id, str(path), "private")
         self.client.set_tag(self.run_id, RESTRICTED_TAG, "true")
 
@@ -526,6 +550,8 @@ class Tracker:
                 (d / "strategy").mkdir()
                 for name, rows in tables.items():
                     (d / "strategy" / f"{name}.csv").write_text(rows_csv(rows))
+            for path in d.rglob("*"):  # a local artifact store copies each file's mode
+                make_private(path)  # personal states, weights: as private as mlflow.db
             self.client.log_artifacts(self.run_id, str(d))
         self.client.set_terminated(self.run_id, "FINISHED")
         self.ended = True

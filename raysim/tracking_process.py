@@ -153,8 +153,8 @@ class TrackerProcess:
     def log_private(self, secrets: Any) -> None:
         self._call("log_private", (secrets,))
 
-    def log_checkpoint(self, files: Any, next_round: int) -> None:
-        self._call("log_checkpoint", (files, next_round))
+    def log_checkpoint(self, files: Any, name: str, next_round: int) -> None:
+        self._call("log_checkpoint", (files, name, next_round))
 
     def log_final(
         self,

@@ -11,7 +11,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 import raysim
-from raysim import checkpoint, tracking
+from raysim import checkpoint, checkpoint_files, tracking
 from raysim.actors.coordinator_core import TIMING_METRICS, CoordinatorCore
 from raysim.actors.executor import InProcessExecutor
 from raysim.actors.worker import ClientRunner
@@ -133,7 +133,7 @@ def test_resume_refuses_another_config_naming_the_keys(tmp_path):
         prepare_resume(tmp_path, cfg.to_dict() | {"rounds": 9})
     ok = prepare_resume(tmp_path, overrides=["workers.count=1"])  # placement may change
     assert ok.round == 1 and ok.run_id is None and ok.config.workers.count == 1
-    (tmp_path / "state.pkl").write_bytes(b"torn")
+    (checkpoint_files.current(tmp_path) / "state.json").write_bytes(b"torn")
     with pytest.raises(ResumeError, match="does not match meta.json"):
         checkpoint.load(ok.for_actor(), ok.config)
     (tmp_path / "empty").mkdir()
@@ -180,9 +180,11 @@ def test_sync_fedavg_crash_then_cli_resume_continues_the_mlflow_run(ray_cluster,
     session.close()  # no finish(): the driver went away
     run = client.get_run(run_id)
     assert run.info.status == "KILLED" and run.data.tags["raysim.checkpoint_round"] == "2"
-    names = {a.path for a in client.list_artifacts(run_id, "checkpoint")}
-    files = ("meta.json", "config.yaml", "arrays.safetensors", "state.pkl")
-    assert names == {f"checkpoint/{n}" for n in files}
+    folder = run.data.tags["raysim.checkpoint"]  # the current one: the only one left
+    assert [a.path for a in client.list_artifacts(run_id, "checkpoint")] == [f"checkpoint/{folder}"]
+    names = {a.path for a in client.list_artifacts(run_id, f"checkpoint/{folder}")}
+    files = ("meta.json", "config.yaml", "arrays.safetensors", "state.json")  # no pickle
+    assert names == {f"checkpoint/{folder}/{n}" for n in files}
     with pytest.raises(ResumeError, match=r"local\.epochs: checkpoint has 1, given 2"):
         prepare_resume(run_id, overrides=["local.epochs=2"])
     client.update_run(run_id, status="RUNNING")  # as if killed -9: nobody marked it

@@ -622,7 +622,9 @@ def test_the_weight_init_baseline_trips_the_auditor(tmp_path):
     algo = {"name": "fedbaf", "foundation": str(path), "variant": "weight_init"}
     with pytest.raises(LeakError, match="server-private"):
         local_core(audited(algo)).step()
-    quiet = local_core(run_cfg(algo))  # the auditor off: the baseline runs
+    with pytest.raises(LeakError, match="server-private"):  # on by default: FedBaF has secrets
+        local_core(run_cfg(algo)).step()
+    quiet = local_core(load_config(run_cfg(algo), ["audit.leaks=false"]))  # the baseline runs
     quiet.step()
     rows = quiet.strategy.tables()["fedbaf_matching"]
     assert rows[-1]["line"].startswith("4 tensors mixed")  # the MLP's 2 weights and 2 biases

@@ -232,7 +232,7 @@ def test_gpu_env_unpacks_once_and_sets_the_environment_under_set_u(tmp_path):
     site = tmp_path / "site"
     script = f"""
         set -euo pipefail
-        unset PYTHONPATH RAY_AUTH_MODE HF_HUB_OFFLINE RAYSIM_IMAGE_GUARD
+        unset PYTHONPATH RAY_AUTH_MODE RAY_AUTH_TOKEN HF_HUB_OFFLINE RAYSIM_IMAGE_GUARD
         export RAYSIM_BUNDLE=test RAYSIM_SITE={site}
         source {root}/benchmarks/gpu_env.sh
         touch "$RAYSIM_SITE/marker"        # a second source must not unpack again
@@ -241,6 +241,7 @@ def test_gpu_env_unpacks_once_and_sets_the_environment_under_set_u(tmp_path):
         echo "PYTHONPATH=$PYTHONPATH"
         echo "PATH1=${{PATH%%:*}}"
         echo "$RAY_AUTH_MODE $HF_HUB_OFFLINE $TRANSFORMERS_OFFLINE $TOKENIZERS_PARALLELISM"
+        echo "token=${{#RAY_AUTH_TOKEN}}"
         {sys.executable} -c "import rsg_bundled; print('bundled', rsg_bundled.X)"
         RAYSIM_BUNDLE=missing; source {root}/benchmarks/gpu_env.sh || echo "missing: rc=$?"
     """
@@ -250,7 +251,7 @@ def test_gpu_env_unpacks_once_and_sets_the_environment_under_set_u(tmp_path):
     lines = out.stdout.splitlines()
     assert f"PYTHONPATH={root}:{site}" in lines  # once each, sourced twice
     assert f"PATH1={site}/bin" in lines
-    assert "disabled 1 1 false" in lines
+    assert "token 1 1 false" in lines and "token=64" in lines  # the call's Ray takes a token
     assert "bundled 5" in lines
     assert "missing: rc=1" in lines
     assert out.stderr.count("unpacked bundle-test.tar.xz") == 1

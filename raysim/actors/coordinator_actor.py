@@ -210,6 +210,7 @@ class Coordinator:
         resume: dict[str, Any] | None = None,
     ) -> Tracker:
         """The run's MLflow run: a new one with its params, tags and config, or ``resume``'s."""
+        from raysim.audit_policy import audit_tags
         from raysim.config import flatten
 
         if self._opening is not None:
@@ -223,6 +224,7 @@ class Coordinator:
                 "reference": method.reference,
                 "seed": str(cfg.seed),
                 **cfg.tracking.tags,
+                **audit_tags(cfg),  # raysim.audit.leaks: on or off
                 **({SESSION_TAG: session} if session else {}),
                 NODE_TAG: _node(),
             },
@@ -275,9 +277,11 @@ class Coordinator:
                 self.tracker.set_tag("raysim.diverged_round", str(self.core.round))
             raise
         if self.checkpointer is not None and self.checkpointer.due(self.core.round):
+            from raysim.checkpoint import CheckpointNotWritten
+
             try:
                 self.save_checkpoint()
-            except OSError as e:  # a full or read-only disk must not end the run
+            except (OSError, CheckpointNotWritten) as e:  # never ends a sound run
                 self.core.warn(
                     f"checkpoint before round {self.core.round} not written ({e}); the run goes "
                     "on and the next checkpoint tries again"
@@ -317,8 +321,10 @@ class Coordinator:
             private = core.pop("strategy_private")  # its own file, never MLflow (checkpoint.py)
             state = {"core": core, "warnings": list(self.tracker.warnings) if self.tracker else []}
             writer = self.checkpointer or checkpoint.Checkpointer(self.cfg, self.tracker)
-            writer.save(state, self.core.round, private)
-            self.core.checkpoint_written()
+            everywhere = writer.save(state, self.core.round, private)
+            self.core.checkpoint_written(everywhere)
+            if writer is not self.checkpointer:
+                writer.close()
             self.saved_round = self.core.round
 
     def done(self) -> bool:
@@ -409,6 +415,8 @@ class Coordinator:
         finally:
             if self._writer is not None:  # after the run's last call to it
                 self._writer.close()
+            if getattr(self, "checkpointer", None) is not None:
+                self.checkpointer.close()  # checkpoint.dir is free for a resumption
             if self.pool is not None:
                 self.pool.close()
             for worker in self._started:  # started before a setup that failed

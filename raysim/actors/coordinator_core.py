@@ -26,6 +26,7 @@ from raysim.algorithms.base import Diverged, Downlink, Strategy, Update
 from raysim.algorithms.context import ServerContext
 from raysim.algorithms.hooks import compose
 from raysim.algorithms.registry import MIXERS, get_method
+from raysim.audit_policy import audit_off_warning, audits_leaks
 from raysim.clock import ArrivalQueue, PendingJob, Schedule
 from raysim.config import RunConfig
 from raysim.delays import build_delay_model
@@ -156,7 +157,7 @@ class CoordinatorCore:
         self._log = RoundLog()
         self.strategy: Strategy = self._build_strategy(initial)
         self.auditor = None
-        if cfg.audit.leaks:  # in torch: imported only where it runs
+        if audits_leaks(cfg):  # in torch: imported only where it runs
             from raysim.security.audit import LeakAuditor
 
             secrets = self.strategy.secrets()
@@ -308,11 +309,13 @@ class CoordinatorCore:
         """The clients' current versions on disk (``clients.state.store: disk``)."""
         return {s for s in self.client_states.values() if isinstance(s, StoredState)}
 
-    def checkpoint_written(self) -> None:
+    def checkpoint_written(self, everywhere: bool = True) -> None:
         """The checkpoint of ``state_dict()`` is durable: the stored versions it refers to are
-        kept from now on, and those only the previous one kept can go."""
+        kept from now on, and those only the previous one kept can go. Not ``everywhere`` (in
+        ``checkpoint.dir`` but not in the tracking store): the previous one's are kept too,
+        since the store's checkpoint still refers to them."""
         before = self._checkpointed
-        self._checkpointed = self.stored_states()
+        self._checkpointed = self.stored_states() | (set() if everywhere else before)
         for stored in before - self._checkpointed:
             self._collect(stored)
 
@@ -354,6 +357,8 @@ class CoordinatorCore:
         if not self.history:  # this process's first round (a resumed run says it again)
             for line in self.strategy.notices():
                 self.warn(line)
+            if off := audit_off_warning(self.cfg):
+                self.warn(off)
         log = self._log = RoundLog()
         try:
             with timeline.span("dispatch", k):
@@ -487,6 +492,8 @@ class CoordinatorCore:
         st = self.stats[job.client]
         log.bytes_up += result.delta.nbytes + sum(a.nbytes for a in result.extras.values())
         if not np.isfinite(result.delta).all():
+            if isinstance(result.state, StoredState):  # the version it saved is never adopted
+                self._collect(result.state)
             if self.strategy.stop_on_nonfinite:
                 raise Diverged(
                     f"round {k}: client {job.client}'s update is not finite (the method stops "
@@ -825,7 +832,7 @@ class CoordinatorCore:
         out["total_bytes_down"] = self.totals["bytes_down"]
         out["total_updates"] = self.totals["arrived"]
         out["rejected_updates"] = self.totals["rejected_updates"]
-        if self.cfg.audit.leaks and self.cfg.audit.on_leak == "report":
+        if self.auditor is not None and self.cfg.audit.on_leak == "report":
             out["leaks_reported"] = self.totals["leaks_reported"]
         return out
 

@@ -411,7 +411,19 @@ class Method:
                 f"{spec.name}: its spec says batchable={spec.batchable}, its client "
                 f"{method.client.__name__}.may_batch() says {not spec.batchable}"
             )
+        if method.declares_secrets != spec.secrets:
+            raise ValueError(
+                f"{spec.name}: its spec says secrets={spec.secrets}, its strategy "
+                f"{strategy.__name__} {'does not override' if spec.secrets else 'overrides'} "
+                "secrets()"
+            )
         return method
+
+    @property
+    def declares_secrets(self) -> bool:
+        """Whether its strategy declares server-private values (overrides ``secrets``): the
+        leak auditor is then on by default (``audit.leaks``)."""
+        return self.strategy.secrets is not Strategy.secrets
 
     @property
     def spec(self) -> MethodSpec:
@@ -423,6 +435,7 @@ class Method:
             needs=self.needs,
             reference=self.reference,
             batchable=self.client.may_batch(),
+            secrets=self.declares_secrets,
         )
 
     def __post_init__(self) -> None:

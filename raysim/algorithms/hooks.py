@@ -159,7 +159,8 @@ class ComposedStrategy(Strategy):
             self.base.weights = np.asarray(m.initial(self.base.weights), dtype=np.float32)
 
     def secrets(self) -> list[Secret]:
-        return [s for m in self.mixers for s in m.secrets()]
+        """The base's and every mixer's (a mixer composed on a method keeps its secrets)."""
+        return [*self.base.secrets(), *(s for m in self.mixers for s in m.secrets())]
 
     def private_artifacts(self) -> list[Secret]:
         return [s for m in self.mixers for s in m.private_artifacts()]

@@ -16,6 +16,9 @@ Where they come from, in every process that looks one up:
 - a user's module named in the config (``algorithm.module``, or ``module:`` on a ``hooks.server``
   / ``hooks.clients`` entry: a dotted name or a ``.py`` file), imported by ``load_plugin`` when
   the config is validated, which every process does. What it registers is its own spec.
+  ``module_policy`` says when that import may happen: never in a dry run (``skip``: nothing the
+  config names runs), and for a config that came from a checkpoint or an MLflow run only when
+  the user says they trust it (``refuse`` otherwise).
 
 No interface module imports an implementation: the built-in list is strings, imported here.
 """
@@ -29,7 +32,9 @@ import importlib
 import importlib.util
 import inspect
 import sys
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -64,13 +69,75 @@ class PluginError(ValueError):
     """A method module named in the config (or by an entry point) could not be imported."""
 
 
+@dataclass(frozen=True)
+class ModulePolicy:
+    """Whether ``load_plugin`` imports: ``import``; ``skip`` (a dry run: the module is only
+    located, and names it alone would register are left unchecked); ``refuse`` (a config from
+    ``source``, a checkpoint or an MLflow run, that the user has not said they trust)."""
+
+    mode: str = "import"
+    source: str = ""
+
+
+_IMPORT = ModulePolicy()  # frozen: safe to share as the default
+_POLICY: ContextVar[ModulePolicy] = ContextVar("raysim_module_policy", default=_IMPORT)  # noqa: B039
+#: The flag (CLI) or argument (API) that lets a stored config's modules be imported.
+TRUST_FLAG = "--trust-modules"
+
+
+@contextmanager
+def module_policy(mode: str, source: str = "") -> Iterator[None]:
+    """Validate configs inside the block under ``mode`` (see ``ModulePolicy``)."""
+    if mode not in ("import", "skip", "refuse"):
+        raise ValueError(f"unknown module policy {mode!r}")
+    token = _POLICY.set(ModulePolicy(mode, source))
+    try:
+        yield
+    finally:
+        _POLICY.reset(token)
+
+
+def modules_skipped() -> bool:
+    """Whether a module named by the config being validated was left unimported (a dry run)."""
+    return _POLICY.get().mode == "skip"
+
+
+def _is_path(spec: str) -> bool:
+    return spec.endswith(".py") or "/" in spec or "\\" in spec
+
+
+def _locate(spec: str) -> str:
+    """The canonical spec of a module, found without running any of its code."""
+    if _is_path(spec):
+        path = Path(spec).expanduser().resolve()
+        if not path.is_file():
+            raise PluginError(f"module: no such file {spec!r}")
+        return str(path)
+    from importlib.machinery import PathFinder
+
+    top = spec.split(".")[0]
+    if top not in sys.modules and PathFinder.find_spec(top) is None:
+        raise PluginError(f"module {spec!r} cannot be found (is it installed or on PYTHONPATH?)")
+    return spec
+
+
 def load_plugin(spec: str) -> str:
-    """Import a user's module (methods, mixers or behaviours): a dotted name or a ``.py`` path.
+    """Import a user's module (methods, mixers or behaviours): a dotted name or a ``.py`` path,
+    as ``module_policy`` allows.
 
     Returns the canonical spec (a file path made absolute), which the config stores so that every
     Ray process imports the same thing. Importing twice is harmless.
     """
-    if spec.endswith(".py") or "/" in spec or "\\" in spec:
+    policy = _POLICY.get()
+    if policy.mode == "refuse":
+        raise PluginError(
+            f"module {spec!r} is named by {policy.source or 'a stored config'}, not by a file you "
+            f"gave: raysim imports no code from a checkpoint or a tracking store unless told to; "
+            f"if you trust it, pass {TRUST_FLAG}"
+        )
+    if policy.mode == "skip":
+        return _locate(spec)
+    if _is_path(spec):
         path = Path(spec).expanduser().resolve()
         if not path.is_file():
             raise PluginError(f"module: no such file {spec!r}")
@@ -208,7 +275,22 @@ class Hook(Generic[T]):
     @classmethod
     def of(cls, spec: HookSpec, implementation: type[T]) -> Hook[T]:
         """A built-in hook: name, params and reference from its torch-free ``spec``."""
-        return cls(spec.name, implementation, spec.params, spec.reference)
+        hook = cls(spec.name, implementation, spec.params, spec.reference)
+        if hook.declares_secrets != spec.secrets:
+            does = "does not override" if spec.secrets else "overrides"
+            raise ValueError(
+                f"{spec.name}: its spec says secrets={spec.secrets}, its class "
+                f"{implementation.__name__} {does} secrets()"
+            )
+        return hook
+
+    @property
+    def declares_secrets(self) -> bool:
+        """Whether it is a mixer that declares server-private values (overrides
+        ``Mixer.secrets``): the leak auditor is then on by default (``audit.leaks``)."""
+        from .hooks import Mixer
+
+        return issubclass(self.cls, Mixer) and self.cls.secrets is not Mixer.secrets
 
     def build(self, params: Mapping[str, Any] | HookParams) -> T:
         if not isinstance(params, HookParams):
@@ -237,7 +319,9 @@ def _check_hook(base: str) -> Callable[[Hook[Any]], None]:
 def _hooks(kind: str, base: str) -> Registry[Any, HookSpec]:
     return Registry(
         kind,
-        lambda h: HookSpec(kind, h.name, h.cls.__module__, h.params, h.reference),
+        lambda h: HookSpec(
+            kind, h.name, h.cls.__module__, h.params, h.reference, h.declares_secrets
+        ),
         lambda h: (h.cls.__qualname__, _file(h.cls)),
         _check_hook(base),
     )

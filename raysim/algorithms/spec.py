@@ -130,7 +130,9 @@ class MethodSpec:
 
     ``module`` registers the implementation (``Method.of(spec, ...)``); ``batchable``: whether
     its client can train in a batched pass (``ClientAlgorithm.may_batch``, checked when the
-    method registers).
+    method registers); ``secrets``: whether its strategy declares server-private values
+    (overrides ``Strategy.secrets``, checked when it registers), which turns the leak auditor on
+    by default (``audit.leaks``).
     """
 
     kind: ClassVar[str] = "algorithm"  # the registry's word for a method, as in its errors
@@ -140,15 +142,18 @@ class MethodSpec:
     needs: Needs = Needs()
     reference: str = ""
     batchable: bool = True
+    secrets: bool = False
 
 
 @dataclass(frozen=True)
 class HookSpec:
     """What a config needs to know of a mixer or a client behaviour: ``kind`` is the registry's
-    (``"server hook"`` or ``"client behaviour"``), ``module`` registers the implementation."""
+    (``"server hook"`` or ``"client behaviour"``), ``module`` registers the implementation;
+    ``secrets``: a mixer that declares server-private values (overrides ``Mixer.secrets``)."""
 
     kind: str
     name: str
     module: str
     params: type[HookParams] = HookParams
     reference: str = ""
+    secrets: bool = False

@@ -19,6 +19,7 @@ import numpy as np
 import yaml
 
 from raysim.algorithms.fedbaf.mixer import FedBaFParams, matched_foundation
+from raysim.algorithms.registry import module_policy
 from raysim.config import RunConfig, load_config
 from raysim.security.harness import Attempt, FeatureProbe, Harness, summarize, tau_scope
 from raysim.security.observations import read_observations, rebuild_aggregates
@@ -62,8 +63,11 @@ def observer_dir(cfg: RunConfig) -> str:
     )
 
 
-def resolve_run(ref: str, tracking_uri: str) -> tuple[RunConfig, str | None]:
-    """A config from a YAML path, or from an MLflow run id's ``config.yaml``."""
+def resolve_run(
+    ref: str, tracking_uri: str, trust_modules: bool = False
+) -> tuple[RunConfig, str | None]:
+    """A config from a YAML path, or from an MLflow run id's ``config.yaml`` (whose modules are
+    imported only with ``trust_modules``: that code is not a file the user gave)."""
     path = Path(ref)
     if path.suffix in (".yaml", ".yml") and path.is_file():
         return load_config(yaml.safe_load(path.read_text())), None
@@ -81,7 +85,8 @@ def resolve_run(ref: str, tracking_uri: str) -> tuple[RunConfig, str | None]:
             data = yaml.safe_load(Path(local).read_text())
     except (MlflowException, OSError) as e:
         raise ValueError(f"no run {ref!r} with a config.yaml in {tracking_uri}: {e}") from None
-    return load_config(data), ref
+    with module_policy("import" if trust_modules else "refuse", f"MLflow run {ref}"):
+        return load_config(data), ref
 
 
 def _c_history(tracking_uri: str, run_id: str | None) -> dict[int, float]:
@@ -100,13 +105,15 @@ def extract(
     foundation: str | None = None,
     noise_errors: tuple[float, ...] | None = None,
     log: bool = True,
+    trust_modules: bool = False,
 ) -> Extraction:
-    """Run the harness on ``ref`` (run id or config path); see the module docstring."""
+    """Run the harness on ``ref`` (run id or config path); see the module docstring.
+    ``trust_modules``: see ``resolve_run``."""
     from raysim.data import build_federated_dataset
     from raysim.runtime import data_spec, method_resident
     from raysim.training.loop import evaluate
 
-    cfg, run_id = resolve_run(ref, tracking_uri)
+    cfg, run_id = resolve_run(ref, tracking_uri, trust_modules)
     params = fedbaf_params(cfg)
     dataset = build_federated_dataset(cfg.data, cfg.clients.num, cfg.seed)
     handle = method_resident(cfg, data_spec(dataset))

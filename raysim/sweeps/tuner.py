@@ -18,7 +18,7 @@ from unittest import mock
 import yaml
 from ray.tune import Callback
 
-from raysim.config import ConfigError, RunConfig, load_config
+from raysim.config import ConfigError, RunConfig, has_unchecked, load_config
 from raysim.sweeps import early
 from raysim.sweeps.space import TuneSection
 from raysim.sweeps.trial import (
@@ -152,6 +152,12 @@ def tune(
     )
     if resume is not None and not (Path(resume) / SWEEP_FILE).is_file():
         raise ConfigError(f"{resume} is not a raysim sweep's directory (no {SWEEP_FILE})")
+    if dry_run and has_unchecked(cfg):  # a dry run imported none of the config's modules
+        return (
+            f"dry run: sweep space valid; {cfg.algorithm.name!r} is registered only by a module "
+            "the config names, which a dry run does not import (it runs no code): its "
+            "parameters and each trial's placement are checked when the sweep starts"
+        )
     private = ray_address(address) == "local" and not ray.is_initialized()
     if private:
         preflight(cfg, address)

@@ -14,10 +14,12 @@ the module as it found it except for the trained values of ``params``.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import math
 import os
+import shutil
 import socket
 import tempfile
 import time
@@ -284,17 +286,38 @@ _DS_READY = False
 ENGINE_OVERHEAD = {"calls": 0, "seconds": 0.0}
 
 
+#: This process's ``TORCH_EXTENSIONS_DIR`` as (pid, path), once ``_extensions_dir`` made it
+_DS_EXTENSIONS: tuple[int, str] | None = None
+
+
+def _extensions_dir() -> str:
+    """This process's DeepSpeed build folder: its own (a build killed midway leaves a lock that
+    hangs every later one), unique and 0700 in the temp folder (``mkdtemp``: no other user can
+    plant or read a build there), made on first use and removed as the process exits."""
+    global _DS_EXTENSIONS
+    pid = os.getpid()
+    if _DS_EXTENSIONS is None or _DS_EXTENSIONS[0] != pid:  # a forked child makes its own
+        path = tempfile.mkdtemp(prefix="raysim-ds-")
+        atexit.register(_remove_extensions, pid, path)
+        _DS_EXTENSIONS = (pid, path)
+    return _DS_EXTENSIONS[1]
+
+
+def _remove_extensions(pid: int, path: str) -> None:
+    """At exit: the build folder of process ``pid``, if this is that process (not a fork)."""
+    if os.getpid() == pid:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 @contextlib.contextmanager
 def _deepspeed_env(**extra: str) -> Iterator[None]:
-    """Single-rank variables (and a per-process ``TORCH_EXTENSIONS_DIR``) only while DeepSpeed
-    runs: a lingering ``LOCAL_RANK`` makes a later ``Accelerator`` on a GPU assume a multi-GPU
-    launch, and child processes (a Ray driver's workers) would inherit the port. Variables already
-    set are left alone."""
-    wanted = {
-        "LOCAL_RANK": "0",
-        "TORCH_EXTENSIONS_DIR": os.path.join(tempfile.gettempdir(), f"raysim-ds-{os.getpid()}"),
-        **extra,
-    }
+    """Single-rank variables (and a per-process ``TORCH_EXTENSIONS_DIR``, ``_extensions_dir``)
+    only while DeepSpeed runs: a lingering ``LOCAL_RANK`` makes a later ``Accelerator`` on a GPU
+    assume a multi-GPU launch, and child processes (a Ray driver's workers) would inherit the
+    port. Variables already set are left alone."""
+    wanted = {"LOCAL_RANK": "0", **extra}
+    if "TORCH_EXTENSIONS_DIR" not in os.environ:
+        wanted["TORCH_EXTENSIONS_DIR"] = _extensions_dir()
     added = [k for k in wanted if k not in os.environ]
     os.environ.update({k: wanted[k] for k in added})
     try:

@@ -110,6 +110,7 @@ SPECS = (
         M + "mixer",
         FedBaFParams,
         "FedBaF (Park et al. 2024): mix a server-private foundation model in; fedbaf.md §2",
+        secrets=True,  # the foundation's matched tensors: the leak auditor is on by default
     ),
     MethodSpec(
         "fedbaf",
@@ -117,6 +118,7 @@ SPECS = (
         FedBaFMethodParams,
         Needs(example="examples/fedbaf/mini.yaml"),
         "FedBaF (Park et al. 2024) over FedAvg, FedProx or FedAdam; fedbaf.md §2",
+        secrets=True,
     ),
     HookSpec(
         "client behaviour",

@@ -433,7 +433,7 @@ def init_then_sigterm(*args, **kwargs):  # the signal lands while Ray's own hand
     return out
 ray.init = init_then_sigterm
 from raysim.cli import main
-sys.exit(main(["run", sys.argv[1], "rounds=2"]))
+sys.exit(main(["run", sys.argv[1], "rounds=2", "runtime=ray"]))  # ray.init must be called
 """
 
 

@@ -117,3 +117,23 @@ def test_tune_dry_run_runs_no_module(tmp_path) -> None:
     done = _cli("tune", str(path), "--dry-run", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert not mark.exists() and "does not import" in done.stdout
+
+
+def test_extract_of_an_mlflow_run_naming_a_module_needs_trust(tmp_path) -> None:
+    """``raysim extract RUN_ID`` reads the run's config.yaml back from MLflow: a module it names
+    is not a file the user gave, so it is imported only with trust."""
+    from mlflow.tracking import MlflowClient
+
+    from raysim.security.report import resolve_run
+
+    module, mark = _marking_module(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    run = client.create_run(client.create_experiment("x", str(tmp_path / "art")))
+    cfg = tiny(algorithm={"name": "marking", "module": str(module)})
+    client.log_dict(run.info.run_id, cfg, "config.yaml")
+    with pytest.raises(ConfigError, match="--trust-modules"):
+        resolve_run(run.info.run_id, uri)
+    assert not mark.exists()
+    cfg_back, run_id = resolve_run(run.info.run_id, uri, trust_modules=True)
+    assert mark.exists() and run_id == run.info.run_id and cfg_back.algorithm.name == "marking"

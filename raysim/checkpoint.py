@@ -321,7 +321,7 @@ class Checkpointer:
         """Write a checkpoint; True if every destination has it, False if ``checkpoint.dir``
         has it but the tracking store does not (a warning says why). Raises
         ``CheckpointNotWritten`` if none has it. ``private`` arrays are written to
-        ``checkpoint.dir`` only, never to MLflow (fedbaf.md §7.1: private server state is not
+        ``checkpoint.dir`` only, never to MLflow (docs/papers/fedbaf.md: private server state is not
         logged as an artifact)."""
         if not self.dir and self.tracker is None:
             raise RuntimeError(

@@ -405,7 +405,8 @@ class AuditConfig(StrictModel):
     leaks: bool | Literal["auto"] = Field(
         "auto",
         description="fail the run if a payload to clients carries a server-private value "
-        "(Strategy.secrets, e.g. FedBaF's foundation weights; fedbaf.md §6.3); auto: on where "
+        "(Strategy.secrets, e.g. FedBaF's foundation weights: docs/leak-auditor.md); auto: on "
+        "where "
         "the method or a hooks.server mixer declares such values, off elsewhere; false over "
         "declared values warns and tags the run raysim.audit.leaks=off",
     )

@@ -1,7 +1,7 @@
 """Async vs sync cost per client job: quickstart on local Ray (2 CPU workers, no tracking).
 
 ``--runtime local``: both without Ray, in this process (``runtime=local``, one worker), as
-``raysim run`` runs a config that trains one group at a time (``raysim.without_ray``).
+``raysim run`` runs a config that trains one group at a time (``raysim.launch.without_ray``).
 
 Sync runs ``--rounds`` rounds with no delays. Async uses half-normal delays (σ=20 by default). With
 delays, jobs whose arrival round is past the last round are dispatched but never computed
@@ -27,10 +27,10 @@ import time
 
 from common import QUICKSTART, machine, report
 
-from raysim.clock import Schedule
 from raysim.config import RunConfig, load_config
-from raysim.delays import build_delay_model
-from raysim.ray_start import ensure_ray
+from raysim.launch.private_ray import ensure_ray
+from raysim.sim.clock import Schedule
+from raysim.sim.delays import build_delay_model
 
 
 def computed_jobs(cfg: RunConfig, rounds: int) -> int:
@@ -59,7 +59,7 @@ def matching_rounds(cfg: RunConfig, target: int, limit: int = 10_000) -> int:
 def timed_run(cfg: RunConfig) -> dict[str, float]:
     """Run one ``RunSession``'s rounds as ``raysim run`` does (``RunSession.rounds``: the
     coordinator runs rounds in batches per driver call); their wall and the jobs computed."""
-    from raysim.api import RunSession
+    from raysim.launch.session import RunSession
 
     session = RunSession(cfg)
     try:

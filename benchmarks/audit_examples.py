@@ -18,7 +18,7 @@ from pathlib import Path
 
 from common import ROOT, machine, report
 
-from raysim.api import run
+from raysim.launch.session import run
 
 EXAMPLES = {"mini": "digits", "mini-lm": "markov"}
 

@@ -12,7 +12,8 @@ Four ways, interleaved per repeat so that this VM's drift hits them alike:
   batched, its rounds run as ``raysim run`` runs them (``RunSession.rounds``: batches of rounds
   per driver call, evaluation overlapped) with MLflow on (a fresh sqlite store);
 - ``run``: the path ``raysim run`` takes for the quickstart (``runtime: auto`` finds nothing
-  for Ray to run side by side, ``raysim.without_ray``): the same ``RunSession.rounds`` without
+  for Ray to run side by side, ``raysim.launch.without_ray``): the same ``RunSession.rounds``
+  without
   Ray (``runtime=local``), MLflow on in its writer's process (a fresh store).
 
 Steady-state per-round wall = median over rounds after the first 3, evaluation included (every
@@ -143,7 +144,7 @@ def main() -> None:
     report("config", file=str(QUICKSTART.name), rounds=args.rounds, repeats=args.repeats,
            group_size=args.group_size, workers=args.workers)  # fmt: skip
     if args.workers:
-        from raysim.api import ensure_ray
+        from raysim.launch.session import ensure_ray
 
         ensure_ray(num_cpus=args.workers)
     for epochs in (5, *args.also_epochs):

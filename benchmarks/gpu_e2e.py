@@ -97,7 +97,7 @@ BACKENDS = {
 #: what the preflight imports: everything the steps and Ray's workers load
 IMPORTS = ("torch", "transformers", "peft", "accelerate", "safetensors", "pydantic", "yaml",
            "ray", "ray.tune", "mlflow", "deepspeed", "rouge_score", "raysim", "raysim.cli",
-           "raysim.runtime", "raysim.actors.worker")  # fmt: skip
+           "raysim.sim.build", "raysim.actors.worker")  # fmt: skip
 #: the packages that only the bundle brings to the GPU image
 BUNDLED = {"ray", "mlflow", "deepspeed", "pydantic", "peft", "rouge_score"}
 
@@ -272,10 +272,10 @@ class Store:
 
 
 def round_clients(cfg: dict[str, Any], rounds: range) -> dict[int, list[int]]:
-    """The clients each round dispatches: the run's own schedule (``raysim.clock``)."""
-    from raysim.clock import Schedule
+    """The clients each round dispatches: the run's own schedule (``raysim.sim.clock``)."""
     from raysim.config import load_config
-    from raysim.delays import build_delay_model
+    from raysim.sim.clock import Schedule
+    from raysim.sim.delays import build_delay_model
 
     rc = load_config(cfg)
     delays = build_delay_model(rc.delays, rc.clients.num, rc.seed)
@@ -291,7 +291,7 @@ def dataset(cfg: dict[str, Any]) -> Any:
     key = json.dumps([cfg["data"], cfg["clients"], cfg["seed"]])
     if key not in _DATASETS:
         from raysim.config import load_config
-        from raysim.runtime import run_dataset
+        from raysim.sim.build import run_dataset
 
         _DATASETS[key] = run_dataset(load_config(cfg))
     return _DATASETS[key]
@@ -649,7 +649,7 @@ def step_fedbaf(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     from raysim.config import load_config
     from raysim.models.pretraining import save_foundation
     from raysim.models.registry import build_handle
-    from raysim.runtime import data_spec, run_dataset
+    from raysim.sim.build import data_spec, run_dataset
 
     store = Store(out, args.address)
     foundation = out / "foundation-vit"
@@ -726,11 +726,11 @@ def _import_all() -> dict[str, float]:
 
 
 def gpu_census() -> dict[str, Any]:
-    """The GPUs as raysim counts them (``raysim.resources.local_resources``), and what NVML,
+    """The GPUs as raysim counts them (``raysim.launch.resources.local_resources``), and what NVML,
     torch and ``nvidia-smi`` say, for the line that explains a zero."""
     import torch
 
-    from raysim.resources import local_resources
+    from raysim.launch.resources import local_resources
 
     census: dict[str, Any] = {"raysim": int(local_resources()["GPU"])}
     try:

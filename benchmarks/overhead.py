@@ -2,7 +2,7 @@
 
 Both sides run the quickstart workload (FedAvg, digits, 100 clients Dir(0.3), 10 per round, MLP,
 evaluation of the global model every ``eval.every`` rounds) from the same dataset, initial weights,
-schedule (``raysim.clock.Schedule``), client seeds (``client_seed``) and aggregation order
+schedule (``raysim.sim.clock.Schedule``), client seeds (``client_seed``) and aggregation order
 (arrivals by arrival time then client id; ``WeightedMean.combine`` with n_j/Σn), so the final
 weights should match bit for bit. The plain loop keeps one resident model and loads each client's
 starting weights into it (what a raysim worker does), with the client tensors built once up front.
@@ -27,13 +27,13 @@ from common import QUICKSTART, machine, report, steady
 
 from raysim.actors.jobs import client_seed
 from raysim.algorithms.base import WeightedMean
-from raysim.clock import ArrivalQueue, PendingJob, Schedule
 from raysim.config import RunConfig, load_config
 from raysim.data import build_federated_dataset
-from raysim.delays import build_delay_model
 from raysim.models import build_model
 from raysim.models.params import get_flat, set_flat, trainable
-from raysim.runtime import data_spec, initial_weights, weights_digest
+from raysim.sim.build import data_spec, initial_weights, weights_digest
+from raysim.sim.clock import ArrivalQueue, PendingJob, Schedule
+from raysim.sim.delays import build_delay_model
 from raysim.training.loop import evaluate, train_local
 from raysim.training.tasks import ClassificationTask
 
@@ -46,7 +46,7 @@ def run_raysim(cfg: RunConfig, advance: bool | None = None) -> tuple[list[float]
     the driver. True or False: the rounds as ``raysim run`` runs them (``session.rounds``, in
     batches), with (True) or without each round's evaluation overlapping the next round's
     dispatch; a round's wall is then the coordinator's ``wall_time`` from the last round's."""
-    from raysim.api import RunSession
+    from raysim.launch.session import RunSession
 
     t0 = time.perf_counter()
     session = RunSession(cfg)
@@ -179,7 +179,7 @@ def main() -> None:
 
     import ray
 
-    from raysim.api import ensure_ray
+    from raysim.launch.session import ensure_ray
 
     t0 = time.perf_counter()
     ensure_ray(num_cpus=args.workers)

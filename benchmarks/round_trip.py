@@ -15,8 +15,8 @@ import time
 
 from common import QUICKSTART, machine, report
 
-from raysim.api import RunSession, ensure_ray
 from raysim.config import load_config
+from raysim.launch.session import RunSession, ensure_ray
 
 WARMUP = 5
 

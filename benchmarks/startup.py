@@ -51,13 +51,13 @@ def phases(config: str, store: Path) -> dict[str, float]:
     out: dict[str, float] = {}
     t0 = time.perf_counter()
     import raysim  # noqa: F401
-    from raysim.api import RunSession
     from raysim.config import load_config
+    from raysim.launch.session import RunSession
 
     cfg = load_config(config, [f"tracking.uri=sqlite:///{store / 'phases.db'}"])
     out["import"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    from raysim.api import ensure_ray
+    from raysim.launch.session import ensure_ray
 
     ensure_ray()
     out["ray_start"] = time.perf_counter() - t0

@@ -32,7 +32,7 @@ PLUGIN = ROOT / "benchmarks" / "plugins" / "ballast.py"
 
 def disk_round_trip(folder: Path, mib: float, repeats: int = 5) -> float:
     """Median seconds to save ``mib`` MiB through the store (fsync, rename) and load it back."""
-    from raysim.state_store import DiskStateStore
+    from raysim.state.store import DiskStateStore
 
     store = DiskStateStore(folder / "probe", cache_bytes=0)
     entry = {"a": np.random.default_rng(0).random(int(mib * 2**18), dtype=np.float32)}

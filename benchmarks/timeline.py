@@ -2,7 +2,8 @@
 
 Runs the quickstart as ``raysim run`` does (``RunSession.rounds``: rounds in batches per driver
 call, evaluation overlapped, MLflow on, a fresh sqlite store) with ``RAYSIM_TIMELINE`` set, so the
-driver, the coordinator and each worker write their spans (``raysim.timeline``), then the plain
+driver, the coordinator and each worker write their spans (``raysim.tracking.timeline``), then the
+plain
 loop (``overhead.run_plain``, one thread) as the reference in the same script.
 
 For the rounds after ``--warmup``, it prints each span's milliseconds per round, by process, and
@@ -31,8 +32,8 @@ def run_raysim(
 ) -> list[float]:
     """The quickstart through ``RunSession.rounds`` with the timeline on; each round's wall."""
     os.environ["RAYSIM_TIMELINE"] = str(folder / "spans")  # before Ray starts: inherited
-    from raysim.api import RunSession
     from raysim.config import load_config
+    from raysim.launch.session import RunSession
 
     overrides = [
         f"rounds={rounds}",
@@ -117,8 +118,8 @@ def main() -> None:
     print(f"machine={machine()}", flush=True)
     from overhead import run_plain
 
-    from raysim import timeline
     from raysim.config import load_config
+    from raysim.tracking import timeline
 
     with tempfile.TemporaryDirectory() as tmp:
         walls = run_raysim(args.config, args.rounds, Path(tmp), args.workers, args.set)

@@ -26,7 +26,7 @@ import ray
 from common import machine, report
 
 from raysim.actors.compiled import WorkerLink
-from raysim.api import ensure_ray
+from raysim.launch.session import ensure_ray
 
 PARAMS, CLIENTS = 27_000, 10
 

@@ -50,7 +50,7 @@ from pathlib import Path
 
 from common import ROOT, machine, report
 
-from raysim.ray_start import ensure_ray
+from raysim.launch.private_ray import ensure_ray
 
 WATCHED = ("Coordinator", "Worker", "RunTrial")
 POLL_S = 0.02

@@ -19,7 +19,7 @@ STORE="${RAYSIM_STORE:-$HOME/raysim-store}"   # the MLflow store: runs and artif
 RAY_START=(ray start --head --port="$RAY_GCS_PORT" --dashboard-host=127.0.0.1
   --dashboard-port="$RAY_DASHBOARD_PORT" --ray-client-server-port="$RAY_CLIENT_SERVER_PORT"
   "${RAY_NODE_PORTS[@]}" --disable-usage-stats "$@")
-# every run's coordinator is kept on the head beside it (raysim/placement.py)
+# every run's coordinator is kept on the head beside it (raysim/launch/placement.py)
 MLFLOW=(mlflow server --host 127.0.0.1 --port 5000 --workers 1
   --backend-store-uri "sqlite:///$STORE/mlflow.db" --artifacts-destination "$STORE/mlartifacts")
 if ((DRY_RUN)); then

@@ -6,12 +6,15 @@ needs neither) does not wait for torch and the config's validation to import.
 
 from __future__ import annotations
 
-from raysim.lazy import lazy_getattr
+from raysim import _moved
+from raysim.util.lazy import lazy_getattr
+
+_moved.install()
 
 _LAZY = {
-    "Result": "raysim.api",
-    "RunSession": "raysim.api",
-    "run": "raysim.api",
+    "Result": "raysim.launch.session",
+    "RunSession": "raysim.launch.session",
+    "run": "raysim.launch.session",
     "ConfigError": "raysim.config",
     "RunConfig": "raysim.config",
     "load_config": "raysim.config",

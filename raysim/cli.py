@@ -68,9 +68,9 @@ def user_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that are the user's input, not a bug: reported in one line, exit 2."""
     from raysim.algorithms.registry import PluginError
     from raysim.config import ConfigError
-    from raysim.inputs import MissingInput
-    from raysim.ray_start import ClusterError
-    from raysim.resources import ResourceError
+    from raysim.launch.inputs import MissingInput
+    from raysim.launch.private_ray import ClusterError
+    from raysim.launch.resources import ResourceError
 
     return (ConfigError, PluginError, ResourceError, ClusterError, MissingInput)
 
@@ -158,8 +158,8 @@ def _run_command(args: argparse.Namespace, started: list[Any]) -> int:
 
         with module_policy("skip"):
             return _dry_run(args)
-    from raysim.api import preflight
-    from raysim.without_ray import ray_is_up
+    from raysim.launch.session import preflight
+    from raysim.launch.without_ray import ray_is_up
 
     plan = _planned(args)
     if plan is None:
@@ -182,8 +182,8 @@ def _run_command(args: argparse.Namespace, started: list[Any]) -> int:
 
 
 def _planned(args: argparse.Namespace) -> Any:
-    """The run's plan (``raysim.plan.plan_run``), decided once; None without a config."""
-    from raysim.plan import plan_run
+    """The run's plan (``raysim.launch.plan.plan_run``), decided once; None without a config."""
+    from raysim.launch.plan import plan_run
 
     checked = _checked_config(args)
     return None if checked is None else plan_run(checked[0], args.address, resume=checked[1])
@@ -191,8 +191,8 @@ def _planned(args: argparse.Namespace) -> Any:
 
 def _checked_config(args: argparse.Namespace) -> tuple[Any, Any] | None:
     """``(config, resume)`` of ``raysim run``'s arguments; None without a config."""
-    from raysim.checkpoint import prepare_resume
     from raysim.config import load_config
+    from raysim.state.checkpoint import prepare_resume
 
     config, overrides = _run_args(args)
     resume = None
@@ -211,10 +211,10 @@ def _checked_config(args: argparse.Namespace) -> tuple[Any, Any] | None:
 def _dry_run(args: argparse.Namespace) -> int:
     """``--dry-run``: the plan, checked as far as it can be without running any of the config's
     modules."""
-    from raysim.api import preflight
     from raysim.config import has_unchecked
-    from raysim.plan import plan_run
-    from raysim.without_ray import ray_is_up
+    from raysim.launch.plan import plan_run
+    from raysim.launch.session import preflight
+    from raysim.launch.without_ray import ray_is_up
 
     checked = _checked_config(args)
     if checked is None:
@@ -274,7 +274,7 @@ def _stopped(args: argparse.Namespace, session: Any) -> None:
 
 
 def _run_with_progress(plan: Any, address: str | None, on_start: Any = None) -> Any:
-    from raysim.api import run
+    from raysim.launch.session import run
 
     cfg, resume = plan.cfg, plan.resume
     start = resume.round if resume else 0
@@ -303,7 +303,7 @@ def _run_with_progress(plan: Any, address: str | None, on_start: Any = None) -> 
 def cmd_leave_one_out(args: argparse.Namespace) -> int:
     """Leave-one-task-out (``loto``) or leave-one-domain-out (``lodo``): every held-out setting ×
     method, one MLflow parent run."""
-    from raysim.protocols import TASK_FAMILIES, leave_one_out
+    from raysim.sweeps.protocols import TASK_FAMILIES, leave_one_out
 
     overrides = list(args.overrides)
     if args.command == "lodo":
@@ -362,7 +362,7 @@ def cmd_leave_one_out(args: argparse.Namespace) -> int:
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
-    from raysim.tracking import default_tracking_uri, open_store
+    from raysim.tracking.store import default_tracking_uri, open_store
 
     uri = args.uri or default_tracking_uri()
     client = open_store(uri)  # a copied project's store reads its own artifacts
@@ -696,7 +696,7 @@ def cmd_foundation(args: argparse.Namespace) -> int:
 
 def cmd_extract(args: argparse.Namespace) -> int:
     from raysim.security.report import extract
-    from raysim.tracking import default_tracking_uri
+    from raysim.tracking.store import default_tracking_uri
 
     uri = args.uri or default_tracking_uri()
     noise = tuple(float(e) for e in args.noise.split(",")) if args.noise else None
@@ -869,10 +869,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)  # before the imports below: --help answers at once
     args.argv = list(sys.argv[1:] if argv is None else argv)  # to say how to start again
-    from raysim.api import CoordinatorLost
     from raysim.errors import Diverged, LeakError, RunSetupError
-    from raysim.quiet import quiet_libraries
-    from raysim.state_store import StateStoreError
+    from raysim.launch.session import CoordinatorLost
+    from raysim.state.store import StateStoreError
+    from raysim.util.quiet import quiet_libraries
 
     quiet_libraries()
     try:
@@ -898,7 +898,7 @@ def entry() -> NoReturn:
     import faulthandler
 
     # a crash in native code prints the Python stack (the driver runs without Ray's C++ crash
-    # handler: raysim.ray_start._driver_without_crash_handler)
+    # handler: raysim.launch.private_ray._driver_without_crash_handler)
     faulthandler.enable()
     code = main()
     threading._shutdown()  # what interpreter exit does first: non-daemon threads, pools' hooks

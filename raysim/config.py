@@ -36,9 +36,9 @@ from raysim.algorithms.registry import (
 )
 from raysim.algorithms.spec import HookParams, MethodParams
 from raysim.data.federated import DataSection, DigitsData
-from raysim.delays import DelayParams, NoDelayParams, parse_delay_params
 from raysim.models.registry import ModelConfig, model_names, model_traits
 from raysim.schema import StrictModel, did_you_mean
+from raysim.sim.delays import DelayParams, NoDelayParams, parse_delay_params
 from raysim.sweeps.space import TuneSection
 from raysim.training.settings import LocalTrainingConfig
 
@@ -374,7 +374,7 @@ class TrackingConfig(StrictModel):
 
 
 class CheckpointConfig(StrictModel):
-    """Whole-run checkpoints for ``raysim run --resume`` (see ``raysim/checkpoint.py``)."""
+    """Whole-run checkpoints for ``raysim run --resume`` (see ``raysim/state/checkpoint.py``)."""
 
     every: int = Field(0, ge=0, description="checkpoint after every N rounds; 0 = never")
     dir: str | None = Field(
@@ -465,7 +465,7 @@ class RunConfig(StrictModel):
         "needs Ray); auto: local where Ray would add nothing that runs in parallel (a round's "
         "clients in one group or one worker, on CPUs, a private run, no process faults; kept on "
         "Ray where Ray is up in the process or a GPU is visible), else ray. The results are the "
-        "same either way (raysim/without_ray.py)",
+        "same either way (raysim/launch/without_ray.py)",
     )
     tune: TuneSection | None = Field(
         None, description="raysim tune: the search space and how trials run; ignored by a run"

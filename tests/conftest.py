@@ -30,7 +30,7 @@ def ray_cluster(mlflow_uri):
     """A local Ray instance with 2 CPUs and 4 *logical* GPUs (fractional placement on CPU)."""
     import ray
 
-    from raysim.ray_start import ensure_ray
+    from raysim.launch.private_ray import ensure_ray
 
     ensure_ray(num_cpus=2, num_gpus=4, logging_level="ERROR")  # token auth, loopback only
     yield ray
@@ -87,8 +87,8 @@ def resumed_through_checkpoint(cfg, stop_after: int):
     """Run ``cfg`` in-process for ``stop_after`` rounds, pack the core into checkpoint files,
     unpack them into a freshly built core and run that to the end: (the resumed core, the
     unpacked core state)."""
-    from raysim import checkpoint
     from raysim.actors.local import local_core
+    from raysim.state import checkpoint
 
     half = local_core(cfg)
     for _ in range(stop_after):

@@ -9,7 +9,7 @@ import json
 import os
 import sys
 
-from raysim.ray_start import private_ray_auth
+from raysim.launch.private_ray import private_ray_auth
 
 private_ray_auth()  # token auth, as a private run's Ray has
 

@@ -43,7 +43,7 @@ def case_config(name: str):
 def tensor_names(cfg) -> list[tuple[str, tuple[int, ...]]]:
     """(name, shape) of each tensor of the global vector, in vector order."""
     from raysim.data import build_federated_dataset
-    from raysim.runtime import data_spec, method_resident
+    from raysim.sim.build import data_spec, method_resident
 
     ds = build_federated_dataset(cfg.data, cfg.clients.num, cfg.seed)
     return method_resident(cfg, data_spec(ds)).global_shapes()

@@ -13,7 +13,7 @@ from raysim.algorithms import get_method, method_names
 from raysim.algorithms.base import Update
 from raysim.config import load_config
 from raysim.data import build_federated_dataset
-from raysim.runtime import initial_weights
+from raysim.sim.build import initial_weights
 
 
 def update(client, delta, base, n=10, tau_v=0, k=0, r=0, t=None) -> Update:

@@ -1,4 +1,5 @@
-"""The leak auditor's default (``audit.leaks: auto``, ``raysim/audit_policy.py``): on wherever the
+"""The leak auditor's default (``audit.leaks: auto``, ``raysim/security/policy.py``): on wherever
+the
 run's method or a ``hooks.server`` mixer declares server-private values, off elsewhere; turned off
 over declared values, the run warns in one line, tags its MLflow run and its plan says so.
 
@@ -16,11 +17,11 @@ from mlflow.tracking import MlflowClient
 from safetensors.numpy import save_file
 
 import raysim
-from raysim.audit_policy import AUDIT_TAG, audit_tags, audits_leaks
 from raysim.config import load_config
 from raysim.errors import LeakError
+from raysim.launch.plan import plan_run
 from raysim.models import DataSpec, build_handle
-from raysim.plan import plan_run
+from raysim.security.policy import AUDIT_TAG, audit_tags, audits_leaks
 from tests.conftest import tiny
 
 OFF_WARNING = "audit.leaks=false: the leak auditor is off"

@@ -11,14 +11,15 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 import raysim
-from raysim import checkpoint, checkpoint_files, tracking
+from raysim import tracking
 from raysim.actors.coordinator_core import TIMING_METRICS, CoordinatorCore
 from raysim.actors.executor import InProcessExecutor
 from raysim.actors.worker import ClientRunner
-from raysim.checkpoint import ResumeError, prepare_resume
 from raysim.config import ConfigError, load_config
 from raysim.data import build_federated_dataset
-from raysim.runtime import initial_weights
+from raysim.sim.build import initial_weights
+from raysim.state import checkpoint, checkpoint_files
+from raysim.state.checkpoint import ResumeError, prepare_resume
 from tests.conftest import EXAMPLES, tiny
 
 WALL_CLOCK = TIMING_METRICS
@@ -180,7 +181,7 @@ def test_sync_fedavg_crash_then_cli_resume_continues_the_mlflow_run(ray_cluster,
     session.close()  # no finish(): the driver went away
     run = client.get_run(run_id)
     assert run.info.status == "KILLED" and run.data.tags["raysim.checkpoint_round"] == "2"
-    folder = run.data.tags["raysim.checkpoint"]  # the current one: the only one left
+    folder = run.data.tags["raysim.state.checkpoint"]  # the current one: the only one left
     assert [a.path for a in client.list_artifacts(run_id, "checkpoint")] == [f"checkpoint/{folder}"]
     names = {a.path for a in client.list_artifacts(run_id, f"checkpoint/{folder}")}
     files = ("meta.json", "config.yaml", "arrays.safetensors", "state.json")  # no pickle

@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from raysim import checkpoint, checkpoint_files
-from raysim.checkpoint_files import CheckpointDirBusy
 from raysim.config import load_config
+from raysim.state import checkpoint, checkpoint_files
+from raysim.state.checkpoint_files import CheckpointDirBusy
 from tests.conftest import ROOT, tiny
 
 
@@ -52,7 +52,7 @@ FULL_DISK = textwrap.dedent(
     import json, os, sys, warnings
     from pathlib import Path
     import raysim
-    from raysim import checkpoint_files
+    from raysim.state import checkpoint_files
     from raysim.config import load_config
 
     import logging

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from raysim.clock import SCHEDULE_STREAM, ArrivalQueue, PendingJob, Schedule, idle_by_rank
-from raysim.delays import build_delay_model, parse_delay_params
+from raysim.sim.clock import SCHEDULE_STREAM, ArrivalQueue, PendingJob, Schedule, idle_by_rank
+from raysim.sim.delays import build_delay_model, parse_delay_params
 
 
 def schedule(J=500, S=10, seed=0, **delays) -> Schedule:

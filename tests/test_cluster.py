@@ -31,8 +31,12 @@ import pytest
 import yaml
 
 from raysim.config import ConfigError, load_config
-from raysim.placement import check_state_outlives_job, check_store_node, check_store_outlives_job
-from raysim.tracking import node_local, store_path
+from raysim.launch.placement import (
+    check_state_outlives_job,
+    check_store_node,
+    check_store_outlives_job,
+)
+from raysim.tracking.store import node_local, store_path
 from tests.conftest import ROOT, tiny
 
 CLUSTER = ROOT / "cluster"
@@ -562,7 +566,7 @@ def test_a_store_inside_a_ray_jobs_temporary_copy_is_refused(tmp_path, monkeypat
 
 
 def test_coordinator_node_is_a_switch_that_leaves_results_alone():
-    from raysim.checkpoint import config_hash
+    from raysim.state.checkpoint import config_hash
 
     cfg = load_config(tiny(coordinator={"node": "any"}))
     assert config_hash(cfg) == config_hash(load_config(tiny()))

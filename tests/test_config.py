@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from raysim.config import ConfigError, apply_overrides, flatten, load_config
-from raysim.delays import HalfNormalParams
+from raysim.sim.delays import HalfNormalParams
 from tests.conftest import EXAMPLES
 
 
@@ -72,13 +72,13 @@ def test_round_trip_and_flatten():
 
 
 def test_cli_rejects_bad_key_before_ray(capsys, monkeypatch):
-    import raysim.api
+    import raysim.launch.session
     from raysim.cli import main
 
     def no_ray(*a, **k):  # pragma: no cover - must not be reached
         raise AssertionError("Ray was started for an invalid config")
 
-    monkeypatch.setattr(raysim.api, "ensure_ray", no_ray)
+    monkeypatch.setattr(raysim.launch.session, "ensure_ray", no_ray)
     code = main(["run", str(EXAMPLES / "quickstart.yaml"), "delays.sigmaa=3"])
     assert code == 2
     assert "sigmaa" in capsys.readouterr().err

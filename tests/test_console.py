@@ -89,10 +89,10 @@ def test_help_answers_without_importing_torch():
 def test_the_actor_modules_import_without_torch():
     """The coordinator starts its workers before its own imports (``WorkerLaunch``), which needs
     the modules that define both actors to load without torch, the methods or the config; and
-    ``raysim.buffers``, whose ``prefer_huge_pages`` must run before torch does."""
+    ``raysim.util.buffers``, whose ``prefer_huge_pages`` must run before torch does."""
     out = probe(
         "import sys\nimport raysim.actors.coordinator_actor, raysim.actors.worker_actor\n"
-        "import raysim.buffers\n"
+        "import raysim.util.buffers\n"
         "print(sorted(m for m in ('torch', 'raysim.config', 'raysim.algorithms', 'mlflow') "
         "if m in sys.modules))"
     )
@@ -150,7 +150,8 @@ def test_a_coordinator_that_aggregates_in_numpy_never_imports_torch():
     out = probe(
         NO_TORCH + "import numpy as np\n"
         "import raysim.actors.coordinator_actor, raysim.actors.coordinator_core\n"
-        "import raysim.checkpoint, raysim.runtime, raysim.tracking, raysim.actors.evaluation\n"
+        "import raysim.state.checkpoint, raysim.sim.build, raysim.tracking.tracker\n"
+        "import raysim.actors.evaluation\n"
         "from raysim.algorithms.registry import get_method\n"
         f"for name in {numpy_servers!r}:\n"
         "    s = get_method(name).build_strategy({}, np.zeros(4, np.float32), 3)\n"
@@ -193,13 +194,13 @@ def test_torch_s_note_on_vmapped_attention_is_kept_quiet():
     import subprocess
     import sys
 
-    from raysim.quiet import VMAP_FALLBACK
+    from raysim.util.quiet import VMAP_FALLBACK
 
     attend = (
         "import torch; q = torch.randn(2, 1, 2, 4, 8, requires_grad=True); "
         "torch.vmap(lambda x: torch.nn.functional.scaled_dot_product_attention(x, x, x))(q)"
     )
-    quiet = "from raysim.quiet import quiet_libraries; quiet_libraries(); "
+    quiet = "from raysim.util.quiet import quiet_libraries; quiet_libraries(); "
     said = [
         subprocess.run([sys.executable, "-c", first + attend], capture_output=True, text=True)
         for first in ("", quiet)
@@ -211,7 +212,7 @@ def test_torch_s_note_on_vmapped_attention_is_kept_quiet():
 
 WORKER_LINE = """
 import time, ray
-from raysim.quiet import quiet_libraries
+from raysim.util.quiet import quiet_libraries
 quiet_libraries()
 ray.init(num_cpus=1, include_dashboard=False)
 @ray.remote

@@ -90,9 +90,9 @@ def test_configuration_reference_lists_every_key_of_the_config():
     """The page cannot drift: every key of RunConfig, recursively (nested sections, lists, dicts,
     each variant of a union), and every parameter of every registered method, server hook, client
     behaviour and delay model, is a row of the generated reference."""
-    from raysim import delays
     from raysim.algorithms.registry import BEHAVIOURS, MIXERS, method_names, method_spec
     from raysim.config import AlgorithmConfig, ClientHookConfig, RunConfig, ServerHookConfig
+    from raysim.sim import delays
 
     families = {
         (AlgorithmConfig, "params"): (True, [method_spec(n).params for n in method_names()]),

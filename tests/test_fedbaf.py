@@ -632,8 +632,8 @@ def test_the_weight_init_baseline_trips_the_auditor(tmp_path):
 
 def round_zero_rejected(path, audit: bool, **params):
     """A FedBaF core whose every round-0 update is corrupted (so rejected): r_0 = 0."""
-    from raysim.clock import Schedule
-    from raysim.delays import build_delay_model
+    from raysim.sim.clock import Schedule
+    from raysim.sim.delays import build_delay_model
 
     cfg = run_cfg({"name": "fedavg"})
     delays = build_delay_model(cfg.delays, cfg.clients.num, cfg.seed)
@@ -881,7 +881,7 @@ def test_a_bf16_model_runs_fedbaf_end_to_end_within_bf16_rounding(tmp_path, monk
     the tensors the clients then train from are bf16, each within bf16's rounding (half an ulp)
     of an fp64 mix of the same inputs, and the foundation moved them."""
     from raysim.models.pretraining import save_foundation
-    from raysim.runtime import data_spec, method_resident, run_dataset
+    from raysim.sim.build import data_spec, method_resident, run_dataset
 
     over = [
         "model.dtype=bfloat16",

@@ -262,7 +262,7 @@ def test_a_feddle_run_searches_on_the_server_set_and_reports_it():
 
 def test_a_feddle_run_resumes_bit_identically_from_a_checkpoint(tmp_path):
     """The atlas (anchors, scores, ages) comes back with the strategy's state (I-16)."""
-    from raysim import checkpoint
+    from raysim.state import checkpoint
 
     delays = {"kind": "half_normal", "sigma": 1.5}
     cfg = cfg_for({"name": "feddle", "server_epochs": 1}, rounds=4, id_size=32, delays=delays)

@@ -250,7 +250,7 @@ def test_feddf_distillation_moves_the_student_towards_the_teachers(name, teacher
 
 def test_server_methods_are_deterministic_and_resume(tmp_path):
     """I-16 (in-process, final weights): same seed ⇒ same digest, also across a resume."""
-    from raysim import checkpoint
+    from raysim.state import checkpoint
 
     for name in ("fedft", "hfcl", "feddf", "feddf_ood", "ca2fl"):
         algo = {"name": name} | ({"buffer_size": 3} if name == "ca2fl" else {})

@@ -22,7 +22,7 @@ from raysim.actors.local import local_core
 from raysim.actors.worker import ClientRunner
 from raysim.config import load_config
 from raysim.data import build_federated_dataset
-from raysim.runtime import server_context
+from raysim.sim.build import server_context
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 WALL_CLOCK = TIMING_METRICS

@@ -11,7 +11,7 @@ from raysim.algorithms.base import ClientContext
 from raysim.algorithms.fedoa.feature_distance import feature_distance, pool_features
 from raysim.models import DataSpec, ModelConfig
 from raysim.models.layout import ParamGroup
-from raysim.runtime import build_resident
+from raysim.sim.build import build_resident
 from raysim.training.loop import LocalTrainingConfig, train_local
 from raysim.training.tasks import CausalLMTask
 

@@ -456,7 +456,7 @@ def test_i7_identical_clients_sync_duals_are_zero_after_every_sync():
     """In a real run: every client holds the same 20 images and takes all of them as its batch
     (τ = 1), so each round's drift is common and centring removes it."""
     from raysim.actors.local import local_core as core_for
-    from raysim.runtime import run_dataset
+    from raysim.sim.build import run_dataset
 
     cfg = fedot_cfg(n=4, m=20, rounds=3).model_copy()
     cfg = load_config(
@@ -584,7 +584,7 @@ def test_i11_the_simulator_reproduces_the_lockstep_reference(centring):
     and effective heads."""
     cfg = fedot_cfg(n=4, rounds=3, dual_centering=centring)
     core = run(cfg)
-    from raysim.runtime import data_spec, method_resident, run_dataset
+    from raysim.sim.build import data_spec, method_resident, run_dataset
 
     ds = run_dataset(cfg)
     handle = method_resident(cfg, data_spec(ds))
@@ -620,7 +620,7 @@ def gda_float64(cfg, w0: np.ndarray, rounds: int) -> tuple[np.ndarray, list, np.
     v̄ ← v̄ + mean Δṽ. Only the batch indices come from raysim (``step_batches``: sampling).
     Returns the final global vector, each client's (a, b) and the effective heads ṽ_i − v̄."""
     from raysim.actors.jobs import client_seed
-    from raysim.runtime import run_dataset
+    from raysim.sim.build import run_dataset
     from raysim.training.loop import step_batches
 
     p = cfg.algorithm.params
@@ -711,7 +711,7 @@ def test_i11_literal_alg1_takes_plain_gradient_steps_on_the_mean_objective():
         }
     )
     core = run(cfg)
-    from raysim.runtime import data_spec, method_resident, run_dataset
+    from raysim.sim.build import data_spec, method_resident, run_dataset
 
     ds = run_dataset(cfg)
     for i in range(3):

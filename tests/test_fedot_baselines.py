@@ -54,7 +54,7 @@ def client_context(cfg, client: int = 0):
     context, global weights, the client's state)."""
     from raysim.actors.jobs import ClientJob
     from raysim.actors.worker import ClientRunner
-    from raysim.runtime import run_dataset
+    from raysim.sim.build import run_dataset
 
     core = local_core(cfg)
     while not core.done:
@@ -101,7 +101,7 @@ def test_fedmi_mixes_as_its_space_says(alpha):
 def test_i14_fed_fomaml_with_alpha_0_is_sgd_at_beta_on_the_second_batches():
     """α = 0: w̃ = w, so each local step is w ← w − β∇f(w; D') with D' every second batch of
     the client's stream: FedAvg at lr β on that stream (one client, one round, by hand)."""
-    from raysim.runtime import data_spec, method_resident, run_dataset
+    from raysim.sim.build import data_spec, method_resident, run_dataset
 
     beta = 0.07
     cfg = fedot_cfg(

@@ -125,7 +125,7 @@ def test_a_pretrained_models_tokenizer_encodes_the_data_and_its_pad_id_is_masked
     from raysim.data.builtin import load_bbc_news
     from raysim.data.federated import DataConfig, build_federated_dataset
     from raysim.data.tokenizer import build_word_tokenizer
-    from raysim.runtime import data_spec
+    from raysim.sim.build import data_spec
 
     tok = build_word_tokenizer(load_bbc_news().x[:200], vocab_size=400)
     tok.save_pretrained(str(tmp_path / "tok"))

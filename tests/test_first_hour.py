@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from raysim import api, cli
+from raysim import cli
+from raysim.launch import session as api
 from tests.conftest import ROOT
 
 QUICKSTART = str(ROOT / "examples" / "quickstart.yaml")
@@ -185,7 +186,7 @@ def test_a_missing_file_the_config_names_is_refused_before_ray_starts(tmp_path):
 
 def test_only_paths_that_are_certainly_local_are_checked(tmp_path, monkeypatch):
     from raysim.config import load_config
-    from raysim.inputs import MissingInput, check_inputs
+    from raysim.launch.inputs import MissingInput, check_inputs
 
     monkeypatch.chdir(tmp_path)
     base = {"model": {"name": "hf_causal_lm"}, "data": {"name": "flan_mini"},
@@ -457,7 +458,7 @@ N_TOGETHER = 5
 
 
 def _start_tracker(uri: str, i: int) -> str:
-    from raysim.tracking import Tracker
+    from raysim.tracking.tracker import Tracker
 
     t = Tracker(uri, "together", f"run-{i}", {"i": i}, {})
     t.log_round(0, {"value": float(i)})
@@ -517,7 +518,7 @@ def test_faults_that_cannot_happen_are_refused_or_reported(caplog):
 
 def test_per_client_mode_refuses_more_actors_than_the_machine_can_start():
     from raysim.config import load_config
-    from raysim.resources import ResourceError, plan_resources
+    from raysim.launch.resources import ResourceError, plan_resources
     from tests.conftest import tiny
 
     cfg = load_config(tiny(workers={"count": "per_client", "num_cpus": 0.01}))  # 20 clients
@@ -527,7 +528,7 @@ def test_per_client_mode_refuses_more_actors_than_the_machine_can_start():
 
 
 def _project_with_a_run(project: Path) -> str:
-    from raysim.tracking import Tracker
+    from raysim.tracking.tracker import Tracker
 
     t = Tracker(f"sqlite:///{project / 'mlflow.db'}", "moved", "r", {}, {})
     t.client.log_text(t.run_id, "old", "note.txt")
@@ -542,7 +543,7 @@ def test_a_copied_project_reads_and_writes_its_own_artifacts(tmp_path, monkeypat
     import shutil
     import sqlite3
 
-    from raysim.tracking import STORE_HOME, open_store
+    from raysim.tracking.store import STORE_HOME, open_store
 
     old, new = tmp_path / "old", tmp_path / "new"
     old.mkdir()
@@ -661,7 +662,7 @@ def test_rounds_are_numbered_one_to_rounds_everywhere():
     from raysim.actors.worker import ClientRunner
     from raysim.config import load_config
     from raysim.data import build_federated_dataset
-    from raysim.runtime import initial_weights
+    from raysim.sim.build import initial_weights
     from tests.conftest import tiny
 
     cfg = load_config(tiny(rounds=3))

@@ -15,7 +15,6 @@ import pytest
 import yaml
 
 import raysim
-from raysim import checkpoint
 from raysim.actors.executor import InProcessExecutor
 from raysim.actors.local import local_core
 from raysim.algorithms.base import Update
@@ -29,6 +28,7 @@ from raysim.algorithms.private import PrivateStateError, PrivateTensors
 from raysim.algorithms.registry import MIXERS
 from raysim.config import ConfigError, load_config
 from raysim.models.layout import BUFFERS, SHARED
+from raysim.state import checkpoint
 from tests.conftest import ROOT, fresh_cli, tiny
 
 PLUGINS = ROOT / "tests" / "plugins"
@@ -492,7 +492,7 @@ def test_a_plugin_cannot_take_a_builtin_name_whose_module_is_not_loaded():
 
 # --------------------------------------------------------------------------- resources
 def test_plan_resources_gives_the_bundles_every_launcher_uses():
-    from raysim.resources import ResourceError, plan_resources
+    from raysim.launch.resources import ResourceError, plan_resources
 
     cfg = load_config(
         tiny(

@@ -10,12 +10,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from raysim import checkpoint
 from raysim.actors.jobs import job_groups
 from raysim.actors.local import local_core
-from raysim.clock import Schedule
 from raysim.config import load_config
-from raysim.delays import build_delay_model
+from raysim.sim.clock import Schedule
+from raysim.sim.delays import build_delay_model
+from raysim.state import checkpoint
 from tests.conftest import EXAMPLES
 
 #: the quickstart, asynchronous (half-normal delays, σ = 20 rounds), batched in groups of 8

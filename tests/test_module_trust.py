@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from raysim import checkpoint
 from raysim.algorithms.registry import module_policy
 from raysim.config import ConfigError, has_unchecked, load_config
+from raysim.state import checkpoint
 from tests.conftest import ROOT, tiny
 
 ECHO = ROOT / "tests" / "plugins" / "echo_method.py"

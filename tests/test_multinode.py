@@ -14,7 +14,7 @@ from mlflow.tracking import MlflowClient
 
 import raysim
 from raysim.actors.local import local_core
-from raysim.tracking import NODE_TAG
+from raysim.tracking.store import NODE_TAG
 from tests.conftest import ROOT, tiny
 
 pytestmark = pytest.mark.slow

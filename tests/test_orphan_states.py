@@ -10,7 +10,7 @@ import pytest
 from raysim.actors.local import local_core
 from raysim.algorithms.base import Diverged
 from raysim.config import load_config
-from raysim.state_store import DiskStateStore
+from raysim.state.store import DiskStateStore
 from tests.conftest import tiny
 
 

@@ -1,4 +1,5 @@
-"""A run's plan (``raysim.plan``): resolved once, printed by ``--dry-run``, followed by the run."""
+"""A run's plan (``raysim.launch.plan``): resolved once, printed by ``--dry-run``, followed by the
+run."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import sys
 import pytest
 
 from raysim.config import ConfigError, load_config
-from raysim.plan import plan_run
+from raysim.launch.plan import plan_run
 from tests.conftest import EXAMPLES, ROOT, fresh_cli
 
 QUICKSTART = str(EXAMPLES / "quickstart.yaml")
@@ -89,13 +90,15 @@ def test_the_dry_run_prints_the_plan_that_the_run_then_follows(tmp_path, extra):
 def test_a_plan_is_decided_before_anything_starts(monkeypatch):
     """Which process, how many workers and where they train, from the config and the machine
     alone (here: 4 CPUs, no Ray up, no GPU); a named cluster's pool once connected."""
-    import raysim.resources
-    import raysim.without_ray
+    import raysim.launch.resources
+    import raysim.launch.without_ray
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.setattr(raysim.without_ray, "ray_is_up", lambda: False)
-    monkeypatch.setattr(raysim.resources, "local_resources", lambda: {"CPU": 4.0, "GPU": 0.0})
+    monkeypatch.setattr(raysim.launch.without_ray, "ray_is_up", lambda: False)
+    monkeypatch.setattr(
+        raysim.launch.resources, "local_resources", lambda: {"CPU": 4.0, "GPU": 0.0}
+    )
     local = plan_run(load_config(QUICKSTART, SHORT))
     assert local.local and local.pool_size == 1 and local.coordinator_here and local.worker_here
     ray = plan_run(load_config(QUICKSTART, [*SHORT, "runtime=ray", "workers.count=2"]))
@@ -122,8 +125,8 @@ def test_gpus_are_counted_by_torch_where_nvml_is_there_but_fails(monkeypatch):
     import ray._private.thirdparty.pynvml as pynvml
     import torch
 
-    import raysim.ray_start
-    import raysim.resources
+    import raysim.launch.private_ray
+    import raysim.launch.resources
 
     def fails(error):
         def init():
@@ -135,15 +138,15 @@ def test_gpus_are_counted_by_torch_where_nvml_is_there_but_fails(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: asked.append(1) or 2)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(pynvml, "nvmlInit", fails(pynvml.NVMLError_Unknown()))
-    assert raysim.resources.local_resources()["GPU"] == 2.0 and asked
+    assert raysim.launch.resources.local_resources()["GPU"] == 2.0 and asked
     asked.clear()
     monkeypatch.setattr(pynvml, "nvmlInit", fails(pynvml.NVMLError_LibraryNotFound()))
-    assert raysim.resources.local_resources()["GPU"] == 0.0 and not asked
+    assert raysim.launch.resources.local_resources()["GPU"] == 0.0 and not asked
     # the private Ray gets the count: ray.init(num_gpus=...) rather than Ray's own NVML look
     monkeypatch.setattr(pynvml, "nvmlInit", fails(pynvml.NVMLError_Unknown()))
     seen = {}
     monkeypatch.setattr("ray.is_initialized", lambda: False)
     monkeypatch.setattr("ray.init", lambda **kw: seen.update(kw))
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    raysim.ray_start.ensure_ray(None)
+    raysim.launch.private_ray.ensure_ray(None)
     assert seen["num_gpus"] == 2 and seen["address"] == "local"

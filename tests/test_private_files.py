@@ -25,8 +25,8 @@ def umask_022():
 
 
 def test_a_disk_store_is_private(tmp_path):
-    from raysim.private_files import new_private_file
-    from raysim.state_store import MARKER, open_store, run_folder
+    from raysim.state.store import MARKER, open_store, run_folder
+    from raysim.util.private_files import new_private_file
 
     parent = tmp_path / "states"  # clients.state.dir, made by the store
     root = run_folder(str(parent))
@@ -43,7 +43,8 @@ def test_a_disk_store_is_private(tmp_path):
 
 
 def test_the_tracking_store_raysim_makes_is_private(tmp_path, monkeypatch):
-    from raysim.tracking import Tracker, default_tracking_uri, open_store
+    from raysim.tracking.store import default_tracking_uri, open_store
+    from raysim.tracking.tracker import Tracker
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.chdir(tmp_path)  # the artifacts' default root: ./mlruns

@@ -30,7 +30,7 @@ PROBE = textwrap.dedent(
     """
     import json, os, sys, time
     import psutil, ray
-    from raysim.ray_start import ensure_ray
+    from raysim.launch.private_ray import ensure_ray
 
     ensure_ray(num_cpus=1)
 
@@ -105,7 +105,7 @@ def test_private_ray_listens_on_loopback_only_with_token_auth() -> None:
 
 
 def test_private_ray_auth_respects_the_users_choice(monkeypatch) -> None:
-    from raysim import ray_start
+    from raysim.launch import private_ray as ray_start
 
     monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
     monkeypatch.delenv("RAY_AUTH_TOKEN_PATH", raising=False)

@@ -7,7 +7,7 @@ import math
 import pytest
 from mlflow.tracking import MlflowClient
 
-from raysim.protocols import leave_one_out
+from raysim.sweeps.protocols import leave_one_out
 from tests.conftest import EXAMPLES
 
 pytestmark = pytest.mark.slow

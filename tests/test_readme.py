@@ -14,7 +14,8 @@ import shlex
 
 import pytest
 
-from raysim import api, cli
+from raysim import cli
+from raysim.launch import session as api
 from tests.conftest import ROOT
 
 README = ROOT / "README.md"

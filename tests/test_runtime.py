@@ -11,7 +11,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 import raysim
-from raysim.resources import ResourceError
+from raysim.launch.resources import ResourceError
 from tests.conftest import EXAMPLES, tiny
 
 pytestmark = pytest.mark.slow
@@ -41,7 +41,7 @@ def test_quickstart_end_to_end_logs_everything(ray_cluster, mlflow_uri):
     local = client.download_artifacts(res.run_id, "weights.safetensors")
     tensors = load_file(local)
     flat = np.concatenate([tensors[k].reshape(-1) for k in tensors])  # saved in parameter order
-    assert raysim.api.Result and len(flat) == len(res.weights)
+    assert raysim.launch.session.Result and len(flat) == len(res.weights)
     np.testing.assert_array_equal(np.sort(flat), np.sort(res.weights))
     csv_rows = open(client.download_artifacts(res.run_id, "clients.csv")).read().splitlines()
     assert csv_rows[0].startswith("client,num_samples") and len(csv_rows) > 10
@@ -100,7 +100,7 @@ def test_a_coordinator_in_the_callers_process_gives_the_same_run(ray_cluster, ml
     assert [m["accuracy"] for m in here_rounds] == [m["accuracy"] for m in actor_rounds]
     run = MlflowClient(mlflow_uri).get_run(by_here.run_id)
     assert run.info.status == "FINISHED" and run.data.metrics["accuracy"] > 0
-    from raysim.api import can_host_coordinator
+    from raysim.launch.session import can_host_coordinator
 
     assert can_host_coordinator(cfg)
     for over in ({"faults": {"kill_coordinator": {"round": 1}}}, {"coordinator": {"num_gpus": 1}}):
@@ -341,7 +341,7 @@ def test_bbc_news_text_task(ray_cluster):
 AGENT_PORT_PROBE = """
 import os, socket
 import ray._private.utils as utils
-from raysim.api import ensure_ray
+from raysim.launch.session import ensure_ray
 checks, real_check = [], utils.get_dashboard_dependency_error
 utils.get_dashboard_dependency_error = lambda: checks.append(1) or real_check()
 dashboard = real_check() is None

@@ -1,4 +1,5 @@
-"""Sizes are checked before anything starts (``raysim.sizes``): a run the machine cannot hold is
+"""Sizes are checked before anything starts (``raysim.launch.sizes``): a run the machine cannot
+hold is
 refused in one line by ``raysim run`` (a dry run too), before Ray starts or anything is
 allocated, and the plan shows the estimates."""
 
@@ -9,9 +10,11 @@ import time
 import pytest
 
 import raysim
-from raysim import api, cli, sizes
+from raysim import cli
 from raysim.config import ConfigError, load_config
-from raysim.plan import plan_run
+from raysim.launch import session as api
+from raysim.launch import sizes
+from raysim.launch.plan import plan_run
 from tests.conftest import EXAMPLES
 
 QUICKSTART = str(EXAMPLES / "quickstart.yaml")

@@ -1,4 +1,4 @@
-"""Run state as JSON and arrays (``raysim.state_codec``): what comes back is what went in, and
+"""Run state as JSON and arrays (``raysim.state.codec``): what comes back is what went in, and
 nothing a checkpoint names can make decoding run code."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from raysim.algorithms.base import Update
-from raysim.state_codec import StateCodecError, decode, encode, state_type
+from raysim.state.codec import StateCodecError, decode, encode, state_type
 
 
 @state_type
@@ -101,7 +101,7 @@ def test_a_checkpoint_cannot_name_a_type_outside_raysim() -> None:
 
 def test_raysims_own_objects_come_back_and_private_ones_never_go_in() -> None:
     from raysim.algorithms.private import PrivateTensors
-    from raysim.clock import PendingJob
+    from raysim.sim.clock import PendingJob
 
     job = PendingJob(**{f.name: 1 for f in dataclasses.fields(PendingJob)})
     assert _roundtrip({"job": job})["job"] == job
@@ -114,9 +114,9 @@ def test_raysims_own_objects_come_back_and_private_ones_never_go_in() -> None:
 
 def test_a_class_with_a_finaliser_is_never_built_from_a_checkpoint(monkeypatch) -> None:
     """A finaliser would act on attributes the checkpoint wrote (a path to delete, say)."""
-    import raysim.clock as clock
+    import raysim.sim.clock as clock
 
-    crafted = {"__type__": "raysim.clock.PendingJob", "fields": {}}
+    crafted = {"__type__": "raysim.sim.clock.PendingJob", "fields": {}}
     monkeypatch.setattr(clock.PendingJob, "__del__", lambda self: None, raising=False)
     with pytest.raises(StateCodecError, match="has not registered"):
         decode(crafted, {})

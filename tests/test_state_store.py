@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from raysim import checkpoint
 from raysim.actors.local import local_core
 from raysim.config import load_config
-from raysim.state_store import DiskStateStore, StateStoreError, StoredState, load_entry
+from raysim.state import checkpoint
+from raysim.state.store import DiskStateStore, StateStoreError, StoredState, load_entry
 from tests.conftest import tiny
 
 
@@ -169,7 +169,7 @@ def test_a_ray_run_with_two_workers_keeps_state_on_disk_and_says_where(
     assert "client_states.json" in names and "client_states.safetensors" not in names
     manifest = json.load(open(client.download_artifacts(res.run_id, "client_states.json")))
     assert manifest["store"] == root and len(manifest["clients"]) == len(tokens)
-    assert client.get_run(res.run_id).data.tags["raysim.state_store"] == root
+    assert client.get_run(res.run_id).data.tags["raysim.state.store"] == root
 
 
 @pytest.mark.slow
@@ -306,7 +306,7 @@ def test_a_store_this_process_does_not_see_is_refused_in_one_line(tmp_path):
     one line naming the setting; once the coordinator made the store, it opens."""
     from pathlib import Path
 
-    from raysim.state_store import open_store, run_folder, store_at
+    from raysim.state.store import open_store, run_folder, store_at
 
     root = run_folder(str(tmp_path / "states"))
     with pytest.raises(StateStoreError, match=r"is not on this node .*clients\.state\.dir must"):

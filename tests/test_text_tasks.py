@@ -36,7 +36,7 @@ from raysim.data import (  # noqa: E402
     load_tokenizer,
 )
 from raysim.data.text_tasks import TEMPLATES, word_pools  # noqa: E402
-from raysim.metrics import extract_answer, rouge1, rouge1_scores  # noqa: E402
+from raysim.training.text_metrics import extract_answer, rouge1, rouge1_scores  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

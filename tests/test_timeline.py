@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 
-from raysim import timeline
 from raysim.actors.local import local_core
 from raysim.config import load_config
+from raysim.tracking import timeline
 from tests.conftest import tiny
 
 

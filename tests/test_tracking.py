@@ -6,7 +6,8 @@ import threading
 
 import pytest
 
-from raysim.tracking import default_tracking_uri, plot_curves, rows_csv, schema_template
+from raysim.tracking.artifacts import plot_curves, rows_csv
+from raysim.tracking.store import default_tracking_uri, schema_template
 
 
 def test_env_tracking_uri_overrides_default(monkeypatch, tmp_path):
@@ -35,7 +36,7 @@ def test_clients_csv_is_written_row_by_row(tmp_path):
     import csv
     import tracemalloc
 
-    from raysim.tracking import write_rows_csv
+    from raysim.tracking.artifacts import write_rows_csv
 
     def rows():
         for j in range(100_000):
@@ -58,9 +59,9 @@ def test_batched_rounds_reach_the_store_together_and_before_a_checkpoint(tmp_pat
     """Inside ``rounds_batched`` (a driver call's rounds, ``Coordinator.advance``) the rounds
     wait and go in one request; a checkpoint written meanwhile, to MLflow or to a directory
     only, finds every round before it in the store. Outside, each round goes at once."""
-    from raysim.checkpoint import Checkpointer
     from raysim.config import load_config
-    from raysim.tracking import Tracker
+    from raysim.state.checkpoint import Checkpointer
+    from raysim.tracking.tracker import Tracker
     from tests.conftest import tiny
 
     uri = f"sqlite:///{tmp_path / 'm.db'}"
@@ -119,7 +120,7 @@ def test_a_store_whose_creation_was_cut_short_is_not_left_half_made(tmp_path, mo
     import sqlalchemy
     from mlflow.store.db.base_sql_model import Base
 
-    from raysim.tracking import open_store
+    from raysim.tracking.store import open_store
 
     def half(engine):
         Base.metadata.tables["experiments"].create(engine)
@@ -155,7 +156,7 @@ def test_fresh_stores_are_copies_of_one_schema_made_once(tmp_path, monkeypatch):
     import mlflow.store.db.utils as db_utils
     import pytest
 
-    from raysim.tracking import open_store
+    from raysim.tracking.store import open_store
 
     monkeypatch.setenv("RAYSIM_CACHE", str(tmp_path / "cache"))
     open_store(f"sqlite:///{tmp_path / 'first.db'}")

@@ -46,7 +46,7 @@ def test_a_config_tune_section_validates_with_the_run(tmp_path):
     with pytest.raises(ConfigError, match="needs a tune: section"):
         sweep_section(load_config(tiny()))
     # the section never changes what a run computes: `raysim run` ignores it, resume too
-    from raysim.checkpoint import config_hash
+    from raysim.state.checkpoint import config_hash
 
     assert config_hash(cfg) == config_hash(load_config(tiny()))
 
@@ -134,7 +134,7 @@ def test_a_sweep_runs_trials_as_raysim_runs_and_resumes_after_ctrl_c(
 
 
 def test_a_trial_that_cannot_fit_is_refused_saying_what_it_needs():
-    from raysim.resources import ResourceError
+    from raysim.launch.resources import ResourceError
     from raysim.sweeps.tuner import TRIAL_CPU, describe_sweep, trial_bundles
 
     cfg = load_config(tiny(workers={"count": 2, "num_cpus": 1.0}))
@@ -249,7 +249,7 @@ IDLE_PROBE = """
 import json, subprocess, sys, time
 import raysim
 from mlflow.tracking import MlflowClient
-from raysim.ray_start import ensure_ray
+from raysim.launch.private_ray import ensure_ray
 
 cfg, store = json.loads(sys.argv[1]), sys.argv[2]
 ensure_ray()  # a private Ray, as `raysim tune` starts one

@@ -40,7 +40,7 @@ def ui(tmp_path_factory):
     """A store with one raysim run and one experiment made by plain MLflow; ``raysim ui`` on it."""
     from mlflow.tracking import MlflowClient
 
-    from raysim.tracking import Tracker
+    from raysim.tracking.tracker import Tracker
 
     uri = f"sqlite:///{tmp_path_factory.mktemp('ui') / 'mlflow.db'}"
     t = Tracker(uri, "raysim-ui-check", RUN_NAME, {"local.lr": 0.1}, {})

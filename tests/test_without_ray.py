@@ -13,7 +13,7 @@ import time
 import pytest
 
 from raysim.config import ConfigError, load_config
-from raysim.without_ray import auto_prefers_ray, gpus_visible, needs_ray, runs_without_ray
+from raysim.launch.without_ray import auto_prefers_ray, gpus_visible, needs_ray, runs_without_ray
 from tests.conftest import EXAMPLES, fresh_cli, tiny
 
 QUICKSTART = str(EXAMPLES / "quickstart.yaml")
@@ -25,7 +25,7 @@ NO_GPU = {"CUDA_VISIBLE_DEVICES": ""}
 def _no_gpu(monkeypatch):
     """The decisions below are those of a machine without a GPU (a GPU box keeps auto on Ray:
     ``test_a_visible_gpu_keeps_a_cpu_run_on_ray``)."""
-    monkeypatch.setattr("raysim.without_ray.gpus_visible", lambda: False)
+    monkeypatch.setattr("raysim.launch.without_ray.gpus_visible", lambda: False)
 
 
 def _cfg(*overrides: str):
@@ -70,8 +70,8 @@ def test_a_visible_gpu_keeps_a_cpu_run_on_ray(monkeypatch):
     """Ray hides the GPU from CPU workers; in this process ``model.device: auto`` would take
     it, and the run's bits would change with the machine's GPU."""
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.setattr("raysim.without_ray.gpus_visible", lambda: True)
-    monkeypatch.setattr("raysim.without_ray.ray_is_up", lambda: False)
+    monkeypatch.setattr("raysim.launch.without_ray.gpus_visible", lambda: True)
+    monkeypatch.setattr("raysim.launch.without_ray.ray_is_up", lambda: False)
     assert needs_ray(_cfg()) is None and not runs_without_ray(_cfg())
     assert "has a GPU" in auto_prefers_ray()
     assert runs_without_ray(_cfg("runtime=local"))  # asked for: the run may take the GPU
@@ -82,7 +82,7 @@ def test_a_visible_gpu_keeps_a_cpu_run_on_ray(monkeypatch):
 
 def test_runtime_ray_keeps_ray_and_ray_address_names_a_cluster(monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.setattr("raysim.without_ray.ray_is_up", lambda: False)  # the session's Ray
+    monkeypatch.setattr("raysim.launch.without_ray.ray_is_up", lambda: False)  # the session's Ray
     assert runs_without_ray(_cfg()) and not runs_without_ray(_cfg("runtime=ray"))
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
     assert "10.0.0.1:6379" in needs_ray(_cfg())
@@ -101,7 +101,7 @@ def test_a_run_without_ray_resumes_on_ray_bit_identically(ray_cluster, tmp_path)
     (``runtime`` is free across a resume) to the weights of the same run without Ray; MLflow has
     every round once, the placement says where it ran, and the run's end. (Ray's own runs of the
     quickstart give these weights too: ``tests/test_regression.py``, ``test_runtime.py``.)"""
-    from raysim.api import RunSession
+    from raysim.launch.session import RunSession
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
 
@@ -154,7 +154,7 @@ def test_a_run_without_ray_resumes_on_ray_bit_identically(ray_cluster, tmp_path)
 
 
 def _writer(uri: str):
-    from raysim.tracking_process import TrackerProcess
+    from raysim.tracking.process import TrackerProcess
 
     return TrackerProcess(uri).open(
         experiment="writer", run_name="w", params={"a": 1}, tags={"t": "x"}
@@ -208,8 +208,8 @@ def test_the_writer_outlives_a_group_signal_and_ends_with_its_pipe(tmp_path):
 
 def test_tiny_runs_on_the_test_sessions_ray(ray_cluster):
     """The suite's own runs stay on Ray: ``runtime: auto`` never leaves a Ray that is up."""
-    from raysim.api import RunSession
     from raysim.config import RunConfig
+    from raysim.launch.session import RunSession
 
     cfg = RunConfig.model_validate(
         tiny(rounds=1, workers={"count": "auto"}, tracking={"enabled": False})

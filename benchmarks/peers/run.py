@@ -73,7 +73,7 @@ def timed(cmd: list[str], cwd: Path) -> tuple[float, str]:
 
 
 def run_raysim(rounds: int, folder: Path) -> dict[str, float]:
-    from raysim.tracking import open_store
+    from raysim.tracking.store import open_store
 
     store = folder / "mlflow.db"
     cmd = [sys.executable, "-m", "raysim.cli", "run", str(QUICKSTART), f"rounds={rounds}"]

@@ -52,7 +52,7 @@ def _families() -> dict[tuple[type, str], tuple[str, bool, Callable[[], dict[str
     """Fields whose model is picked by a registry, not by the type: (owning model, field) →
     (the key that names the entry, whether its parameters sit flat beside that key, name → the
     entry's params model)."""
-    from raysim import delays
+    from raysim.sim import delays
     from raysim.algorithms.registry import BEHAVIOURS, MIXERS, method_names, method_spec
     from raysim.config import AlgorithmConfig, ClientHookConfig, RunConfig, ServerHookConfig
 

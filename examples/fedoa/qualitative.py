@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from raysim.api import ensure_ray
-from raysim.protocols import TABLE2_METHODS, leave_one_out
+from raysim.sweeps.protocols import TABLE2_METHODS, leave_one_out
 from raysim.verdicts import HELD, INCONCLUSIVE, NOT_HELD, RULES, Paired, Summary, all_of
 
 HERE = Path(__file__).parent
@@ -333,7 +333,7 @@ def plot_curves(parents: list[str], path: Path) -> None:
     import matplotlib.pyplot as plt
     from mlflow.tracking import MlflowClient
 
-    from raysim.tracking import default_tracking_uri
+    from raysim.tracking.store import default_tracking_uri
 
     client = MlflowClient(default_tracking_uri())
     curves: dict[str, dict[str, dict[int, list[float]]]] = {k: {} for k in CURVES}

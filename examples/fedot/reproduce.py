@@ -73,7 +73,7 @@ def machine() -> str:
     import os
     import platform
 
-    from raysim.machine import cpu_model
+    from raysim.util.machine import cpu_model
 
     return f"{cpu_model()}, {os.cpu_count()} cores, Python {platform.python_version()}"
 

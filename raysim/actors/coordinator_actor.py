@@ -1,7 +1,7 @@
 """The coordinator as a Ray actor: builds data, worker pool, evaluator and tracker, then steps.
 
 With ``checkpoint.every`` it writes a checkpoint every N rounds; given a resume source it restores
-the last one into a freshly built run before the first step (``raysim/checkpoint.py``).
+the last one into a freshly built run before the first step (``raysim/state/checkpoint.py``).
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from raysim import timeline
 from raysim.actors.executor import InProcessExecutor
 from raysim.errors import Diverged, RunSetupError
-from raysim.tracking import NODE_TAG, SESSION_TAG, Tracker, open_store
+from raysim.tracking import timeline
+from raysim.tracking.store import NODE_TAG, SESSION_TAG, open_store
+from raysim.tracking.tracker import Tracker
 
 if TYPE_CHECKING:
     from raysim.actors.coordinator_core import CoordinatorCore
@@ -35,7 +36,7 @@ CONCURRENCY_GROUPS = {CONTROL: 1}
 class Coordinator:
     """Owns the run; the single MLflow writer. Wrapped with ``ray.remote`` by the driver, or
     built in the driver's own process (a Tune trial's, or a run without Ray,
-    ``raysim.without_ray``): this module imports Ray only where the run has worker actors."""
+    ``raysim.launch.without_ray``): this module imports Ray only where the run has worker actors."""
 
     def __init__(
         self,
@@ -57,15 +58,15 @@ class Coordinator:
         no worker actor; the clients train in this process (``InProcessExecutor``), one pooled
         worker's way (``RunSession``'s ``worker_here``).
         ``tracker_process``: MLflow's writer runs in a child process of its own
-        (``raysim.tracking_process``; a run without Ray has no actor process to hide it in).
+        (``raysim.tracking.process``; a run without Ray has no actor process to hide it in).
         ``session`` tags the MLflow run (the driver's ``SESSION_TAG``); ``restarts``: how many
         coordinators of this run died before this one. The run is set up by ``ready``, not here,
         so that ``stop`` can answer while it is: an exception while setting up (data that
         cannot be loaded, a missing file) is raised by ``ready`` as a ``RunSetupError``: a task
         error, which the driver reports once, where an actor dying in its constructor would be
         replaced and fail the same way again."""
-        from raysim.buffers import prefer_huge_pages
-        from raysim.quiet import quiet_libraries
+        from raysim.util.buffers import prefer_huge_pages
+        from raysim.util.quiet import quiet_libraries
 
         prefer_huge_pages()  # before torch is imported: the server's model-sized arithmetic
         quiet_libraries()
@@ -83,10 +84,10 @@ class Coordinator:
         self._started = started or ([launch.start() for _ in range(launch.count)] if launch else [])
         self._opening = None  # a fresh store's schema (~2 s) is made while the workers start
         #: ``tracker_process``: MLflow's writer in a child process, started now (a run without
-        #: Ray, ``raysim.tracking_process``)
+        #: Ray, ``raysim.tracking.process``)
         self._writer = None
         if tracker_process and tracking_uri and config["tracking"]["enabled"]:
-            from raysim.tracking_process import TrackerProcess
+            from raysim.tracking.process import TrackerProcess
 
             self._writer = TrackerProcess(tracking_uri)
         elif tracking_uri and config["tracking"]["enabled"]:
@@ -109,12 +110,12 @@ class Coordinator:
         launch: WorkerLaunch | None,
         worker_here: bool = False,
     ) -> None:
-        from raysim import checkpoint
         from raysim.actors.coordinator_core import CoordinatorCore
         from raysim.actors.evaluation import evaluator_for
         from raysim.algorithms.registry import get_method
         from raysim.config import config_from_wire
-        from raysim.runtime import attacking_clients, run_dataset, server_context
+        from raysim.sim.build import attacking_clients, run_dataset, server_context
+        from raysim.state import checkpoint
 
         cfg = config_from_wire(config)
         self.cfg = cfg
@@ -190,7 +191,7 @@ class Coordinator:
                 self.tracker.set_tag("raysim.coordinator_restarts", str(restarts))
             self.tracker.log_placement(node, self.pool.describe())
             if self.core.state_root is not None:  # clients.state.store: disk: where it lives
-                self.tracker.set_tag("raysim.state_store", self.core.state_root)
+                self.tracker.set_tag("raysim.state.store", self.core.state_root)
             private = self.core.strategy.private_artifacts()
             if private and resume is None:
                 self.tracker.log_private(private)
@@ -210,8 +211,8 @@ class Coordinator:
         resume: dict[str, Any] | None = None,
     ) -> Tracker:
         """The run's MLflow run: a new one with its params, tags and config, or ``resume``'s."""
-        from raysim.audit_policy import audit_tags
         from raysim.config import flatten
+        from raysim.security.policy import audit_tags
 
         if self._opening is not None:
             self._opening.join()
@@ -277,7 +278,7 @@ class Coordinator:
                 self.tracker.set_tag("raysim.diverged_round", str(self.core.round))
             raise
         if self.checkpointer is not None and self.checkpointer.due(self.core.round):
-            from raysim.checkpoint import CheckpointNotWritten
+            from raysim.state.checkpoint import CheckpointNotWritten
 
             try:
                 self.save_checkpoint()
@@ -312,7 +313,7 @@ class Coordinator:
     def save_checkpoint(self) -> None:
         """Write the run's state now (MLflow ``checkpoint/`` and/or ``checkpoint.dir``); the
         rounds it covers are in the store already (a resumed run does not log them again)."""
-        from raysim import checkpoint
+        from raysim.state import checkpoint
 
         with self._saving, _stop_signals_held():
             if self._stopping.is_set():  # the run is KILLED already; its last one stands
@@ -430,14 +431,14 @@ def _state_root(cfg: RunConfig, session: str | None) -> str | None:
     that replaces a dead one writes where it did (a resumed run takes its checkpoint's)."""
     if cfg.clients.state.store != "disk" or session is None:
         return None
-    from raysim.state_store import run_folder
+    from raysim.state.store import run_folder
 
     return run_folder(cfg.clients.state.dir, session)
 
 
 def _node() -> str:
     """The Ray node this process runs on; without Ray, ``local:`` and the host's name."""
-    from raysim.without_ray import ray_is_up
+    from raysim.launch.without_ray import ray_is_up
 
     if not ray_is_up():
         return f"local:{socket.gethostname()}"

@@ -19,20 +19,19 @@ from typing import Any
 
 import numpy as np
 
-from raysim import timeline
 from raysim.actors.executor import Executor
 from raysim.actors.jobs import ClientJob, job_groups, one_or_each
 from raysim.algorithms.base import Diverged, Downlink, Strategy, Update
 from raysim.algorithms.context import ServerContext
 from raysim.algorithms.hooks import compose
 from raysim.algorithms.registry import MIXERS, get_method
-from raysim.audit_policy import audit_off_warning, audits_leaks
-from raysim.clock import ArrivalQueue, PendingJob, Schedule
 from raysim.config import RunConfig
-from raysim.delays import build_delay_model
 from raysim.errors import LeakError
-from raysim.runtime import weights_digest
-from raysim.state_store import (
+from raysim.security.policy import audit_off_warning, audits_leaks
+from raysim.sim.build import weights_digest
+from raysim.sim.clock import ArrivalQueue, PendingJob, Schedule
+from raysim.sim.delays import build_delay_model
+from raysim.state.store import (
     StateStoreError,
     StoredState,
     load_entry,
@@ -40,6 +39,7 @@ from raysim.state_store import (
     run_folder,
     store_at,
 )
+from raysim.tracking import timeline
 
 #: ``evaluator(global weights, client personal states, is_final_eval, round) -> metrics``; one
 #: with ``submit`` (``WorkerEvaluator``) is started at the round's end and read when settled
@@ -613,7 +613,8 @@ class CoordinatorCore:
 
     # ----------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
-        """Everything a resumed run needs to continue bit-identically (``raysim/checkpoint.py``).
+        """Everything a resumed run needs to continue bit-identically
+        (``raysim/state/checkpoint.py``).
 
         Values are snapshots or references to objects that the next ``step`` replaces rather
         than mutates, except ``strategy`` (the live object): serialise before stepping again.

@@ -12,7 +12,7 @@ from raysim.actors.executor import InProcessExecutor
 from raysim.actors.worker import ClientRunner
 from raysim.config import RunConfig
 from raysim.data import FederatedDataset
-from raysim.runtime import run_dataset, server_context
+from raysim.sim.build import run_dataset, server_context
 
 
 def local_core(

@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from raysim import timeline
 from raysim.actors.jobs import ClientJob, ClientResult, EvalJob
 from raysim.algorithms.base import ClientContext
 from raysim.algorithms.registry import BEHAVIOURS, get_method
@@ -20,11 +19,12 @@ from raysim.models import DataSpec
 from raysim.models.handle import ModelHandle
 from raysim.models.layout import Layout
 from raysim.models.params import flatten
-from raysim.quiet import quiet_libraries
-from raysim.runtime import data_spec, method_resident
-from raysim.state_store import load_entry, store_at
+from raysim.sim.build import data_spec, method_resident
+from raysim.state.store import load_entry, store_at
+from raysim.tracking import timeline
 from raysim.training.loop import evaluate, local_accuracy, make_optimizer
 from raysim.training.tasks import task_for
+from raysim.util.quiet import quiet_libraries
 
 #: Prefix of ``ClientContext.state`` entries in a client's stored entry (no parameter name
 #: starts with "@", so they never meet the model's personal tensors).
@@ -381,9 +381,9 @@ class ClientRunner:
                 view = shifts.test_view(client)  # the client's own view (cached read-only)
                 x = torch.from_numpy(view if view.flags.writeable else view.copy())
             return evaluate(module, x, y)
-        from raysim.metrics import rouge1
         from raysim.training.lm_eval import generate as greedy
         from raysim.training.lm_eval import lm_loss
+        from raysim.training.text_metrics import rouge1
 
         ev = self.cfg.eval
         out = lm_loss(self.model.module, eval_set.encoded, ev.batch_size)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from raysim import timeline  # standard library only: no torch at import
-from raysim.state_store import StoredState
+from raysim.state.store import StoredState
+from raysim.tracking import timeline  # standard library only: no torch at import
 
 if TYPE_CHECKING:
     import numpy as np
@@ -33,8 +33,8 @@ class Worker:
     """
 
     def __init__(self, threads: int = 1) -> None:
-        from raysim.quiet import quiet_libraries
         from raysim.sweeps import early
+        from raysim.util.quiet import quiet_libraries
 
         early.stand_down()
         quiet_libraries()

@@ -46,7 +46,7 @@ from raysim.data.synthetic import SyntheticConfig
 from raysim.data.text import build_vocab, encode
 from raysim.data.text_lm import HFTextLMConfig, load_text_lm
 from raysim.data.text_tasks import TextTaskConfig, TextTaskDataset, build_text_task_dataset
-from raysim.inputs import FOLDER_BUILDERS, written_as_path
+from raysim.launch.inputs import FOLDER_BUILDERS, written_as_path
 from raysim.schema import StrictModel, closest
 
 __all__ = [
@@ -62,7 +62,7 @@ __all__ = [
 
 DEFAULT_SOURCE = "digits"
 
-#: (config key, path, what it is) of a local input a config names (``raysim.inputs``)
+#: (config key, path, what it is) of a local input a config names (``raysim.launch.inputs``)
 Input = tuple[str, str, str]
 
 

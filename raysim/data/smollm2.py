@@ -11,7 +11,7 @@ import importlib.util
 import os
 from pathlib import Path
 
-from raysim.machine import cache_home
+from raysim.util.machine import cache_home
 
 
 def smollm2_dir(cache: str | Path | None = None) -> Path:

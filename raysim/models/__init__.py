@@ -7,7 +7,7 @@ use.
 
 from __future__ import annotations
 
-from raysim.lazy import lazy_getattr
+from raysim.util.lazy import lazy_getattr
 
 _EXPORTS = {
     "DataSpec": "raysim.models.registry",

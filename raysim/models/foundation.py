@@ -195,7 +195,7 @@ def pretraining_machine() -> dict[str, object]:
     differently, and 8,000 steps carry that into another foundation."""
     import torch
 
-    from raysim.machine import cpu_model
+    from raysim.util.machine import cpu_model
 
     return {
         "cpu": cpu_model(),

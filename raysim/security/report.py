@@ -110,7 +110,7 @@ def extract(
     """Run the harness on ``ref`` (run id or config path); see the module docstring.
     ``trust_modules``: see ``resolve_run``."""
     from raysim.data import build_federated_dataset
-    from raysim.runtime import data_spec, method_resident
+    from raysim.sim.build import data_spec, method_resident
     from raysim.training.loop import evaluate
 
     cfg, run_id = resolve_run(ref, tracking_uri, trust_modules)
@@ -162,7 +162,7 @@ def log_extraction(
     every attempt, the noise sweep, and plots."""
     from mlflow.tracking import MlflowClient
 
-    from raysim.tracking import rows_csv
+    from raysim.tracking.artifacts import rows_csv
 
     client = MlflowClient(tracking_uri=tracking_uri)
     if target is not None:

@@ -114,7 +114,7 @@ class RunTrial(tune.Trainable):
 
     def _session(self) -> Any:
         if self.session is None:
-            from raysim.api import RunSession
+            from raysim.launch.session import RunSession
 
             cfg = trial_config(self.base, self._config, self.parent_run_id, self.trial_name)
             # the coordinator runs in this process, which Tune started for the trial anyway

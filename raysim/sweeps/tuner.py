@@ -97,7 +97,7 @@ def check_space(base: Mapping[str, Any], section: TuneSection) -> None:
 def _base(cfg: RunConfig) -> dict[str, Any]:
     """The trials' config: the sweep's without its ``tune:`` section, with the tracking store
     resolved here, where the user started the sweep (a trial runs in another process)."""
-    from raysim.tracking import default_tracking_uri
+    from raysim.tracking.store import default_tracking_uri
 
     d = cfg.to_dict()
     d["tune"] = None
@@ -123,14 +123,14 @@ def tune(
     from ray import tune as rtune
     from ray.tune.execution.class_cache import _ActorClassCache
 
-    from raysim.api import local_resources, preflight
-    from raysim.placement import (
+    from raysim.launch.placement import (
         check_outlives_job,
         check_state_outlives_job,
         check_store_outlives_job,
         trial_pin,
     )
-    from raysim.ray_start import check_reachable, ensure_ray, ray_address
+    from raysim.launch.private_ray import check_reachable, ensure_ray, ray_address
+    from raysim.launch.session import local_resources, preflight
 
     # trials that an interrupt left unstarted have no results yet: Tune warns about each of them
     # when it reads the experiment back (at the interrupt, and again on --resume)
@@ -306,7 +306,7 @@ def early_launch(cfg: RunConfig, bundles: list[dict[str, float]], here: bool) ->
     the base config's, where a trial's coordinator runs in its process and its workers are
     actors; else None."""
     from raysim.actors.pool import WorkerLaunch
-    from raysim.api import can_host_coordinator
+    from raysim.launch.session import can_host_coordinator
 
     if here or not can_host_coordinator(cfg):
         return None
@@ -329,7 +329,7 @@ def trains_here(
     imports run beside the trial process's on another core. Nor does it where the trial's own
     bundle is ``pinned`` to the head (``trial_pin``: a node-local store on a cluster): every
     trial would then train on the head, where worker actors go to any node."""
-    from raysim.api import can_host_worker
+    from raysim.launch.session import can_host_worker
 
     if cfg.workers.transport == "in_process":  # the trial's process hosts its coordinator
         if section.worker == "actor" or not can_host_worker(cfg, len(bundles) - 2):
@@ -362,7 +362,7 @@ def trial_bundles(cfg: RunConfig, total: Mapping[str, float]) -> list[dict[str, 
     """One trial's placement group: its own process (Tune runs the trial on the first bundle
     with all of it), then the run's plan (the coordinator's bundle, one per worker). Refused,
     saying why, when one trial does not fit ``total``."""
-    from raysim.resources import ResourceError, plan_resources
+    from raysim.launch.resources import ResourceError, plan_resources
 
     # what the run may plan on: all but the trial's own bundle (and the coordinator's minimum)
     share = {**total, "CPU": max(0.0, total.get("CPU", 0.0) - TRIAL_CPU - 0.001)}
@@ -545,7 +545,7 @@ class _SweepRun:
     """The sweep's parent MLflow run, written by the driver (trials write their own runs)."""
 
     def __init__(self, cfg: RunConfig, section: TuneSection) -> None:
-        from raysim.tracking import default_tracking_uri, open_store
+        from raysim.tracking.store import default_tracking_uri, open_store
 
         self.cfg, self.section = cfg, section
         self.uri = cfg.tracking.uri or default_tracking_uri()
@@ -553,7 +553,7 @@ class _SweepRun:
         self.run_id: str | None = None
 
     def start(self, name: str) -> str:
-        from raysim.tracking import ensure_experiment
+        from raysim.tracking.store import ensure_experiment
 
         exp = ensure_experiment(self.client, self.cfg.tracking.experiment)
         s = self.section
@@ -617,7 +617,7 @@ class _TrialRuns(Callback):
         self.uri, self.rounds = uri, rounds
 
     def _mark(self, run_id: str, status: str, stopped_early: bool) -> None:
-        from raysim.tracking import open_store
+        from raysim.tracking.store import open_store
 
         client = open_store(self.uri)
         if stopped_early:

@@ -7,7 +7,7 @@ round. The method itself is FedIT; the protocol lives in the config:
     algorithm={name: centralized}  clients.num=1  clients.per_round=1  rounds=1
     local.epochs=10  data.text.pool_clients=true
 
-(``raysim.protocols.TABLE2_METHODS["centralized"]``). ``data.text.pool_clients`` merges the
+(``raysim.sweeps.protocols.TABLE2_METHODS["centralized"]``). ``data.text.pool_clients`` merges the
 leave-one-task-out training clients into client 0 (``id/0`` = the union of their ID test splits).
 Nothing here validates that protocol. Evaluated with its single global adapter. No switches.
 """

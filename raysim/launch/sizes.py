@@ -1,6 +1,7 @@
 """A run's sizes, estimated from its config before anything is built, and held to this machine.
 
-``plan_run`` (``raysim.plan``) calls ``size_report`` for every run, a dry run included, before
+``plan_run`` (``raysim.launch.plan``) calls ``size_report`` for every run, a dry run included,
+before
 Ray starts or anything large is allocated; ``SizeReport.describe`` is the plan's ``sizes:`` line.
 
 The estimates are order-of-magnitude bounds, in bytes. With G the parameters of the global
@@ -217,7 +218,7 @@ def _hf_config(path: str | None, smollm2: bool = False) -> dict[str, Any] | None
     import json
 
     if smollm2:
-        from raysim.machine import cache_home
+        from raysim.util.machine import cache_home
 
         found = Path(path or cache_home()) / "smollm2-135m-instruct" / "config.json"
     elif path is None:
@@ -502,7 +503,7 @@ def checkpoint_folders(cfg: RunConfig, tracking_uri: str | None) -> list[Path]:
         return []
     out = [Path(cfg.checkpoint.dir)] if cfg.checkpoint.dir else []
     if tracking_uri:
-        from raysim.tracking import store_path
+        from raysim.tracking.store import store_path
 
         store = store_path(tracking_uri)
         if store is not None:

@@ -16,7 +16,7 @@ the store should be (a worker on another node, whose disk does not have it) stop
 line instead of writing a store of its own.
 
 A client's state is its own: the store's folders are made 0700 and its files 0600, whatever the
-umask (``raysim.private_files``).
+umask (``raysim.util.private_files``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from raysim.private_files import private_dir, private_temp, write_private
+from raysim.util.private_files import private_dir, private_temp, write_private
 
 #: clients per folder of the store
 SHARD = 1000

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from raysim.delays import DelayModel
+from raysim.sim.delays import DelayModel
 
 SCHEDULE_STREAM = 0x5C4E
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from raysim.config import ConfigError, RunConfig
-from raysim.tracking import node_local, store_path
+from raysim.tracking.store import node_local, store_path
 
 #: Ray's resource that only the head node has
 HEAD_RESOURCE = "node:__internal_head__"

@@ -72,7 +72,7 @@ def ensure_ray(address: str | None = None, **init_kwargs: Any) -> bool:
         private_ray_auth()
     kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": "WARNING"}
     if target == "local":  # raysim's count: Ray's own is 0 on any NVML error
-        from raysim.resources import local_resources
+        from raysim.launch.resources import local_resources
 
         kwargs["num_gpus"] = int(local_resources()["GPU"])
     kwargs.update(init_kwargs)

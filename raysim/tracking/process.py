@@ -1,4 +1,5 @@
-"""The run's MLflow writer in a process of its own, for a run without Ray (``raysim.without_ray``).
+"""The run's MLflow writer in a process of its own, for a run without Ray
+(``raysim.launch.without_ray``).
 
 Importing MLflow and opening its store cost about 2 s of CPU on 2 vCPUs, and inside the run's
 process they take the GIL from its own start (torch's import walks ``sys.modules``, which MLflow's
@@ -49,7 +50,7 @@ class TrackerProcess:
         home = str(Path(__file__).resolve().parents[1])  # this raysim, whatever sys.path says
         path = os.pathsep.join(p for p in (home, os.environ.get("PYTHONPATH")) if p)
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "raysim.tracking_process", str(down_r), str(up_w), uri],
+            [sys.executable, "-m", "raysim.tracking.process", str(down_r), str(up_w), uri],
             pass_fds=(down_r, up_w),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -167,7 +168,7 @@ class TrackerProcess:
     ) -> None:
         """``Tracker.log_final``; the per-client table is written here first, row by row (it
         may hold a million rows), and the child copies the file."""
-        from raysim.tracking import write_clients_csv
+        from raysim.tracking.artifacts import write_clients_csv
 
         fd, csv = tempfile.mkstemp(prefix="raysim-clients-", suffix=".csv")
         os.close(fd)
@@ -197,7 +198,8 @@ class TrackerProcess:
 
 def _serve(down: Connection, up: Connection, uri: str) -> None:
     """The child's loop: calls from the run, in order, until its pipe closes."""
-    from raysim.tracking import Tracker, open_store
+    from raysim.tracking.store import open_store
+    from raysim.tracking.tracker import Tracker
 
     try:
         open_store(uri)  # ahead of the run's first call: import, schema, migration

@@ -15,12 +15,12 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from raysim.config import ConfigError, RunConfig
-from raysim.ray_start import ray_address
+from raysim.launch.private_ray import ray_address
 
 if TYPE_CHECKING:
-    from raysim.checkpoint import ResumeSource
-    from raysim.resources import ResourcePlan
-    from raysim.sizes import SizeReport
+    from raysim.launch.resources import ResourcePlan
+    from raysim.launch.sizes import SizeReport
+    from raysim.state.checkpoint import ResumeSource
 
 
 @dataclass(frozen=True)
@@ -28,14 +28,16 @@ class RunPlan:
     """What a run does before its first round, decided before anything starts.
 
     ``local``: the whole run in the caller's process without Ray (``runtime``,
-    ``raysim.without_ray``); else on Ray at ``target`` (``"local"``: a private Ray this process
+    ``raysim.launch.without_ray``); else on Ray at ``target`` (``"local"``: a private Ray this
+    process
     starts, or the one already up in it). ``why_ray``: why ``runtime: auto`` keeps the run on
     Ray. ``coordinator_here``: the coordinator runs in the caller's process (a run without Ray, a
     Tune trial's), else in its own actor; ``worker_here``: the clients train in the
     coordinator's process (no worker actor). ``resources``: what the run may use (None on a named
     cluster until connected); ``pool``: the coordinator's and the workers' bundles and the number
     of workers (None until ``resources`` are known). ``sizes``: the run's memory, checkpoint and
-    personal-state store, estimated from the config and held to this machine (``raysim.sizes``).
+    personal-state store, estimated from the config and held to this machine
+    (``raysim.launch.sizes``).
     """
 
     cfg: RunConfig
@@ -91,7 +93,7 @@ class RunPlan:
         lines.append(f"tracking: {self.tracking_uri or 'off'}")
         if self.sizes is not None:
             lines.append(f"sizes: {self.sizes.describe()}")
-        from raysim.audit_policy import audit_plan_line
+        from raysim.security.policy import audit_plan_line
 
         lines.append(audit_plan_line(cfg))
         return "\n".join(lines)
@@ -119,7 +121,7 @@ def _bundle(bundle: dict[str, float]) -> str:
 
 
 def _pool(cfg: RunConfig, resources: dict[str, float]) -> ResourcePlan:
-    from raysim.resources import plan_resources
+    from raysim.launch.resources import plan_resources
 
     return plan_resources(cfg, dict(resources))
 
@@ -128,7 +130,7 @@ def tracking_uri_of(cfg: RunConfig, resume: ResumeSource | None) -> str | None:
     """The run's MLflow store: a resumed run's own, else ``tracking.uri`` or the default."""
     if not cfg.tracking.enabled:
         return None
-    from raysim.tracking import default_tracking_uri
+    from raysim.tracking.store import default_tracking_uri
 
     return (resume.tracking_uri if resume else None) or cfg.tracking.uri or default_tracking_uri()
 
@@ -147,15 +149,15 @@ def plan_run(
     """Resolve a run's plan (``RunSession``'s arguments, which it documents). ``placed``: the
     caller has placed the run already (a Tune trial handing over its workers), so it runs on
     Ray. Raises ``ConfigError`` for a placement the config cannot take, and for sizes this
-    machine cannot hold (``raysim.sizes``), before anything starts or is allocated."""
-    from raysim.checkpoint import ResumeSource, prepare_resume
-    from raysim.without_ray import (
+    machine cannot hold (``raysim.launch.sizes``), before anything starts or is allocated."""
+    from raysim.launch.without_ray import (
         auto_prefers_ray,
         coordinator_refusal,
         needs_ray,
         runs_without_ray,
         worker_refusal,
     )
+    from raysim.state.checkpoint import ResumeSource, prepare_resume
 
     if resume is not None and not isinstance(resume, ResumeSource):
         resume = prepare_resume(resume, cfg, force=force)
@@ -201,7 +203,7 @@ def plan_run(
 def _sizes(cfg: RunConfig, workers: int, here: bool, uri: str | None) -> SizeReport:
     """The run's sizes, held to this machine where the run is ``here`` (not on a named
     cluster); raises ``ConfigError`` in one line for what it cannot hold."""
-    from raysim.sizes import size_report
+    from raysim.launch.sizes import size_report
 
     return size_report(cfg, workers, here, uri)
 
@@ -209,14 +211,14 @@ def _sizes(cfg: RunConfig, workers: int, here: bool, uri: str | None) -> SizeRep
 def _resources_before_start(target: str) -> dict[str, float] | None:
     """What the run may use, known before Ray starts: Ray's own view where it is up in this
     process, this machine's where a private Ray will start; None on a named cluster."""
-    from raysim.without_ray import ray_is_up
+    from raysim.launch.without_ray import ray_is_up
 
     if ray_is_up():
         import ray
 
         return dict(ray.cluster_resources())
     if target == "local":
-        from raysim.resources import local_resources
+        from raysim.launch.resources import local_resources
 
         return local_resources()
     return None

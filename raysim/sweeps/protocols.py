@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from raysim.api import Result, run
 from raysim.config import RunConfig, load_config
-from raysim.tracking import default_tracking_uri, ensure_experiment, open_store
+from raysim.launch.session import Result, run
+from raysim.tracking.store import default_tracking_uri, ensure_experiment, open_store
 
 #: Method presets: overrides that turn a FedOA base config into each method of Table 2.
 #: Centralized pools the training clients and trains once for 10 epochs (fedoa.md §3.1).
@@ -113,7 +113,7 @@ def leave_one_out(
 
     ``methods`` maps a label to extra overrides, or lists names of ``TABLE2_METHODS``. All child
     configs are validated before the first run starts; ``dry_run`` stops there (and checks that
-    each run fits, ``raysim.api.preflight``), returning an empty result.
+    each run fits, ``raysim.launch.session.preflight``), returning an empty result.
     """
     if not isinstance(methods, Mapping):
         methods = {m: TABLE2_METHODS.get(m, [f"algorithm={{name: {m}}}"]) for m in methods}
@@ -124,7 +124,7 @@ def leave_one_out(
             ov = [*overrides, f"{key}={s}", *extra]
             plan[(s, label)] = load_config(config, ov)  # fail early, before any run
     if dry_run:
-        from raysim.api import preflight
+        from raysim.launch.session import preflight
 
         for cfg in plan.values():
             preflight(cfg, address)

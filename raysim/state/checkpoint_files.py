@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import IO
 
 from raysim.config import ConfigError
-from raysim.private_files import fsync_dir, private_dir, write_private
+from raysim.util.private_files import fsync_dir, private_dir, write_private
 
 LATEST, LOCK = "LATEST", ".raysim.lock"
 #: A checkpoint subfolder's name: the next round to run, then a random part.

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from raysim.config import ConfigError, RunConfig
-from raysim.ray_start import ray_address
+from raysim.launch.private_ray import ray_address
 
 
 def ray_is_up() -> bool:
@@ -81,7 +81,7 @@ def worker_refusal(cfg: RunConfig, num_workers: int, coordinator_here: bool = Tr
 def needs_ray(cfg: RunConfig, address: str | None = None) -> str | None:
     """Why ``cfg`` needs Ray, in words; None where it runs as well in the caller's process
     (``auto_prefers_ray`` adds the reasons of ``runtime: auto`` alone)."""
-    from raysim.resources import plan_pool_size
+    from raysim.launch.resources import plan_pool_size
 
     w = cfg.workers
     target = ray_address(address)

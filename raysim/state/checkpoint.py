@@ -10,15 +10,15 @@ With ``checkpoint.every: N`` the coordinator writes a checkpoint after round k w
 - ``config.yaml``: the resolved config of the run.
 - ``arrays.safetensors``: every numeric array of the state: the model versions that in-flight
   jobs were dispatched on, every client's personal state, the strategy's moments, …
-- ``state.json``: the rest (``raysim.state_codec``): the strategy's other state, the schedule's
+- ``state.json``: the rest (``raysim.state.codec``): the strategy's other state, the schedule's
   RNG state, the arrival queue, per-client counters, history, evaluator state. Loading it builds
   only plain values and raysim's own types, so a crafted checkpoint cannot run code.
 - ``private.safetensors``: a strategy's private arrays, only ever in ``checkpoint.dir``.
 
 They live in the run's MLflow artifacts under ``checkpoint/<name>/`` (the store of record, shared
-on a cluster; the run's tag ``raysim.checkpoint`` names the current one) and, with
+on a cluster; the run's tag ``raysim.state.checkpoint`` names the current one) and, with
 ``checkpoint.dir``, in that directory (the only place when tracking is off), each written whole
-before it replaces the previous one (``raysim.checkpoint_files``). ``prepare_resume`` checks a
+before it replaces the previous one (``raysim.state.checkpoint_files``). ``prepare_resume`` checks a
 resume request on the driver before Ray starts (run status, a checkpoint exists, same config);
 the coordinator actor then reads the checkpoint itself.
 """
@@ -40,20 +40,20 @@ from typing import Any
 import numpy as np
 import yaml
 
-from raysim import checkpoint_files
 from raysim.algorithms.registry import module_policy, modules_skipped
-from raysim.checkpoint_files import fsync_file, sha256_file
 from raysim.config import ConfigError, RunConfig, flatten, load_config
-from raysim.private_files import new_private_file, private_dir
-from raysim.state_codec import StateCodecError, decode, encode
+from raysim.state import checkpoint_files
+from raysim.state.checkpoint_files import fsync_file, sha256_file
+from raysim.state.codec import StateCodecError, decode, encode
+from raysim.util.private_files import new_private_file, private_dir
 
-#: 3: no pickle (state.json, ``raysim.state_codec``); 2 pickled the state's skeleton.
+#: 3: no pickle (state.json, ``raysim.state.codec``); 2 pickled the state's skeleton.
 FORMAT_VERSION = 3
 #: Artifact folder of a run's checkpoint in MLflow.
 ARTIFACT_PATH = "checkpoint"
 META, CONFIG, ARRAYS, STATE = "meta.json", "config.yaml", "arrays.safetensors", "state.json"
 #: The run tag that names the current checkpoint's folder under ``ARTIFACT_PATH``.
-CHECKPOINT_TAG = "raysim.checkpoint"
+CHECKPOINT_TAG = "raysim.state.checkpoint"
 #: A strategy's private arrays (``Strategy.private_state``): only ever in ``checkpoint.dir``.
 PRIVATE = "private.safetensors"
 #: Config keys that may differ between a checkpoint and its resumption: they place the run on a
@@ -249,7 +249,7 @@ def read_mlflow(
     uri: str, run_id: str, names: Iterable[str] = (META, CONFIG, ARRAYS, STATE)
 ) -> dict[str, bytes]:
     """The named files of an MLflow run's current checkpoint (absent ones are left out): the
-    folder its ``raysim.checkpoint`` tag names (set once the folder is whole)."""
+    folder its ``raysim.state.checkpoint`` tag names (set once the folder is whole)."""
     from mlflow.tracking import MlflowClient
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # no bar per file
@@ -510,7 +510,7 @@ def _stored_config_policy(trust: bool, source: str) -> Any:
 
 
 def _default_uri() -> str:
-    from raysim.tracking import default_tracking_uri
+    from raysim.tracking.store import default_tracking_uri
 
     return default_tracking_uri()
 

@@ -100,7 +100,7 @@ def _encode(obj: Any, arrays: dict[str, np.ndarray], path: str) -> Any:
     raise StateCodecError(
         f"{path or 'state'}: a {name} cannot be checkpointed (arrays, numbers, strings, lists, "
         "dicts, tuples, generators, raysim's own objects and classes registered with "
-        "raysim.state_codec.state_type can); convert it in state_dict() or register its class"
+        "raysim.state.codec.state_type can); convert it in state_dict() or register its class"
     )
 
 
@@ -198,7 +198,7 @@ def _object(node: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> Any:
     if cls is None:
         raise StateCodecError(
             f"checkpoint holds a {node['__type__']}, a type this process has not registered "
-            "(raysim.state_codec.state_type in the module that defines it)"
+            "(raysim.state.codec.state_type in the module that defines it)"
         )
     obj = object.__new__(cls)
     for name, value in node["fields"].items():

@@ -1,0 +1,2 @@
+"""Small helpers with no knowledge of federated learning: lazy attributes, quiet imports,
+private files, the machine in words, kept buffers."""

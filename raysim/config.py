@@ -50,16 +50,29 @@ class ConfigError(ValueError):
 class ClientStateConfig(StrictModel):
     """``clients.state``: where clients' personal state lives between their visits."""
 
-    store: Literal["memory", "disk"] = Field(
-        "memory",
+    store: Literal["auto", "memory", "disk"] = Field(
+        "auto",
         description="memory: Ray's object store (the coordinator holds references); disk: one "
-        "file per client and version under dir, so memory does not grow with the population",
+        "file per client and version under dir, so memory does not grow with the population; "
+        "auto: the plan chooses memory while the clients' personal state (estimated from the "
+        "config) is within a quarter of this machine's memory, above it disk, said in the "
+        "plan's client states line; memory on a named cluster or a Ray of several nodes (disk "
+        "needs a dir every node mounts) and where dir would not outlive the run; a resume "
+        "keeps its checkpoint's choice",
     )
     dir: str = Field(
         "raysim-states",
         description="disk: the folder the run's store goes in (a folder per run inside); on "
         "several nodes, one they all mount",
     )
+
+
+def with_state_store(cfg: RunConfig, store: str) -> RunConfig:
+    """``cfg`` with ``clients.state.store`` set to ``store`` (``memory`` or ``disk``: what
+    ``auto`` resolved to), the rest of it as it is."""
+    state = cfg.clients.state.model_copy(update={"store": store})
+    clients = cfg.clients.model_copy(update={"state": state})
+    return cfg.model_copy(update={"clients": clients})
 
 
 class ClientsConfig(StrictModel):

@@ -11,7 +11,6 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 import raysim
-from raysim import tracking
 from raysim.actors.coordinator_core import TIMING_METRICS, CoordinatorCore
 from raysim.actors.executor import InProcessExecutor
 from raysim.actors.worker import ClientRunner
@@ -20,6 +19,7 @@ from raysim.data import build_federated_dataset
 from raysim.sim.build import initial_weights
 from raysim.state import checkpoint, checkpoint_files
 from raysim.state.checkpoint import ResumeError, prepare_resume
+from raysim.tracking import artifacts
 from tests.conftest import EXAMPLES, tiny
 
 WALL_CLOCK = TIMING_METRICS
@@ -207,7 +207,7 @@ def test_sync_fedavg_crash_then_cli_resume_continues_the_mlflow_run(ray_cluster,
     assert len(client.get_metric_history(run_id, "wall_time")) == 5
     csv_text = open(client.download_artifacts(run_id, "clients.csv")).read()
     # per-client counters cover the whole run
-    assert csv_text.splitlines() == tracking.rows_csv(ref.clients).splitlines()
+    assert csv_text.splitlines() == artifacts.rows_csv(ref.clients).splitlines()
 
     with pytest.raises(ResumeError, match="already FINISHED"):
         prepare_resume(run_id)

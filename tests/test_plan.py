@@ -99,6 +99,7 @@ def test_a_plan_is_decided_before_anything_starts(monkeypatch):
     monkeypatch.setattr(
         raysim.launch.resources, "local_resources", lambda: {"CPU": 4.0, "GPU": 0.0}
     )
+    monkeypatch.setattr(raysim.launch.resources, "cpu_count", lambda: 4)
     local = plan_run(load_config(QUICKSTART, SHORT))
     assert local.local and local.pool_size == 1 and local.coordinator_here and local.worker_here
     ray = plan_run(load_config(QUICKSTART, [*SHORT, "runtime=ray", "workers.count=2"]))

@@ -11,6 +11,7 @@ import pytest
 
 import raysim
 from raysim import cli
+from raysim.cli.common import EXIT_USAGE
 from raysim.config import ConfigError, load_config
 from raysim.launch import session as api
 from raysim.launch import sizes
@@ -85,7 +86,7 @@ def test_sizes_no_machine_holds_are_refused_by_the_dry_run(here, capsys, case, r
     overrides, quantity, key = REFUSED[case]
     rc, took = timed_cli(["run", QUICKSTART, *overrides, *OFF, "checkpoint.dir=ck", "--dry-run"])
     out, err = capsys.readouterr()
-    assert rc == cli.EXIT_USAGE and not out, out
+    assert rc == EXIT_USAGE and not out, out
     assert err.count("\n") == 1 and err.startswith("raysim: error: "), err
     assert quantity in err and key in err, err
     assert took < 1.0 and not ray_inits
@@ -102,7 +103,7 @@ def test_a_real_run_is_refused_before_anything_starts(here, capsys, monkeypatch,
     monkeypatch.setattr(api, "preflight", would_start)
     overrides = [*REFUSED[case][0], *OFF, "checkpoint.dir=ck"]
     rc, took = timed_cli(["run", QUICKSTART, *overrides])
-    assert rc == cli.EXIT_USAGE and took < 1.0
+    assert rc == EXIT_USAGE and took < 1.0
     assert capsys.readouterr().err.count("\n") == 1
     t0 = time.perf_counter()
     with pytest.raises(ConfigError, match=REFUSED[case][2]):
@@ -165,7 +166,7 @@ def test_the_override_runs_what_the_machine_seems_too_small_for(here, monkeypatc
     assert cli.main(["run", QUICKSTART, *overrides, *OFF, "--dry-run"]) == 0
     assert f"(not enforced: {sizes.OVERRIDE}=1)" in capsys.readouterr().out
     overrides = REFUSED["two layers of 10^9"][0]
-    assert cli.main(["run", QUICKSTART, *overrides, *OFF, "--dry-run"]) == cli.EXIT_USAGE
+    assert cli.main(["run", QUICKSTART, *overrides, *OFF, "--dry-run"]) == EXIT_USAGE
 
 
 def test_the_estimated_parameters_are_the_built_models(here):

@@ -135,7 +135,7 @@ def test_a_sweep_runs_trials_as_raysim_runs_and_resumes_after_ctrl_c(
 
 def test_a_trial_that_cannot_fit_is_refused_saying_what_it_needs():
     from raysim.launch.resources import ResourceError
-    from raysim.sweeps.tuner import TRIAL_CPU, describe_sweep, trial_bundles
+    from raysim.launch.trials import TRIAL_CPU, describe_sweep, trial_bundles
 
     cfg = load_config(tiny(workers={"count": 2, "num_cpus": 1.0}))
     bundles = trial_bundles(cfg, {"CPU": 4.0})
@@ -162,7 +162,7 @@ def test_a_trial_that_cannot_fit_is_refused_saying_what_it_needs():
     ],
 )
 def test_which_sweeps_train_the_worker_in_the_trial_process(worker, overrides, samples, here):
-    from raysim.sweeps.tuner import trains_here, trial_bundles
+    from raysim.launch.trials import trains_here, trial_bundles
 
     tune = {"max_concurrent_trials": overrides.pop("max_concurrent_trials", None)}
     cfg = load_config(tiny(**{"workers": {"count": 1, "num_cpus": 0.5}, **overrides}))
@@ -181,7 +181,7 @@ def test_workers_transport_in_process_trains_every_trial_in_its_process():
     """``workers.transport: in_process``: every trial trains here, even where ``auto`` would
     keep an actor (pinned to the head included); ``tune.worker=actor`` or a config that cannot
     train in process is one ConfigError."""
-    from raysim.sweeps.tuner import trains_here, trial_bundles
+    from raysim.launch.trials import trains_here, trial_bundles
 
     def decide(worker: str, **overrides) -> bool:
         workers = {"count": 1, "num_cpus": 0.5, "transport": "in_process"}
@@ -200,7 +200,7 @@ def test_workers_transport_in_process_trains_every_trial_in_its_process():
 
 
 def test_a_trial_that_trains_its_worker_holds_the_worker_share_in_its_own_bundle():
-    from raysim.sweeps.tuner import TRIAL_CPU, trial_bundles, worker_in_trial
+    from raysim.launch.trials import TRIAL_CPU, trial_bundles, worker_in_trial
 
     cfg = load_config(tiny(workers={"count": 1, "num_cpus": 0.5}))
     assert trial_bundles(cfg, {"CPU": 2.0}) == [{"CPU": TRIAL_CPU}, {"CPU": 0.001}, {"CPU": 0.5}]
@@ -381,6 +381,8 @@ def test_trials_that_train_their_worker_in_process_match_raysim_run(ray_cluster,
 
     import ray._private.state as ray_state
 
+    from raysim.launch.trials import trial_lines
+
     def workers_started() -> int:
         return sum(a["ActorClassName"] == "Worker" for a in ray_state.actors().values())
 
@@ -388,6 +390,8 @@ def test_trials_that_train_their_worker_in_process_match_raysim_run(ray_cluster,
         "tune-here",
         {"space": {"local.lr": {"grid": [0.05, 0.1]}}, "max_concurrent_trials": 1},
     )
+    planned = raysim.tune(cfg, dry_run=True).splitlines()[1:]  # what every trial is to do
+    assert "trial workers: 1, in the coordinator's process (workers.count=1)" in planned
     before = workers_started()
     out = raysim.tune(cfg, storage=tmp_path / "tune")
     assert workers_started() == before
@@ -395,6 +399,8 @@ def test_trials_that_train_their_worker_in_process_match_raysim_run(ray_cluster,
     for row in out.table:
         path = client.download_artifacts(row["run_id"], "placement.json", str(tmp_path))
         assert [w["mode"] for w in json.loads(open(path).read())["workers"]] == ["in_process"]
+        path = client.download_artifacts(row["run_id"], "plan.json", str(tmp_path))
+        assert trial_lines("\n".join(json.loads(open(path).read())["plan"])) == planned
         alone = raysim.run(load_config(cfg, [f"local.lr={row['local.lr']}"]))
         assert row["weights_digest"] == alone.weights_digest
     with pytest.raises(ConfigError, match="set tune.worker=actor"):

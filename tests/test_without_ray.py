@@ -37,7 +37,7 @@ def test_the_quickstart_needs_no_ray_whatever_the_cores(monkeypatch):
     however many workers ``workers.count: auto`` would plan."""
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     for cores in (1, 2, 64):
-        monkeypatch.setattr(os, "cpu_count", lambda c=cores: c)
+        monkeypatch.setattr("raysim.launch.resources.cpu_count", lambda c=cores: c)
         assert needs_ray(_cfg()) is None
 
 
@@ -57,7 +57,7 @@ def test_the_quickstart_needs_no_ray_whatever_the_cores(monkeypatch):
 )
 def test_what_keeps_a_run_on_ray_is_named(monkeypatch, overrides, address, reason):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    monkeypatch.setattr("raysim.launch.resources.cpu_count", lambda: 4)
     cfg = _cfg(*overrides)
     why = needs_ray(cfg, address)
     assert why is not None and reason in why
@@ -226,7 +226,8 @@ def test_the_dry_run_says_whether_ray_starts_and_why(tmp_path):
     would start it."""
     here = fresh_cli(["run", QUICKSTART, "--dry-run"], tmp_path, env=NO_GPU)
     assert here.returncode == 0, here.stderr
-    assert "runtime: this process, without Ray (runtime=ray to start Ray)" in here.stdout
+    assert "runtime: this process, without Ray (runtime=auto: " in here.stdout
+    assert "runtime=ray to start Ray)" in here.stdout
     assert "workers: 1, in this process" in here.stdout
     sequential = ["run", QUICKSTART, "workers.execution=sequential", "--dry-run"]
     ray = fresh_cli(sequential, tmp_path, env=NO_GPU)

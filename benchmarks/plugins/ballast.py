@@ -25,6 +25,10 @@ def pattern(client: int, visits: int, n: int) -> np.ndarray:
 class BallastClient(ClientAlgorithm):
     params: BallastParams
 
+    @classmethod
+    def state_nbytes(cls, params: BallastParams) -> int:
+        return int(params.mib * 2**20) + 8  # the pattern and the visit count
+
     def train(self, ctx):
         metrics = super().train(ctx)
         n = int(self.params.mib * 2**20 // 4)

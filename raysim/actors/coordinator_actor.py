@@ -33,6 +33,10 @@ CONTROL = "control"
 CONCURRENCY_GROUPS = {CONTROL: 1}
 
 
+#: the run's plan, as its driver followed it (``RunPlan.describe``), among its artifacts
+PLAN_FILE = "plan.json"
+
+
 class Coordinator:
     """Owns the run; the single MLflow writer. Wrapped with ``ray.remote`` by the driver, or
     built in the driver's own process (a Tune trial's, or a run without Ray,
@@ -50,12 +54,14 @@ class Coordinator:
         worker_here: bool = False,
         started: list[Any] | None = None,
         tracker_process: bool = False,
+        plan: str = "",
     ) -> None:
-        """``launch``: the workers to start first, before this process imports torch and the
-        methods (``WorkerLaunch``; None: started once the config is read); ``started``: workers
-        started from it already (by ``RunSession``'s driver, or a Tune trial's,
-        ``raysim.sweeps.early``). ``worker_here``:
-        no worker actor; the clients train in this process (``InProcessExecutor``), one pooled
+        """``plan``: the plan the driver follows (``RunPlan.describe``), kept as the run's
+        ``plan.json``. ``launch``: the workers to start first, before this process imports torch
+        and the methods (``WorkerLaunch``; None: started once the config is read);
+        ``started``: workers started from it already (by ``RunSession``'s driver, or a Tune
+        trial's, ``raysim.sweeps.early``). ``worker_here``: no worker actor; the clients
+        train in this process (``InProcessExecutor``), one pooled
         worker's way (``RunSession``'s ``worker_here``).
         ``tracker_process``: MLflow's writer runs in a child process of its own
         (``raysim.tracking.process``; a run without Ray has no actor process to hide it in).
@@ -72,6 +78,7 @@ class Coordinator:
         quiet_libraries()
         timeline.role("coordinator")
         self._setup_error: RunSetupError | None = None
+        self._plan = plan
         #: the round the newest checkpoint resumes at (None: none written or restored)
         self.saved_round: int | None = None
         self._stopping = threading.Event()  # ``stop`` was called: no checkpoint starts after
@@ -190,6 +197,8 @@ class Coordinator:
             if restarts:
                 self.tracker.set_tag("raysim.coordinator_restarts", str(restarts))
             self.tracker.log_placement(node, self.pool.describe())
+            if self._plan:
+                self.tracker.log_dict({"plan": self._plan.splitlines()}, PLAN_FILE)
             if self.core.state_root is not None:  # clients.state.store: disk: where it lives
                 self.tracker.set_tag("raysim.state.store", self.core.state_root)
             private = self.core.strategy.private_artifacts()

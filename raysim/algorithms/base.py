@@ -330,6 +330,14 @@ class ClientAlgorithm:
         return [{group: f} for f in finals], metrics
 
     @classmethod
+    def state_nbytes(cls, params: MethodParams) -> int:
+        """Bytes of ``ClientContext.state`` one client keeps between its visits, as far as
+        ``params`` tell (0: none, or not known before the run). The plan counts them in the
+        run's memory and in ``clients.state.store: auto``'s choice of memory or disk, which
+        cannot see a plugin's state otherwise (``raysim.launch.sizes``)."""
+        return 0
+
+    @classmethod
     def may_batch(cls) -> bool:
         """Whether ``train_batched`` can train this client at all: the default ``train``, or
         its own ``train_batched``."""

@@ -2,8 +2,8 @@
 the one the user browses.
 
 The coordinator is the run's only MLflow writer. A store that only one node reaches (a sqlite or
-file path, or a tracking server on a loopback address; ``tracking.node_local``) is the right
-store only on the node of the process that named it: the driver. So, with
+file path, or a tracking server on a loopback address; ``raysim.tracking.store.node_local``) is
+the right store only on the node of the process that named it: the driver. So, with
 ``coordinator.node: store`` (the default), such a run's coordinator is pinned to the driver's
 node; a store every node reaches (``http://HEAD_IP:5000``) lets it go anywhere. A Tune sweep pins
 its trials' first two bundles (the trial's process, the coordinator) the same way. Whatever

@@ -11,7 +11,8 @@ known once the driver has connected (``RunPlan.on_cluster``); everything else is
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from raysim.config import ConfigError, RunConfig
@@ -19,7 +20,7 @@ from raysim.launch.private_ray import ray_address
 
 if TYPE_CHECKING:
     from raysim.launch.resources import ResourcePlan
-    from raysim.launch.sizes import SizeReport
+    from raysim.launch.sizes import SizeReport, StoreChoice
     from raysim.state.checkpoint import ResumeSource
 
 
@@ -51,6 +52,12 @@ class RunPlan:
     resources: dict[str, float] | None
     pool: ResourcePlan | None
     sizes: SizeReport | None = None
+    #: where ``target`` came from: ``--address``, ``RAY_ADDRESS`` or "" (a private Ray)
+    named_by: str = ""
+    #: why the run is where it is (``runtime``: in this process or on Ray; ``pool``: its size)
+    why: Mapping[str, str] = field(default_factory=dict)
+    #: ``raysim.launch.preflight`` passed (``plan_run`` runs it once)
+    checked: bool = False
 
     @property
     def pool_size(self) -> int:
@@ -66,7 +73,9 @@ class RunPlan:
         they give; the plan itself where they were known already."""
         if self.local or self.pool is not None:
             return self
-        return replace(self, resources=dict(resources), pool=_pool(self.cfg, resources))
+        pool = _pool(self.cfg, resources)
+        why = {**self.why, "pool": _pool_why(self.cfg, pool, resources)}
+        return replace(self, resources=dict(resources), pool=pool, why=why)
 
     def describe(self) -> str:
         """The plan in a few lines: ``raysim run --dry-run`` prints them, ``Result.plan`` keeps
@@ -76,23 +85,23 @@ class RunPlan:
         if self.resume is not None:
             where = self.resume.run_id or self.resume.dir
             lines.append(f"resume: {where} at round {self.resume.round}")
+        why = self.why.get("runtime")
         if self.local:
-            lines.append("runtime: this process, without Ray (runtime=ray to start Ray)")
+            why = f"{why}; runtime=ray to start Ray" if why else "runtime=ray to start Ray"
+            lines.append(f"runtime: this process, without Ray ({why})")
         else:
             ray = "a private local Ray" if self.target == "local" else f"Ray at {self.target}"
-            lines.append(f"runtime: {ray}" + (f" (on Ray: {self.why_ray})" if self.why_ray else ""))
+            lines.append(f"runtime: {ray}" + (f" (on Ray: {why})" if why else ""))
         lines.append(f"coordinator: {self._coordinator()}")
-        lines.append(f"workers: {self._workers()}")
-        group = cfg.group_size()
-        if group == 1:
-            lines.append("clients: one after another on each worker")
-        elif cfg.algorithm.params.trains_together:
-            lines.append("clients: a round's clients train together (the method couples them)")
-        else:
-            lines.append(f"clients: batched, up to {group} at a time on each worker")
+        workers = self._workers()
+        if "pool" in self.why and not self.local:
+            workers += f" ({self.why['pool']})"
+        lines.append(f"workers: {workers}")
+        lines.append(f"clients: {_clients(cfg)}")
         lines.append(f"tracking: {self.tracking_uri or 'off'}")
         if self.sizes is not None:
             lines.append(f"sizes: {self.sizes.describe()}")
+            lines += self.sizes.store_lines()  # clients.state.store: auto's choice
         from raysim.security.policy import audit_plan_line
 
         lines.append(audit_plan_line(cfg))
@@ -114,6 +123,54 @@ class RunPlan:
             return f"{n}, in the coordinator's process"
         per = " (one per client)" if self.cfg.workers.count == "per_client" else ""
         return f"{n} actor{'s' if n != 1 else ''} of {_bundle(self.pool.worker)}{per}"
+
+
+def size_on_cluster(plan: RunPlan) -> RunPlan:
+    """``plan`` with its named cluster's pool (``RunPlan.on_cluster``), for a dry run to print
+    the plan the run will follow: the driver connects to read the cluster's resources and
+    disconnects; nothing is started on it. The plan itself where its pool is known."""
+    if plan.local or plan.pool is not None:
+        return plan
+    import ray
+
+    from raysim.launch.private_ray import ensure_ray
+
+    started = ensure_ray(target=plan.target)
+    try:
+        return plan.on_cluster(ray.cluster_resources())
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _clients(cfg: RunConfig) -> str:
+    """How a worker trains its clients, as far as the config tells: ``workers.execution: auto``
+    batches only where the built model allows, which the worker checks as it starts."""
+    group = cfg.group_size()
+    if group == 1:
+        return "one after another on each worker"
+    if cfg.algorithm.params.trains_together:
+        return "a round's clients train together (the method couples them)"
+    if cfg.workers.execution == "batched":
+        return f"batched, up to {group} at a time on each worker (workers.execution=batched)"
+    return (
+        f"batched, up to {group} at a time on each worker, where the built model allows "
+        "(workers.execution=auto: the worker checks it as it starts, else one after another)"
+    )
+
+
+def _pool_why(cfg: RunConfig, pool: ResourcePlan, resources: Mapping[str, float]) -> str:
+    """Why the pool has its size, in words."""
+    w = cfg.workers
+    if w.count == "per_client":
+        return "workers.count=per_client: one per client"
+    if w.count != "auto":
+        return f"workers.count={w.count}"
+    cpus, gpus = resources.get("CPU", 0.0), resources.get("GPU", 0.0)
+    return (
+        f"workers.count=auto: at most clients.per_round={cfg.clients.per_round}, as many as "
+        f"{cpus:g} CPUs / {gpus:g} GPUs hold"
+    )
 
 
 def _bundle(bundle: dict[str, float]) -> str:
@@ -141,22 +198,21 @@ def plan_run(
     *,
     resume: str | os.PathLike | ResumeSource | None = None,
     force: bool = False,
-    resources: dict[str, float] | None = None,
+    resources: Mapping[str, float] | None = None,
     coordinator_here: bool = False,
     worker_here: bool = False,
     placed: bool = False,
+    check: bool = True,
 ) -> RunPlan:
-    """Resolve a run's plan (``RunSession``'s arguments, which it documents). ``placed``: the
-    caller has placed the run already (a Tune trial handing over its workers), so it runs on
-    Ray. Raises ``ConfigError`` for a placement the config cannot take, and for sizes this
-    machine cannot hold (``raysim.launch.sizes``), before anything starts or is allocated."""
-    from raysim.launch.without_ray import (
-        auto_prefers_ray,
-        coordinator_refusal,
-        needs_ray,
-        runs_without_ray,
-        worker_refusal,
-    )
+    """Resolve a run's plan (``RunSession``'s arguments, which it documents): the only place
+    that resolves the Ray address, counts this machine's resources, sizes the pool and chooses
+    the runtime. ``placed``: the caller has placed the run already (a Tune trial handing over
+    its workers), so it runs on Ray. ``check``: run ``raysim.launch.preflight`` once (a run the
+    caller placed was checked where it was placed). Raises ``ConfigError`` for a placement the
+    config cannot take, and for sizes this machine cannot hold (``raysim.launch.sizes``),
+    before anything starts or is allocated."""
+    from raysim.launch.sizes import choose_store
+    from raysim.launch.without_ray import choose_runtime, coordinator_refusal, worker_refusal
     from raysim.state.checkpoint import ResumeSource, prepare_resume
 
     if resume is not None and not isinstance(resume, ResumeSource):
@@ -167,27 +223,32 @@ def plan_run(
         raise ConfigError("RunSession needs a config or a run to resume")
     uri = tracking_uri_of(cfg, resume)
     target = ray_address(address)
+    cfg, store = choose_store(cfg, target == "local")  # clients.state.store: auto, decided here
+    named_by = "" if target == "local" else ("--address" if address else "RAY_ADDRESS")
     caller_placed = coordinator_here or worker_here or resources is not None or placed
-    if not caller_placed and runs_without_ray(cfg, address):
-        sizes = _sizes(cfg, 1, True, uri)
-        return RunPlan(cfg, resume, uri, True, target, None, True, True, None, None, sizes)
-    why = None
-    if cfg.runtime == "auto" and not caller_placed:
-        why = needs_ray(cfg, address) or auto_prefers_ray()
+    why: dict[str, str] = {}
+    if not caller_placed:  # this machine's CPUs decide (its GPUs are counted only for Ray)
+        cpus = _resources_before_start(target, gpus=False)
+        local, why["runtime"] = choose_runtime(cfg, target, cpus)
+        if local:
+            sizes = _sizes(cfg, 1, True, uri, store)
+            plan = RunPlan(
+                cfg, resume, uri, True, target, None, True, True, None, None, sizes, "", why
+            )
+            return _checked(plan) if check else plan
+    else:
+        why["runtime"] = "placed by its caller (a Tune trial)"
+    why_ray = why["runtime"] if cfg.runtime == "auto" and not caller_placed else None
     here = coordinator_here and coordinator_refusal(cfg) is None
-    if resources is None:
-        resources = _resources_before_start(target)
+    resources = _resources_before_start(target) if resources is None else dict(resources)
     pool = None if resources is None else _pool(cfg, resources)
+    if pool is not None:
+        why["pool"] = _pool_why(cfg, pool, resources)
     in_process = cfg.workers.transport == "in_process"
     if pool is not None:
         n = pool.num_workers
         if worker_here and not (here and worker_refusal(cfg, n) is None):
-            raise ConfigError(
-                "tune.worker=here trains a trial's one worker in the trial's process: every "
-                "trial needs workers.count=1 on CPUs (workers.num_gpus=0), no "
-                "faults.kill_worker or kill_coordinator and coordinator.num_gpus=0; set "
-                "tune.worker=actor to sweep this config"
-            )
+            raise ConfigError(TRIAL_WORKER_HERE)
         if in_process and worker_refusal(cfg, n, here) is not None:
             raise ConfigError(
                 "workers.transport=in_process trains the run's one worker in the "
@@ -195,22 +256,58 @@ def plan_run(
                 "(workers.num_gpus=0), coordinator.num_gpus=0 and no faults.kill_worker; set "
                 "workers.transport=auto"
             )
-    sizes = _sizes(cfg, 1 if pool is None else pool.num_workers, target == "local", uri)
+    sizes = _sizes(cfg, 1 if pool is None else pool.num_workers, target == "local", uri, store)
     worker_here = worker_here or in_process
-    return RunPlan(cfg, resume, uri, False, target, why, here, worker_here, resources, pool, sizes)
+    plan = RunPlan(
+        cfg,
+        resume,
+        uri,
+        False,
+        target,
+        why_ray,
+        here,
+        worker_here,
+        resources,
+        pool,
+        sizes,
+        named_by,
+        why,
+    )
+    return _checked(plan) if check and not caller_placed else plan
 
 
-def _sizes(cfg: RunConfig, workers: int, here: bool, uri: str | None) -> SizeReport:
+#: a Tune trial that trains its worker in its own process, for a config that cannot
+TRIAL_WORKER_HERE = (
+    "tune.worker=here trains a trial's one worker in the trial's process: every trial needs "
+    "workers.count=1 on CPUs (workers.num_gpus=0), no faults.kill_worker or kill_coordinator "
+    "and coordinator.num_gpus=0; set tune.worker=actor to sweep this config"
+)
+
+
+def _checked(plan: RunPlan) -> RunPlan:
+    """``plan`` once ``raysim.launch.preflight`` has passed it."""
+    from raysim.launch.preflight import preflight
+
+    preflight(plan)
+    return replace(plan, checked=True)
+
+
+def _sizes(
+    cfg: RunConfig, workers: int, here: bool, uri: str | None, store: StoreChoice | None = None
+) -> SizeReport:
     """The run's sizes, held to this machine where the run is ``here`` (not on a named
-    cluster); raises ``ConfigError`` in one line for what it cannot hold."""
+    cluster); raises ``ConfigError`` in one line for what it cannot hold. ``store``: how
+    ``clients.state.store: auto`` was decided (``raysim.launch.sizes.choose_store``)."""
     from raysim.launch.sizes import size_report
 
-    return size_report(cfg, workers, here, uri)
+    return size_report(cfg, workers, here, uri, store=store)
 
 
-def _resources_before_start(target: str) -> dict[str, float] | None:
+def _resources_before_start(target: str, gpus: bool = True) -> dict[str, float] | None:
     """What the run may use, known before Ray starts: Ray's own view where it is up in this
-    process, this machine's where a private Ray will start; None on a named cluster."""
+    process, this machine's where a private Ray will start (``local_resources``; without
+    counting GPUs, which imports Ray's NVML binding, unless ``gpus``); None on a named
+    cluster."""
     from raysim.launch.without_ray import ray_is_up
 
     if ray_is_up():
@@ -218,7 +315,7 @@ def _resources_before_start(target: str) -> dict[str, float] | None:
 
         return dict(ray.cluster_resources())
     if target == "local":
-        from raysim.launch.resources import local_resources
+        from raysim.launch.resources import cpu_count, local_resources
 
-        return local_resources()
+        return local_resources() if gpus else {"CPU": float(cpu_count()), "GPU": 0.0}
     return None

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 
@@ -58,23 +58,35 @@ def check_reachable(address: str, timeout_s: float = 5.0, named_by: str = "--add
         ) from None
 
 
-def ensure_ray(address: str | None = None, **init_kwargs: Any) -> bool:
+def ensure_ray(
+    address: str | None = None,
+    *,
+    target: str | None = None,
+    resources: Mapping[str, float] | None = None,
+    **init_kwargs: Any,
+) -> bool:
     """Start a private local Ray, or connect to the named cluster, unless Ray is already up in
-    this process; True if this call started it (see ``ray_address``)."""
+    this process; True if this call started it. ``target``: the address a plan resolved
+    (``RunPlan.target``), else resolved here from ``address`` (``ray_address``). A private Ray
+    gets ``resources`` (the plan's; counted here where not given) as its CPUs and GPUs, so
+    that Ray's count is raysim's: container quotas honoured, GPUs counted where Ray's own
+    detection gives 0 on an NVML error."""
     import signal
 
     import ray
 
     if ray.is_initialized():
         return False
-    target = ray_address(address)
-    if target == "local":  # a named cluster keeps the user's own auth settings
-        private_ray_auth()
+    target = ray_address(address) if target is None else target
     kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": "WARNING"}
-    if target == "local":  # raysim's count: Ray's own is 0 on any NVML error
-        from raysim.launch.resources import local_resources
+    if target == "local":  # a named cluster keeps the user's own auth settings and counts
+        private_ray_auth()
+        if resources is None:
+            from raysim.launch.resources import local_resources
 
-        kwargs["num_gpus"] = int(local_resources()["GPU"])
+            resources = local_resources()
+        kwargs["num_cpus"] = int(resources.get("CPU", 1))
+        kwargs["num_gpus"] = int(resources.get("GPU", 0))
     kwargs.update(init_kwargs)
     main = threading.current_thread() is threading.main_thread()
     sigterm = signal.getsignal(signal.SIGTERM) if main else None

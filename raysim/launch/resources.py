@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from raysim.config import RunConfig
@@ -111,20 +112,68 @@ def plan_resources(cfg: RunConfig, resources: dict[str, float]) -> ResourcePlan:
 
 
 def local_resources() -> dict[str, float]:
-    """What a private local Ray will have: the CPUs Ray counts and the CUDA GPUs Ray itself
-    finds (NVML, limited to ``CUDA_VISIBLE_DEVICES``); torch counts them where Ray's detection
-    is not there, so the driver imports torch only then."""
-    return {"CPU": float(_ray_cpus()), "GPU": float(_visible_gpus())}
+    """What a private local Ray will have: ``cpu_count`` (raysim passes it to ``ray.init``, so
+    Ray counts the same) and the CUDA GPUs Ray itself finds (NVML, limited to
+    ``CUDA_VISIBLE_DEVICES``); torch counts them where Ray's detection is not there, so the
+    driver imports torch only then."""
+    return {"CPU": float(cpu_count()), "GPU": float(_visible_gpus())}
 
 
-def _ray_cpus() -> int:
-    """The CPUs a private Ray counts (its own count: container limits included), so that a plan
-    made before Ray starts is the one Ray's resources give."""
+#: where the cgroup file system is mounted (a test points it at a fake one)
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def cpu_count() -> int:
+    """The CPUs this process may use: those it may run on (``sched_getaffinity``: a container's
+    cpuset, ``taskset``), limited by its cgroup's CPU quota (``docker --cpus``, a Kubernetes
+    limit) rounded down, at least 1. The one count every choice uses: whether a run needs Ray,
+    the size of its pool, the CPUs of a private Ray. Imports nothing heavy (no Ray)."""
     try:
-        from ray._private.utils import get_num_cpus
-    except ImportError:  # another Ray layout
-        return os.cpu_count() or 1
-    return int(get_num_cpus())
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    quota = cpu_quota()
+    if quota is not None:
+        cpus = min(cpus, max(1, math.floor(quota + 1e-9)))
+    return max(1, cpus)
+
+
+def cpu_quota(root: Path | None = None) -> float | None:
+    """This process's cgroup CPU quota in CPUs (quota / period), None where it has none:
+    cgroup v2's ``cpu.max`` in the process's own group (else the root's), or v1's
+    ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``."""
+    root = CGROUP_ROOT if root is None else root
+    for path in (root / _own_cgroup() / "cpu.max", root / "cpu.max"):
+        try:
+            quota, period = path.read_text().split()[:2]
+        except (OSError, ValueError):
+            continue
+        return None if quota == "max" else _ratio(quota, period)
+    try:
+        quota = (root / "cpu" / "cpu.cfs_quota_us").read_text().strip()
+        period = (root / "cpu" / "cpu.cfs_period_us").read_text().strip()
+    except OSError:
+        return None
+    return _ratio(quota, period)
+
+
+def _ratio(quota: str, period: str) -> float | None:
+    try:
+        q, p = float(quota), float(period)
+    except ValueError:
+        return None
+    return q / p if q > 0 and p > 0 else None
+
+
+def _own_cgroup() -> str:
+    """This process's cgroup v2 path (``0::/PATH`` in ``/proc/self/cgroup``), relative."""
+    try:
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            if line.startswith("0::"):
+                return line[3:].strip().lstrip("/")
+    except OSError:
+        pass
+    return ""
 
 
 def _visible_gpus() -> int:

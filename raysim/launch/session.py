@@ -65,31 +65,28 @@ UNSAVED_DIR, WEIGHTS = "raysim-unsaved", "weights.safetensors"
 
 
 def preflight(cfg: RunConfig, address: str | None = None, plan: RunPlan | None = None) -> None:
-    """Refuse, before Ray starts, a run that cannot start: a file or folder the config names
-    that is not on this machine (a private Ray's run; ``raysim.launch.inputs``), a named cluster
-    that
-    does not answer, a ``checkpoint.dir`` another live run writes to, or workers that do not
-    fit a private local Ray (``MissingInput`` / ``ClusterError`` / ``CheckpointDirBusy`` /
-    ``ResourceError``). ``plan``: the run's, resolved already (its pool was
-    sized then, so it is not sized again here)."""
-    from raysim.launch.inputs import check_inputs
-    from raysim.launch.resources import plan_resources
-    from raysim.launch.without_ray import runs_without_ray
+    """Refuse, before Ray starts, a run that cannot start (``raysim.launch.preflight``: a file
+    the config names that is not here, a named cluster that does not answer, a
+    ``checkpoint.dir`` another live run writes to), or whose workers or sizes do not fit
+    (``plan_run``). ``plan``: the run's, resolved already; else ``cfg`` is planned here (which
+    runs the checks)."""
+    if plan is None:
+        plan_run(cfg, address)
+    elif not plan.checked:
+        from raysim.launch.preflight import preflight as check
 
-    target = ray_address(address)
-    if target == "local":  # on a cluster, a file may be on the nodes that read it, not here
-        check_inputs(cfg)
-    check_reachable(target, named_by="--address" if address else "RAY_ADDRESS")
-    if cfg.checkpoint.dir:  # another live run's folder (its coordinator holds the lock)
-        from raysim.state.checkpoint_files import check_free
+        check(plan)
 
-        check_free(cfg.checkpoint.dir)
-    if plan is not None:  # ``plan_run`` sized its pool (or it runs without Ray)
-        return
-    if runs_without_ray(cfg, address):  # its one worker fits (``needs_ray`` planned it)
-        return
-    if target == "local":
-        plan_resources(cfg, local_resources())
+
+def _plan_for(plan: RunPlan, address: str | None) -> RunPlan:
+    """``plan``, refused where the caller also names another Ray address than it was made for
+    (a plan is followed as it is: planned again, it would size another pool)."""
+    if address is not None and address != plan.target:
+        raise ConfigError(
+            f"this run's plan was made for Ray at {plan.target}, not {address}: plan it again "
+            "for that address (plan_run(cfg, address)) or leave address out"
+        )
+    return plan
 
 
 #: wall time of rounds the coordinator runs per driver call in ``RunSession.rounds``
@@ -166,7 +163,9 @@ class RunSession:
         from raysim.launch.placement import check_state_outlives_job, check_store_outlives_job
 
         timeline.role("driver")
-        if plan is None:  # ``plan``: one resolved already (``raysim.launch.plan.plan_run``)
+        if plan is not None:  # one resolved already (``raysim.launch.plan.plan_run``)
+            plan = _plan_for(plan, address)
+        else:
             plan = plan_run(
                 cfg,
                 address,
@@ -205,7 +204,6 @@ class RunSession:
         #: the whole run in this process, without Ray (``runtime``, ``raysim.launch.without_ray``)
         self.local = plan.local
         if self.local:
-            preflight(cfg, address, plan)
             self.pool_size, self._launch, self._started = 1, None, []
             try:
                 self._start_coordinator(self._first_source)
@@ -215,13 +213,11 @@ class RunSession:
                 self.close()
                 raise
         else:
-            self._start_on_ray(address, started)
+            self._start_on_ray(started)
         # a script that exits without close(): mark the run KILLED before Ray's own exit hook
         atexit.register(self.close)
 
-    def _start_on_ray(
-        self, address: str | None, started: Callable[[WorkerLaunch | None], list[Any]] | None
-    ) -> None:
+    def _start_on_ray(self, started: Callable[[WorkerLaunch | None], list[Any]] | None) -> None:
         """Start (or join) Ray, then the plan's first workers and its coordinator."""
         import ray
 
@@ -230,11 +226,10 @@ class RunSession:
         from raysim.launch.placement import coordinator_options
 
         cfg = self.cfg
-        if not ray.is_initialized():
-            if self.tracking_uri:  # before ray.init, for every Ray process (ENVIRONMENT.md)
-                os.environ["MLFLOW_TRACKING_URI"] = self.tracking_uri
-            preflight(cfg, address, self.plan)
-        self._started_ray = ensure_ray(address)
+        if not ray.is_initialized() and self.tracking_uri:
+            # before ray.init, for every Ray process (ENVIRONMENT.md)
+            os.environ["MLFLOW_TRACKING_URI"] = self.tracking_uri
+        self._started_ray = ensure_ray(target=self.plan.target, resources=self.plan.resources)
         try:
             self.plan = self.plan.on_cluster(ray.cluster_resources())  # a named cluster's pool
             self.pool_size = self.plan.pool_size
@@ -261,7 +256,11 @@ class RunSession:
 
     def _start_coordinator(self, source: dict[str, Any] | None) -> dict[str, Any]:
         args = (self.cfg.to_dict(), self.pool_size, self.tracking_uri, source)
-        kwargs: dict[str, Any] = {"session": self._session, "launch": self._launch}
+        kwargs: dict[str, Any] = {
+            "session": self._session,
+            "launch": self._launch,
+            "plan": self.plan.describe(),
+        }
         if self._started:  # taken by the first coordinator only
             kwargs["started"], self._started = self._started, []
         if self._in_process:
@@ -426,7 +425,12 @@ class RunSession:
         if self.finished:  # nothing to stop: ``close`` ends the actors
             return
         if self.here is not None:
-            self.stopped = self.here.stop()
+            announced = self.run_id is not None
+            try:
+                self.stopped = self.here.stop()
+            finally:
+                if not announced:  # stopped while it set up: the run it opened, if any
+                    self._end_opened_run("KILLED")
             return
         actor, self.actor = getattr(self, "actor", None), None
         if actor is None:
@@ -440,10 +444,28 @@ class RunSession:
             self.stopped = ray.get(stopping, timeout=STOP_S)
         alive = actor.__ray_ready__.remote()  # fails once the actor is dead
         ray.kill(actor, no_restart=True)
-        if self.stopped is None:
+        if self.stopped is None or self.run_id is None:
             ray.wait([alive], timeout=10)  # dead: it can open or write nothing more
+            self._end_opened_run("KILLED")
+
+    def _end_opened_run(self, status: str) -> None:
+        """Mark ``status`` the MLflow run this session's coordinator opened, where it is still
+        RUNNING: a coordinator that could not answer, or one stopped while it set up (a SIGTERM
+        in the seconds after the run was made and before the driver heard of it), found by
+        this session's tag."""
+        if not self.tracking_uri:
+            return
+        try:
             self.run_id = self.run_id or self._find_run()
-            self._mark("KILLED")
+            if self.run_id is None:
+                return
+            from mlflow.tracking import MlflowClient
+
+            client = MlflowClient(self.tracking_uri)
+            if client.get_run(self.run_id).info.status == "RUNNING":
+                client.set_terminated(self.run_id, status)
+        except Exception as e:  # noqa: BLE001 - best effort on the way out
+            log.warning("could not mark run %s %s: %s", self.run_id, status, e)
 
     def finish(self) -> Result:
         summary = self._call("finish")
@@ -540,7 +562,7 @@ def run(
     ``trust_modules``: import the modules that a checkpoint's config names (refused otherwise).
     """
     if plan is not None:
-        return _carry_out(RunSession(plan=plan, address=address), on_round, on_start)
+        return _carry_out(RunSession(address=address, plan=plan), on_round, on_start)
     if resume is not None and not isinstance(resume, ResumeSource):
         resume = prepare_resume(resume, config, overrides, force=force, trust_modules=trust_modules)
     if resume is not None:

@@ -37,6 +37,10 @@ this machine. Personal state counts only for a method that keeps one; the plan s
 bound, and the method's implementation (torch, for most) is imported to tell only where the
 verdict depends on it. A model whose size is known only once built (a plugin's, AlexNet,
 a pretrained one not on this machine) counts as 0: its size is "unknown", never refused.
+
+``clients.state.store: auto`` is decided here too, from the same personal-state term, before the
+sizes are held to the machine (``choose_store``, ``AUTO_DISK_SHARE``): the plan's config carries
+``memory`` or ``disk``, and its ``client states:`` line says which and why.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from raysim.config import ConfigError, RunConfig
+from raysim.config import ConfigError, RunConfig, with_state_store
 
 #: share of the machine's memory, and of a disk's free space, that a run's estimate may take
 MARGIN = 0.8
@@ -377,10 +381,8 @@ def estimate(cfg: RunConfig, workers: int = 1) -> Estimate:
     """The run's sizes from its config and its number of ``workers`` (module docstring)."""
     model = model_size(cfg)
     v = visited(cfg)
-    personal = Part(f"personal state of {_count(v)} clients", 0, "clients.state.store=disk", True)
-    if model is not None:
-        personal = replace(personal, nbytes=v * 4 * model.personal)
-    in_memory = cfg.clients.state.store == "memory"
+    personal = personal_state(cfg, model)
+    in_memory = cfg.clients.state.store != "disk"  # ``auto`` before its plan: as the run has it
     ckpt = _checkpoint(cfg, model, personal if in_memory else None)
     memory = _memory(cfg, model, workers)
     memory += tuple(replace(p, what=f"the checkpoint's {p.what}") for p in ckpt)
@@ -389,6 +391,33 @@ def estimate(cfg: RunConfig, workers: int = 1) -> Estimate:
     per_file = max(personal.nbytes // max(v, 1), BLOCK)
     store = Part(personal.what, v * per_file, "clients.num")
     return Estimate(model, memory, ckpt, (store,))
+
+
+def personal_state(cfg: RunConfig, model: ModelSize | None) -> Part:
+    """The personal state of the clients a run can visit: V × (4P + S), P the model's personal
+    parameters (a bound: ``maybe``, the method may keep none; 0 where the model's size is
+    unknown before it is built) and S the ``ClientContext.state`` a plugin's client declares
+    (``declared_state``: sure)."""
+    v, declared = visited(cfg), declared_state(cfg)
+    per_client = declared + (4 * model.personal if model is not None else 0)
+    what = f"personal state of {_count(v)} clients"
+    return Part(what, v * per_client, "clients.state.store=disk", not declared)
+
+
+def declared_state(cfg: RunConfig) -> int:
+    """The bytes of ``ClientContext.state`` each client of a plugin's method keeps, as its
+    client declares (``ClientAlgorithm.state_nbytes``); 0 for a built-in method (whose
+    implementation is not imported here) and for a method no imported module registered (a
+    dry run's)."""
+    if not plugin_method(cfg):
+        return 0
+    from raysim.algorithms.registry import get_method
+
+    try:
+        method = get_method(cfg.algorithm.name)
+    except (KeyError, ImportError, ValueError):
+        return 0
+    return max(0, int(method.client.state_nbytes(cfg.algorithm.params)))
 
 
 def _memory(cfg: RunConfig, model: ModelSize | None, workers: int) -> tuple[Part, ...]:
@@ -531,16 +560,23 @@ class Disk:
 @dataclass(frozen=True)
 class SizeReport:
     """A run's estimates and the machine they are held to: its total and available memory
-    (None: the run is not on this machine) and the disks it writes to."""
+    (None: the run is not on this machine) and the disks it writes to; ``store``: how
+    ``clients.state.store: auto`` was decided (``choose_store``; None for an explicit store)."""
 
     estimate: Estimate
     total_memory: int | None = None
     available_memory: int | None = None
     disks: tuple[Disk, ...] = ()
     ignored: bool = False
+    store: StoreChoice | None = None
 
     def without_maybe(self) -> SizeReport:
         return replace(self, estimate=self.estimate.without_maybe())
+
+    def store_lines(self) -> list[str]:
+        """The plan's ``client states:`` line, where ``auto`` chose the store and the method is
+        known to keep personal state (``StoreChoice``); none otherwise."""
+        return [self.store.line()] if self.store is not None and self.store.shown else []
 
     def describe(self) -> str:
         """The plan's ``sizes:`` line: model, memory, checkpoint and store, in binary units."""
@@ -668,18 +704,20 @@ def size_report(
     here: bool = True,
     tracking_uri: str | None = None,
     keeps_state: Callable[[], bool] | None = None,
+    store: StoreChoice | None = None,
 ) -> SizeReport:
     """``cfg``'s estimates, held to this machine where the run is ``here`` (not on a named
     cluster); raises ``ConfigError`` in one line for what does not fit (module docstring).
-    ``keeps_state``: whether the method keeps personal state (asked only where it decides)."""
+    ``keeps_state``: whether the method keeps personal state (asked only where it decides);
+    ``store``: how ``choose_store`` decided ``cfg``'s store, for the plan to say."""
     est = estimate(cfg, workers)
     keeps_state = keeps_state or (lambda: keeps_personal_state(cfg))
     check_absurd(cfg, est, keeps_state)
     ignored = os.environ.get(OVERRIDE, "").strip() not in ("", "0")
     if not here:
-        return SizeReport(est, ignored=ignored)
+        return SizeReport(est, ignored=ignored, store=store)
     whole, available = memory()
-    report = SizeReport(est, whole, available, disks(cfg, est, tracking_uri), ignored)
+    report = SizeReport(est, whole, available, disks(cfg, est, tracking_uri), ignored, store)
     if ignored or not report.refusal():
         return report
     lighter = report.without_maybe()  # what is sure; the rest where the method keeps state
@@ -694,11 +732,131 @@ def keeps_personal_state(cfg: RunConfig) -> bool:
     """Whether the method keeps a personal state per client: a built-in one with a personal
     parameter group, or any plugin's (its ``ClientContext.state`` cannot be told). Imports the
     method's implementation (torch, for most), so it is asked only where it decides."""
-    from raysim.algorithms.registry import get_method, method_spec
+    if plugin_method(cfg):
+        return True
+    from raysim.algorithms.registry import get_method
+
+    return any(g.role != "shared" for g in get_method(cfg.algorithm.name).groups)
+
+
+def plugin_method(cfg: RunConfig) -> bool:
+    """Whether the method is a plugin's, which may keep any ``ClientContext.state``: told
+    without importing a method's implementation."""
+    from raysim.algorithms.registry import method_spec
 
     try:
-        if not method_spec(cfg.algorithm.name).module.startswith("raysim."):
-            return True
+        return not method_spec(cfg.algorithm.name).module.startswith("raysim.")
     except KeyError:  # a module a dry run does not import registers it
         return True
-    return any(g.role != "shared" for g in get_method(cfg.algorithm.name).groups)
+
+
+# ------------------------------------------------------------------ clients.state.store: auto
+
+#: ``clients.state.store: auto`` keeps clients' personal state in memory up to this share of the
+#: machine's total memory and on disk above it. The memory store keeps it in Ray's object store,
+#: which Ray sizes to 30% of memory and spills to disk beyond, slower than the disk store (3,000
+#: clients of 8 MiB, 23.4 GiB, on a 23 GiB machine: 304 s at a 23.4 GB peak in memory, 150 s at
+#: 1.8 GB on disk); a quarter leaves the rest of the run (models, updates, a checkpoint, Ray and
+#: torch themselves) its room. Held to the total, the figure the plan prints, not to what is
+#: available at the moment, so that a dry run and its run decide alike.
+AUTO_DISK_SHARE = 0.25
+
+
+@dataclass(frozen=True)
+class StoreChoice:
+    """How ``clients.state.store: auto`` was decided (``choose_store``): ``store`` (``memory`` or
+    ``disk``) and ``why``, in words. ``shown``: the plan says it only where the method is known
+    to keep personal state: it was asked (the choice depended on it) or the method is a
+    plugin's; a built-in method's implementation (torch, for most) is not imported just to say
+    its states fit in memory."""
+
+    store: str
+    why: str
+    shown: bool
+
+    def line(self) -> str:
+        """The plan's ``client states: on disk (...)`` or ``client states: in memory (...)``."""
+        return f"client states: {'on disk' if self.store == 'disk' else 'in memory'} ({self.why})"
+
+
+def choose_store(
+    cfg: RunConfig, here: bool = True, keeps_state: Callable[[], bool] | None = None
+) -> tuple[RunConfig, StoreChoice | None]:
+    """``clients.state.store: auto`` decided, once, by the plan (``plan_run``): ``cfg`` with
+    ``memory`` or ``disk`` in its place, so that nothing after the plan sees ``auto``, and how it
+    was decided; ``cfg`` itself and None for an explicit store.
+
+    Disk where the personal state of the clients the run can visit (``personal_state``: the
+    estimate's own term, V × 4P) exceeds ``AUTO_DISK_SHARE`` of this machine's memory and the
+    method keeps some (``keeps_state``, asked only there); else memory. Memory, with the reason,
+    also where the store's folder cannot be chosen here: a run not ``here`` (a named cluster,
+    whose memory is not checked here) or on a Ray of several nodes (a store on disk needs a
+    ``clients.state.dir`` every node mounts, which only the user can name), and a
+    ``clients.state.dir`` where a resume would not find the store (a Ray job's temporary
+    working_dir) or that cannot be written."""
+    if cfg.clients.state.store != "auto":
+        return cfg, None
+    keeps_state = keeps_state or (lambda: keeps_personal_state(cfg))
+    store, why, shown = _auto_store(cfg, here, keeps_state)
+    return with_state_store(cfg, store), StoreChoice(store, why, shown)
+
+
+#: what a line that chose memory says to keep the states on disk instead
+TO_DISK = "clients.state.store=disk puts them on disk"
+
+
+def _auto_store(
+    cfg: RunConfig, here: bool, keeps_state: Callable[[], bool]
+) -> tuple[str, str, bool]:
+    """``choose_store``'s decision: the store, why, and whether the plan says so."""
+    known = plugin_method(cfg)
+    shared = f"{TO_DISK}, in a clients.state.dir every node mounts"
+    if not here:
+        return "memory", f"on the cluster, whose memory is not checked here: {shared}", known
+    model = model_size(cfg)
+    states = personal_state(cfg, model).nbytes
+    if model is None and not states:
+        return "memory", f"their size is unknown before the model is built: {TO_DISK}", known
+    whole, v = memory()[0], visited(cfg)
+    size = f"{_count(v)} clients × {human(states // max(v, 1))} = {human(states)}"
+    limit = f"{AUTO_DISK_SHARE:.0%} of this machine's {human(whole)} of memory"
+    if states <= AUTO_DISK_SHARE * whole:
+        return "memory", f"{size}, within {limit}; {TO_DISK}", known
+    if not keeps_state():
+        return "memory", "the method keeps no personal state", False
+    nodes = _ray_nodes()
+    if nodes > 1:  # a store on disk needs a folder every node mounts: only the user knows one
+        return "memory", f"{size}, above {limit}, but on a Ray of {nodes} nodes: {shared}", True
+    unusable = _unusable_dir(cfg.clients.state.dir)
+    if unusable:
+        return "memory", f"{size}, above {limit}, but {unusable}", True
+    return "disk", f"{size}, above {limit}; clients.state.store=memory keeps them there", True
+
+
+def _ray_nodes() -> int:
+    """The live nodes of the Ray this process has joined already (a Tune trial's); 1 without."""
+    from raysim.launch.without_ray import ray_is_up
+
+    if not ray_is_up():
+        return 1
+    import ray
+
+    return max(1, sum(1 for n in ray.nodes() if n.get("Alive")))
+
+
+def _unusable_dir(folder: str) -> str:
+    """Why ``clients.state.dir`` cannot hold a store that outlives the run, the fix included;
+    "" where it can (``raysim.launch.placement.check_state_outlives_job`` refuses the first for
+    an explicit ``disk``)."""
+    from raysim.launch.placement import job_working_dir
+
+    work = job_working_dir()
+    if work is not None and Path(folder).resolve().is_relative_to(work):
+        return (
+            f"clients.state.dir={folder} is in this Ray job's temporary working_dir ({work}), "
+            "where they would vanish with the job: set clients.state.dir to a folder outside it"
+        )
+    found = existing(folder)
+    if not os.access(found, os.W_OK | os.X_OK):
+        return f"clients.state.dir={folder} cannot be written ({found}): set one that can"
+    return ""

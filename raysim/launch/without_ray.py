@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from raysim.config import ConfigError, RunConfig
@@ -78,10 +79,14 @@ def worker_refusal(cfg: RunConfig, num_workers: int, coordinator_here: bool = Tr
     return coordinator_refusal(cfg) if coordinator_here else None
 
 
-def needs_ray(cfg: RunConfig, address: str | None = None) -> str | None:
+def needs_ray(
+    cfg: RunConfig, address: str | None = None, resources: Mapping[str, float] | None = None
+) -> str | None:
     """Why ``cfg`` needs Ray, in words; None where it runs as well in the caller's process
-    (``auto_prefers_ray`` adds the reasons of ``runtime: auto`` alone)."""
-    from raysim.launch.resources import plan_pool_size
+    (``auto_prefers_ray`` adds the reasons of ``runtime: auto`` alone). ``resources``: what
+    the plan found here (``raysim.launch.resources.local_resources``, one CPU count), which
+    sizes the pool a run on Ray would have; counted here where not given."""
+    from raysim.launch.resources import local_resources, plan_pool_size
 
     w = cfg.workers
     target = ray_address(address)
@@ -94,22 +99,33 @@ def needs_ray(cfg: RunConfig, address: str | None = None) -> str | None:
         return f"workers.transport={w.transport} names a link between Ray actors"
     if isinstance(w.count, int) and w.count > 1:
         return f"workers.count={w.count} asks for {w.count} worker actors"
-    workers = plan_pool_size(cfg, {"CPU": float(os.cpu_count() or 1), "GPU": 0.0})
+    cpus = (local_resources() if resources is None else resources).get("CPU", 1.0)
+    workers = plan_pool_size(cfg, {"CPU": float(cpus), "GPU": 0.0})
     groups = math.ceil(cfg.clients.per_round / cfg.group_size())
     if workers > 1 and groups > 1:
         return (
             f"a round trains its clients in {groups} groups, which {workers} workers "
-            "(workers.count=auto) run side by side"
+            f"(workers.count=auto on {cpus:g} CPUs) run side by side"
         )
     return None
 
 
-def runs_without_ray(cfg: RunConfig, address: str | None = None) -> bool:
-    """Whether ``cfg`` runs in the caller's process (``runtime``: ``auto`` decides by
-    ``needs_ray``; ``local`` insists, and a config that needs Ray is refused naming why)."""
+def runs_without_ray(
+    cfg: RunConfig, address: str | None = None, resources: Mapping[str, float] | None = None
+) -> bool:
+    """Whether ``cfg`` runs in the caller's process (``choose_runtime``)."""
+    return choose_runtime(cfg, address, resources)[0]
+
+
+def choose_runtime(
+    cfg: RunConfig, address: str | None = None, resources: Mapping[str, float] | None = None
+) -> tuple[bool, str]:
+    """Whether ``cfg`` runs in the caller's process, and why, in words (``runtime``: ``auto``
+    decides by ``needs_ray`` and ``auto_prefers_ray``; ``local`` insists, and a config that
+    needs Ray is refused naming why; ``ray`` asks for Ray)."""
     if cfg.runtime == "ray":
-        return False
-    why = needs_ray(cfg, address)
+        return False, "runtime=ray"
+    why = needs_ray(cfg, address, resources)
     if why is None and cfg.runtime == "auto":
         why = auto_prefers_ray()
     if cfg.runtime == "local" and why is not None:
@@ -117,4 +133,8 @@ def runs_without_ray(cfg: RunConfig, address: str | None = None) -> bool:
             f"runtime=local runs the whole run in this process without Ray, but {why}; set "
             "runtime=auto (or ray)"
         )
-    return why is None
+    if why is not None:
+        return False, why
+    if cfg.runtime == "local":
+        return True, "runtime=local"
+    return True, "runtime=auto: Ray would add processes and nothing that runs side by side"

@@ -41,7 +41,7 @@ import numpy as np
 import yaml
 
 from raysim.algorithms.registry import module_policy, modules_skipped
-from raysim.config import ConfigError, RunConfig, flatten, load_config
+from raysim.config import ConfigError, RunConfig, flatten, load_config, with_state_store
 from raysim.state import checkpoint_files
 from raysim.state.checkpoint_files import fsync_file, sha256_file
 from raysim.state.codec import StateCodecError, decode, encode
@@ -482,6 +482,7 @@ def prepare_resume(
     else:
         with _stored_config_policy(trust_modules, f"the checkpoint of {where}"):
             cfg = load_config(stored, overrides)
+    cfg = store_as_checkpointed(cfg, stored)
     if not same_config(cfg, meta, files):
         with module_policy("skip"):  # compared, never run
             diff = config_diff(load_config(stored), cfg)
@@ -499,6 +500,20 @@ def prepare_resume(
     else:
         run_id, uri = None, None
     return ResumeSource(cfg, int(meta["round"]), run_id, directory, uri)
+
+
+def store_as_checkpointed(cfg: RunConfig, stored: Any) -> RunConfig:
+    """``cfg`` with the personal-state store of the checkpointed run (its config as stored,
+    ``stored``) where ``cfg`` says ``clients.state.store: auto``: the states are where that
+    run's plan put them (its checkpoint's config has ``memory`` or ``disk``; one written before
+    ``auto`` existed, or without the key, had the default then, ``memory``). An explicit store
+    is compared as it is: ``memory`` against a checkpoint's ``disk`` is another run."""
+    if cfg.clients.state.store != "auto":
+        return cfg
+    section = stored.get("clients") if isinstance(stored, Mapping) else None
+    state = section.get("state") if isinstance(section, Mapping) else None
+    then = state.get("store", "memory") if isinstance(state, Mapping) else "memory"
+    return with_state_store(cfg, then) if then in ("memory", "disk") else cfg
 
 
 def _stored_config_policy(trust: bool, source: str) -> Any:
@@ -544,4 +559,13 @@ def same_config(config: RunConfig, meta: Mapping[str, Any], files: Mapping[str, 
             then = load_config(yaml.safe_load(files[CONFIG]))
     except ConfigError:
         return False
-    return config_hash(then) == config_hash(config)
+    # a checkpoint's ``auto`` (one a plan did not write) is whichever store ``config`` resumes with
+    return config_hash(_store_of(then, config)) == config_hash(_store_of(config, then))
+
+
+def _store_of(config: RunConfig, other: RunConfig) -> RunConfig:
+    """``config`` with ``other``'s concrete store where its own is ``auto``."""
+    store = other.clients.state.store
+    if config.clients.state.store == "auto" and store != "auto":
+        return with_state_store(config, store)
+    return config

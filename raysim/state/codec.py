@@ -30,6 +30,14 @@ _BIT_GENERATORS = {c.__name__: c for c in (np.random.PCG64, np.random.PCG64DXSM,
                                             np.random.SFC64)}  # fmt: skip
 _TYPES: dict[str, type] = {}
 T = TypeVar("T", bound=type)
+#: Modules that earlier releases' checkpoints name classes by and that have moved since (with
+#: the top of raysim/ into packages: ``raysim/_moved.py``, whose import aliases go with the next
+#: release): their classes are read at the new path, so such checkpoints keep resuming.
+RENAMED_MODULES = {
+    "raysim.state_store": "raysim.state.store",  # StoredState: personal state on disk
+    "raysim.clock": "raysim.sim.clock",
+    "raysim.delays": "raysim.sim.delays",
+}
 
 
 class StateCodecError(TypeError):
@@ -175,13 +183,14 @@ def _attributes(obj: Any) -> dict[str, Any]:
 
 def _known(name: str) -> type | None:
     """A registered type, or a class of raysim's own (importing raysim's modules runs no code
-    but raysim's: a checkpoint cannot name anything else)."""
+    but raysim's: a checkpoint cannot name anything else), by its module's path now
+    (``RENAMED_MODULES``)."""
     if name in _TYPES:
         return _TYPES[name]
     module, _, qualname = name.rpartition(".")
     while module.startswith("raysim.") and module:
         try:
-            obj: Any = importlib.import_module(module)
+            obj: Any = importlib.import_module(RENAMED_MODULES.get(module, module))
         except ImportError:
             module, _, head = module.rpartition(".")
             qualname = f"{head}.{qualname}"

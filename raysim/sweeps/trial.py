@@ -15,12 +15,14 @@ early.start()  # a trial's process: its workers start before Tune's import below
 
 from ray import tune  # noqa: E402
 
+from raysim.launch import trials  # noqa: E402
+
 #: what every trial reports besides the run's per-round metrics (the last report also carries
 #: the digest and when the run's artifacts were written, as epoch seconds)
 ROUND, RUN_ID, DIGEST, FINISHED_AT = "round", "run_id", "weights_digest", "finished_at"
 
 #: CPUs of a trial's own process (the first bundle of its placement group)
-TRIAL_CPU = 0.1
+TRIAL_CPU = trials.TRIAL_CPU
 
 
 def trial_overrides(params: Mapping[str, Any]) -> list[str]:
@@ -60,9 +62,7 @@ def placement_share() -> dict[str, float] | None:
     pg = get_current_placement_group()
     if pg is None:
         return None
-    share = {key: float(sum(b.get(key, 0.0) for b in pg.bundle_specs)) for key in ("CPU", "GPU")}
-    share["CPU"] = max(0.0, share["CPU"] - TRIAL_CPU)
-    return share
+    return trials.trial_share(pg.bundle_specs)
 
 
 class RunTrial(tune.Trainable):

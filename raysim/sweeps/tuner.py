@@ -26,7 +26,6 @@ from raysim.sweeps.trial import (
     FINISHED_AT,
     ROUND,
     RUN_ID,
-    TRIAL_CPU,
     RunTrial,
     trial_overrides,
 )
@@ -119,7 +118,6 @@ def tune(
 ) -> SweepSummary | str:
     """Run the sweep described by the config's ``tune:`` section (docs/tune.md). With
     ``dry_run`` everything is checked, nothing starts, and a one-line plan comes back."""
-    import ray
     from ray import tune as rtune
     from ray.tune.execution.class_cache import _ActorClassCache
 
@@ -127,10 +125,8 @@ def tune(
         check_outlives_job,
         check_state_outlives_job,
         check_store_outlives_job,
-        trial_pin,
     )
-    from raysim.launch.private_ray import check_reachable, ensure_ray, ray_address
-    from raysim.launch.session import local_resources, preflight
+    from raysim.launch.trials import describe_sweep, plan_sweep
 
     # trials that an interrupt left unstarted have no results yet: Tune warns about each of them
     # when it reads the experiment back (at the interrupt, and again on --resume)
@@ -158,25 +154,11 @@ def tune(
             "the config names, which a dry run does not import (it runs no code): its "
             "parameters and each trial's placement are checked when the sweep starts"
         )
-    private = ray_address(address) == "local" and not ray.is_initialized()
-    if private:
-        preflight(cfg, address)
-    elif not ray.is_initialized():  # a named cluster that does not answer: one line, at once
-        check_reachable(ray_address(address), named_by="--address" if address else "RAY_ADDRESS")
-    if dry_run and private:  # what this machine has, without starting Ray
-        total = local_resources()
-    else:
-        ensure_ray(address)
-        total = {k: float(v) for k, v in ray.cluster_resources().items()}
-    # the trial and its coordinator: by the store (nothing on one node, as without Ray yet)
-    pin = {} if dry_run and private else trial_pin(cfg, base["tracking"]["uri"])
-    bundles = trial_bundles(cfg, total)
-    here = trains_here(cfg, section, bundles, total, pinned=bool(pin))
-    if here:
-        bundles = worker_in_trial(bundles)
+    uri = base["tracking"]["uri"] if cfg.tracking.enabled else None
+    sweep = plan_sweep(cfg, section, address, uri, dry_run=dry_run)
     if dry_run:
-        return describe_sweep(cfg, section, bundles, total, here)
-    bundles = [{**b, **pin} if i < 2 else b for i, b in enumerate(bundles)]
+        return describe_sweep(cfg, section, sweep.bundles, sweep.total, sweep.here, sweep.trial)
+    bundles, here = sweep.bundles, sweep.here
     trainable_params: dict[str, Any] = {
         "base": base,
         "parent_run_id": None,
@@ -311,109 +293,6 @@ def early_launch(cfg: RunConfig, bundles: list[dict[str, float]], here: bool) ->
     if here or not can_host_coordinator(cfg):
         return None
     return WorkerLaunch.for_config(cfg, len(bundles) - 2)
-
-
-def trains_here(
-    cfg: RunConfig,
-    section: TuneSection,
-    bundles: list[dict[str, float]],
-    total: Mapping[str, float],
-    pinned: bool = False,
-) -> bool:
-    """Whether each trial trains its run's one worker in its own process (``tune.worker``), for
-    a trial placed as ``bundles`` (``trial_bundles``: its process, the coordinator, the workers).
-
-    ``auto`` does where a trial's process will serve a later trial (more trials than run side
-    by side, Tune's ``reuse_actors``): the later trials then start without a new process or
-    fresh imports. Where every trial has a fresh process, ``auto`` keeps the worker actor, whose
-    imports run beside the trial process's on another core. Nor does it where the trial's own
-    bundle is ``pinned`` to the head (``trial_pin``: a node-local store on a cluster): every
-    trial would then train on the head, where worker actors go to any node."""
-    from raysim.launch.session import can_host_worker
-
-    if cfg.workers.transport == "in_process":  # the trial's process hosts its coordinator
-        if section.worker == "actor" or not can_host_worker(cfg, len(bundles) - 2):
-            raise ConfigError(
-                "workers.transport=in_process trains each trial's one worker in the trial's "
-                "process: every trial needs workers.count=1 on CPUs (workers.num_gpus=0), "
-                "coordinator.num_gpus=0, no faults.kill_worker or kill_coordinator, and "
-                "tune.worker auto or here"
-            )
-        return True
-    if section.worker == "actor" or not can_host_worker(cfg, len(bundles) - 2):
-        return False
-    if section.worker == "here":
-        return True
-    trials, side_by_side = sweep_counts(section, bundles, total)
-    return trials > side_by_side and not pinned
-
-
-def worker_in_trial(bundles: list[dict[str, float]]) -> list[dict[str, float]]:
-    """``bundles`` of a trial that trains its one worker itself (``trains_here``): the worker's
-    share joins the first bundle, the trial's process; the totals are the same."""
-    first, coordinator, worker = bundles
-    merged = {**first}
-    for key, amount in worker.items():
-        merged[key] = merged.get(key, 0.0) + amount
-    return [merged, coordinator]
-
-
-def trial_bundles(cfg: RunConfig, total: Mapping[str, float]) -> list[dict[str, float]]:
-    """One trial's placement group: its own process (Tune runs the trial on the first bundle
-    with all of it), then the run's plan (the coordinator's bundle, one per worker). Refused,
-    saying why, when one trial does not fit ``total``."""
-    from raysim.launch.resources import ResourceError, plan_resources
-
-    # what the run may plan on: all but the trial's own bundle (and the coordinator's minimum)
-    share = {**total, "CPU": max(0.0, total.get("CPU", 0.0) - TRIAL_CPU - 0.001)}
-    plan = plan_resources(cfg, share)
-    bundles = [{"CPU": TRIAL_CPU}, *plan.bundles()]
-    need = {r: sum(b.get(r, 0.0) for b in bundles) for r in ("CPU", "GPU")}
-    if any(need[r] > total.get(r, 0.0) + 1e-9 for r in need):
-        raise ResourceError(
-            f"one trial needs {need['CPU']:g} CPUs / {need['GPU']:g} GPUs (its process, the "
-            f"coordinator and {plan.num_workers} worker(s)); the cluster has "
-            f"{total.get('CPU', 0):g} / {total.get('GPU', 0):g}: lower workers.count"
-        )
-    return bundles
-
-
-def describe_sweep(
-    cfg: RunConfig,
-    section: TuneSection,
-    bundles: list[dict[str, float]],
-    total: Mapping,
-    here: bool = False,
-) -> str:
-    """One line: how many trials, what each takes, how many fit side by side, and where a
-    trial's worker trains (``here``: ``trains_here``)."""
-    trials, side_by_side = sweep_counts(section, bundles, total)
-    cpu = sum(b.get("CPU", 0.0) for b in bundles)
-    gpu = sum(b.get("GPU", 0.0) for b in bundles)
-    where = "its worker in its own process" if here else "its workers as actors"
-    return (
-        f"dry run: {trials} trial(s) over {', '.join(section.space)} ({section.scheduler}, "
-        f"{section.metric} {section.mode}); each takes {cpu:g} CPUs / {gpu:g} GPUs in "
-        f"{len(bundles)} bundles, {where}, {side_by_side} side by side; nothing started"
-    )
-
-
-def sweep_counts(
-    section: TuneSection, bundles: list[dict[str, float]], total: Mapping
-) -> tuple[int, int]:
-    """How many trials the sweep has, and how many of them run side by side on ``total``."""
-    grid = 1
-    for domain in section.space.values():
-        grid *= len(domain.args) if domain.kind == "grid" else 1
-    trials = grid * section.num_samples
-    cpu = sum(b.get("CPU", 0.0) for b in bundles)
-    gpu = sum(b.get("GPU", 0.0) for b in bundles)
-    fit = int(total.get("CPU", 0.0) // cpu) if cpu else trials
-    if gpu:
-        fit = min(fit, int(total.get("GPU", 0.0) // gpu))
-    if section.max_concurrent_trials:
-        fit = min(fit, section.max_concurrent_trials)
-    return trials, max(1, min(fit, trials))
 
 
 def _unfinished(path: str) -> bool:

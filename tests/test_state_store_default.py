@@ -10,7 +10,7 @@ import pytest
 import raysim
 from raysim import cli
 from raysim.config import load_config
-from raysim.launch import sizes
+from raysim.launch import sizes, store_choice
 from raysim.launch.plan import plan_run
 from raysim.state import checkpoint
 from raysim.state.store import DiskStateStore
@@ -69,13 +69,13 @@ def test_auto_puts_states_beyond_a_share_of_memory_on_disk_and_keeps_the_rest_in
     assert cfg.clients.state.store == "auto"  # the default
     states = states_of(cfg)
     assert states == 12 * 4 * sizes.model_size(cfg).personal > 0
-    edge = int(states / sizes.AUTO_DISK_SHARE)  # the states are exactly the share
+    edge = int(states / store_choice.AUTO_DISK_SHARE)  # the states are exactly the share
     machine(monkeypatch, edge)
-    resolved, choice = sizes.choose_store(cfg)
+    resolved, choice = store_choice.choose_store(cfg)
     assert resolved.clients.state.store == choice.store == "memory"
     assert "within 25% of this machine's" in choice.why
     machine(monkeypatch, edge - 64)  # just above the share
-    resolved, choice = sizes.choose_store(cfg)
+    resolved, choice = store_choice.choose_store(cfg)
     assert resolved.clients.state.store == choice.store == "disk" and choice.shown
     # the plan carries the concrete store: nothing after it sees ``auto``
     monkeypatch.setenv(sizes.OVERRIDE, "1")  # a machine this small holds no run at all
@@ -101,7 +101,7 @@ def test_an_explicit_store_is_kept_whatever_the_machine(here, monkeypatch, store
     monkeypatch.setenv(sizes.OVERRIDE, "1")
     for total in (states_of(cfg), 1 << 40):  # states at 100% of memory, and a sliver of it
         machine(monkeypatch, total)
-        assert sizes.choose_store(cfg) == (cfg, None)
+        assert store_choice.choose_store(cfg) == (cfg, None)
         plan = plan_run(cfg)
         assert plan.cfg.clients.state.store == store
         assert "client states:" not in plan.describe()
@@ -149,16 +149,16 @@ def test_states_stay_in_memory_where_no_folder_outlives_the_run(here, monkeypatc
     find the states): memory, with the reason."""
     cfg = ditto(here, folder="raysim-states")  # relative: in the job's working_dir
     machine(monkeypatch, states_of(cfg))
-    resolved, choice = sizes.choose_store(cfg, here=False)
+    resolved, choice = store_choice.choose_store(cfg, here=False)
     assert resolved.clients.state.store == "memory"
     assert "every node mounts" in choice.why and not choice.shown  # ditto: not asked there
     with monkeypatch.context() as m:
-        m.setattr(sizes, "_ray_nodes", lambda: 2)  # a Ray of two nodes joined already
-        resolved, choice = sizes.choose_store(cfg)
+        m.setattr(store_choice, "_ray_nodes", lambda: 2)  # a Ray of two nodes joined already
+        resolved, choice = store_choice.choose_store(cfg)
     assert resolved.clients.state.store == "memory" and choice.shown
     assert "on a Ray of 2 nodes" in choice.why and "every node mounts" in choice.why
     monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", '{"runtime_env": {"working_dir": "."}}')
-    resolved, choice = sizes.choose_store(cfg)
+    resolved, choice = store_choice.choose_store(cfg)
     assert resolved.clients.state.store == "memory" and choice.shown
     assert "above 25%" in choice.why and "temporary working_dir" in choice.why, choice.why
     assert choice.line().startswith("client states: in memory (")

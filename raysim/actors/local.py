@@ -20,8 +20,8 @@ def local_core(
 ) -> CoordinatorCore:
     """A core for ``cfg`` whose client jobs (and, when ``evaluate``, evaluation jobs) run lazily
     in this process. ``clients.state.store: auto`` is decided here as a run's plan decides it
-    (``raysim.launch.sizes.choose_store``): the core's ``cfg`` has ``memory`` or ``disk``."""
-    from raysim.launch.sizes import choose_store
+    (``raysim.launch.store_choice.choose_store``): the core's ``cfg`` has ``memory`` or ``disk``."""
+    from raysim.launch.store_choice import choose_store
 
     cfg, _ = choose_store(cfg)
     ds = dataset or run_dataset(cfg)

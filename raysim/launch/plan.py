@@ -211,7 +211,7 @@ def plan_run(
     caller placed was checked where it was placed). Raises ``ConfigError`` for a placement the
     config cannot take, and for sizes this machine cannot hold (``raysim.launch.sizes``),
     before anything starts or is allocated."""
-    from raysim.launch.sizes import choose_store
+    from raysim.launch.store_choice import choose_store
     from raysim.launch.without_ray import choose_runtime, coordinator_refusal, worker_refusal
     from raysim.state.checkpoint import ResumeSource, prepare_resume
 
@@ -297,7 +297,7 @@ def _sizes(
 ) -> SizeReport:
     """The run's sizes, held to this machine where the run is ``here`` (not on a named
     cluster); raises ``ConfigError`` in one line for what it cannot hold. ``store``: how
-    ``clients.state.store: auto`` was decided (``raysim.launch.sizes.choose_store``)."""
+    ``clients.state.store: auto`` was decided (``raysim.launch.store_choice.choose_store``)."""
     from raysim.launch.sizes import size_report
 
     return size_report(cfg, workers, here, uri, store=store)

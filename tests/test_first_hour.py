@@ -84,7 +84,8 @@ def test_impossible_resources_are_refused_before_ray_starts(capsys, monkeypatch)
 
     started = []
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
-    monkeypatch.setattr(api, "local_resources", lambda: {"CPU": 2.0, "GPU": 0.0})
+    monkeypatch.setattr("raysim.launch.resources.local_resources", lambda: {"CPU": 2.0, "GPU": 0.0})
+    monkeypatch.setattr("raysim.launch.resources.cpu_count", lambda: 2)
     monkeypatch.setattr(ray, "init", lambda *a, **k: started.append(1))
     line = one_line_error(capsys, ["run", QUICKSTART, "workers.count=9"])
     assert "at most 2 fit" in line
@@ -210,7 +211,7 @@ def test_what_the_readmes_commands_leave_behind_is_ignored_by_git():
             "foundations/tiny-s0/config.json", "tune/tune-async-x/sweep.json"]  # fmt: skip
     res = subprocess.run(["git", "check-ignore", *left], cwd=ROOT, capture_output=True, text=True)
     assert res.stdout.split() == left, res.stdout
-    from raysim.cli import PRETRAIN
+    from raysim.cli.pretrain import PRETRAIN
 
     assert build_parser().parse_args(["pretrain", "digits"]).kind == "digits"
     assert all(default.startswith("foundations/") for _, default, _ in PRETRAIN.values())

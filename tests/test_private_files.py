@@ -77,7 +77,7 @@ def test_the_tracking_store_raysim_makes_is_private(tmp_path, monkeypatch):
 
 
 def test_the_ui_log_is_a_new_private_file_it_names():
-    from raysim.cli import ui_log
+    from raysim.cli.ui import ui_log
 
     logs = [ui_log(5000), ui_log(5000)]
     try:

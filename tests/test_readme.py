@@ -15,7 +15,6 @@ import shlex
 import pytest
 
 from raysim import cli
-from raysim.launch import session as api
 from tests.conftest import ROOT
 
 README = ROOT / "README.md"
@@ -97,7 +96,8 @@ def test_readme_command_runs_as_written_on_two_cores(command, monkeypatch, capsy
     import ray
 
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
-    monkeypatch.setattr(api, "local_resources", lambda: {"CPU": 2.0, "GPU": 0.0})
+    monkeypatch.setattr("raysim.launch.resources.local_resources", lambda: {"CPU": 2.0, "GPU": 0.0})
+    monkeypatch.setattr("raysim.launch.resources.cpu_count", lambda: 2)
     argv = shlex.split(command)[1:]
     if argv[0] in ("run", "loto", "lodo", "tune"):
         argv.append("--dry-run")

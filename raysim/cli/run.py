@@ -107,15 +107,10 @@ def _run_command(args: argparse.Namespace, started: list[Any]) -> int:
 
         with module_policy("skip"):
             return _dry_run(args)
-    from raysim.launch.session import preflight
-    from raysim.launch.without_ray import ray_is_up
-
-    plan = _planned(args)
+    plan = _planned(args)  # checked too: a run that cannot start fails here, in one line
     if plan is None:
         return error("raysim run needs a config path (or --resume RUN_ID)")
-    if not ray_is_up():
-        preflight(plan.cfg, args.address, plan)  # before the progress bar: one line on stderr
-    result = _run_with_progress(plan, args.address, started.append)
+    result = _run_with_progress(plan, started.append)
     console.print(_summary_table(result))
     console.print(f"weights sha256: {result.weights_digest}", soft_wrap=True, highlight=False)
     if result.state_store:  # clients.state.store: disk; a path is not cut short in a table
@@ -131,7 +126,8 @@ def _run_command(args: argparse.Namespace, started: list[Any]) -> int:
 
 
 def _planned(args: argparse.Namespace) -> Any:
-    """The run's plan (``raysim.launch.plan.plan_run``), decided once; None without a config."""
+    """The run's plan (``raysim.launch.plan.plan_run``), decided and checked once, before the
+    progress bar; None without a config."""
     from raysim.launch.plan import plan_run
 
     checked = _checked_config(args)
@@ -161,9 +157,7 @@ def _dry_run(args: argparse.Namespace) -> int:
     """``--dry-run``: the plan, checked as far as it can be without running any of the config's
     modules."""
     from raysim.config import has_unchecked
-    from raysim.launch.plan import plan_run
-    from raysim.launch.session import preflight
-    from raysim.launch.without_ray import ray_is_up
+    from raysim.launch.plan import plan_run, size_on_cluster
 
     checked = _checked_config(args)
     if checked is None:
@@ -181,9 +175,9 @@ def _dry_run(args: argparse.Namespace) -> int:
             markup=False,
         )
         return 0
-    plan = plan_run(cfg, args.address, resume=resume)
-    if not ray_is_up():
-        preflight(cfg, args.address, plan)
+    # on a named cluster the driver connects to read its resources: the pool it prints is the
+    # run's (nothing is started there)
+    plan = size_on_cluster(plan_run(cfg, args.address, resume=resume))
     text = plan.describe()
     console.print(f"dry run: {text}", soft_wrap=True, highlight=False, markup=False)
     return 0
@@ -222,7 +216,7 @@ def _stopped(args: argparse.Namespace, session: Any) -> None:
         errors.print(f"{line}; start again with `{again}`")
 
 
-def _run_with_progress(plan: Any, address: str | None, on_start: Any = None) -> Any:
+def _run_with_progress(plan: Any, on_start: Any = None) -> Any:
     from raysim.launch.session import run
 
     cfg, resume = plan.cfg, plan.resume
@@ -246,4 +240,4 @@ def _run_with_progress(plan: Any, address: str | None, on_start: Any = None) -> 
                 arrived=int(m["clients_arrived"]),
             )
 
-        return run(plan=plan, address=address, on_round=on_round, on_start=on_start)
+        return run(plan=plan, on_round=on_round, on_start=on_start)

@@ -7,7 +7,7 @@ below load on first use, so that a config can be checked (``spec``, ``registry``
 
 from __future__ import annotations
 
-from ..lazy import lazy_getattr
+from ..util.lazy import lazy_getattr
 
 _EXPORTS = {
     "Layout": "..models.layout",

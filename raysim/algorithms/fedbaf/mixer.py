@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from ...buffers import Buffers
+from ...util.buffers import Buffers
 from ..base import Secret
 from ..hooks import Mixer
 from ..private import PrivateDeviceTensors, PrivateTensors

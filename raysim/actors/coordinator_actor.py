@@ -33,6 +33,9 @@ CONTROL = "control"
 CONCURRENCY_GROUPS = {CONTROL: 1}
 
 
+#: how long ``stop`` waits for a run being made in MLflow (its store is open by then: ~0.1 s)
+OPENING_S = 10.0
+
 #: the run's plan, as its driver followed it (``RunPlan.describe``), among its artifacts
 PLAN_FILE = "plan.json"
 
@@ -410,6 +413,11 @@ class Coordinator:
         newest checkpoint resumes at; the driver then ends this actor and its workers."""
         with self._opening_lock:
             self._stopping.set()
+        making = self._tracking  # a new run being made in a thread (set-up): it marks itself
+        if making is not None:  # KILLED once made (``_new_tracker``); wait for that, or the
+            with contextlib.suppress(Exception):  # driver ends this actor and it stays RUNNING
+                making.result(timeout=OPENING_S)
+        with self._opening_lock:
             opened = list(self._opened)
         with self._saving:
             for tracker in opened:  # one, or none yet: ``_new_tracker`` marks it

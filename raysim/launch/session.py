@@ -425,12 +425,7 @@ class RunSession:
         if self.finished:  # nothing to stop: ``close`` ends the actors
             return
         if self.here is not None:
-            announced = self.run_id is not None
-            try:
-                self.stopped = self.here.stop()
-            finally:
-                if not announced:  # stopped while it set up: the run it opened, if any
-                    self._end_opened_run("KILLED")
+            self.stopped = self.here.stop()
             return
         actor, self.actor = getattr(self, "actor", None), None
         if actor is None:
@@ -444,15 +439,14 @@ class RunSession:
             self.stopped = ray.get(stopping, timeout=STOP_S)
         alive = actor.__ray_ready__.remote()  # fails once the actor is dead
         ray.kill(actor, no_restart=True)
-        if self.stopped is None or self.run_id is None:
+        if self.stopped is None:
             ray.wait([alive], timeout=10)  # dead: it can open or write nothing more
             self._end_opened_run("KILLED")
 
     def _end_opened_run(self, status: str) -> None:
         """Mark ``status`` the MLflow run this session's coordinator opened, where it is still
-        RUNNING: a coordinator that could not answer, or one stopped while it set up (a SIGTERM
-        in the seconds after the run was made and before the driver heard of it), found by
-        this session's tag."""
+        RUNNING: a coordinator that could not answer (found by this session's tag where it died
+        before the driver heard of its run)."""
         if not self.tracking_uri:
             return
         try:

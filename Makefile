@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DOCS_STAMP := $(VENV)/.docs-installed
 
-.PHONY: demo test lint docs bench browser clean gpu-bundle gpu-check
+.PHONY: demo test test-matrix lint docs bench browser clean gpu-bundle gpu-check
 
 $(STAMP): pyproject.toml requirements.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -17,9 +17,15 @@ $(STAMP): pyproject.toml requirements.txt
 demo: $(STAMP)
 	$(BIN)/raysim run examples/quickstart.yaml
 
+# The fast suite (pyproject's addopts leave out the tests marked matrix and e2e)
 test: $(STAMP)
 	$(BIN)/ruff check raysim tests benchmarks
 	$(BIN)/python -m pytest -q
+
+# The slower tier: the fault matrix, long end-to-end runs, the rest of the grids (CI runs it
+# after make test; docs/development.md)
+test-matrix: $(STAMP)
+	$(BIN)/python -m pytest -q -m matrix
 
 lint: $(STAMP)
 	$(BIN)/ruff check raysim tests benchmarks

@@ -87,6 +87,7 @@ def test_raysim_run_stops_a_scaled_float16_copy_with_one_line(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.matrix  # suite time: the CLI's stop on a leak is above; each transform in-process
 def test_raysim_run_reports_every_transform_class_in_one_run(tmp_path):
     """Through the CLI (its own private Ray, the coordinator and worker actors), with
     ``audit.on_leak: report``: the plugin sends each transform of ``CAUGHT`` in turn, an

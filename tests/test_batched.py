@@ -168,6 +168,7 @@ def test_a_batched_run_ends_where_the_sequential_one_does(algorithm):
     assert np.abs(bat.weights - seq.weights).max() > 0 or bat.digest() == seq.digest()
 
 
+@pytest.mark.matrix  # suite time: tests/test_late_jobs.py runs 1 and 3 Ray workers, one killed
 def test_batched_digest_is_the_same_on_1_and_3_workers_and_through_a_killed_worker(ray_cluster):
     import raysim
 

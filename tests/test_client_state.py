@@ -156,6 +156,7 @@ def test_an_actor_per_client_agrees_with_the_pooled_run(plugin, ray_cluster):
 
 
 @pytest.mark.slow
+@pytest.mark.matrix  # suite time: a long end-to-end run
 def test_the_page_example_runs_from_outside_the_repo_on_2_workers_through_a_kill_and_a_resume(
     plugin, tmp_path
 ):

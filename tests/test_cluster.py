@@ -600,6 +600,7 @@ def _healthy(proc: subprocess.Popen, port: int) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.matrix  # suite time: a multi-node cluster of its own
 def test_jobs_on_a_multi_process_cluster_land_in_the_heads_mlflow(ray_cluster, tmp_path):
     from mlflow.tracking import MlflowClient
 

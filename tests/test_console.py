@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import yaml
 
 from tests.conftest import EXAMPLES, fresh_cli, sweep_cfg
@@ -36,6 +37,7 @@ def test_a_first_run_in_a_fresh_folder_prints_no_library_chatter(tmp_path):
     assert not heard, heard
 
 
+@pytest.mark.matrix  # suite time: ASHA's stops run fast in tests/test_tune.py
 def test_a_sweep_whose_trials_asha_stops_prints_no_crash_dump(tmp_path):
     """Four trials, two at a time, ASHA from round 1: the sweep must stop some early (else
     the test proves nothing), and no stopped trial's actors may leave a crash dump."""

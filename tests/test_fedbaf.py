@@ -683,6 +683,7 @@ def test_a_round_zero_that_does_not_move_leaves_c_at_zero_not_the_foundation(tmp
 
 # --------------------------------------------------------------------------- on Ray
 @pytest.mark.slow
+@pytest.mark.matrix  # suite time: the auditor on raysim run in tests/test_audit.py
 def test_fedbaf_through_raysim_run_on_two_workers_with_the_auditor(
     tmp_path, ray_cluster, mlflow_uri
 ):

@@ -410,8 +410,8 @@ SMOKE = [
     ({"name": "feddle_ood", "server_epochs": 1, "ood_samples_per_round": 50}, False),
     ({"name": "feddf", "server_epochs": 1}, False),
 ]
-#: CI runs Feddle-ID's smoke on Ray; the other two run in-process in CI, on Ray on demand
-RAY_SMOKE = [SMOKE[0], *(pytest.param(*s, marks=pytest.mark.matrix) for s in SMOKE[1:])]
+#: on Ray in the matrix tier (suite time); the fast suite runs these methods in-process
+RAY_SMOKE = [pytest.param(*s, marks=pytest.mark.matrix) for s in SMOKE]
 
 
 def smoke_config(algorithm: dict):
@@ -457,7 +457,7 @@ def test_server_methods_through_raysim_run_on_two_workers(algorithm, kill, ray_c
         assert names == {"strategy/coefficients.csv"}
 
 
-@pytest.mark.matrix  # slow: a coordinator replaced mid-run; the in-process resume test runs in CI
+@pytest.mark.matrix  # slow: a coordinator replaced mid-run; the in-process resume test runs fast
 @pytest.mark.parametrize("algorithm", [a for a, _ in SMOKE], ids=lambda a: a["name"])
 def test_server_methods_survive_a_killed_worker_and_a_coordinator_resumed_from_a_checkpoint(
     algorithm, ray_cluster, mlflow_uri

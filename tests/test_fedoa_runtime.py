@@ -108,6 +108,7 @@ def test_evaluation_routing():
 
 
 @pytest.mark.slow
+@pytest.mark.matrix  # suite time: FedOA on Ray runs fast in tests/test_checkpoint.py
 def test_smoke_end_to_end_with_mlflow(ray_cluster, mlflow_uri):
     """Tier T1: FedIT and FedOA(λ=0.5) end to end; losses fall; I2 across the runs (λ = 0 and
     λ = 2 are checked in-process above and in test_fedoa.py)."""
@@ -149,7 +150,7 @@ def test_method_declares_adapters_and_eval_route():
     ).personal
 
 
-@pytest.mark.matrix  # CI: a killed worker in tests/test_runtime.py and the FedOT/SCAFFOLD smokes
+@pytest.mark.matrix  # suite time: a killed worker's digest runs fast in tests/test_runtime.py
 def test_fedoa_same_result_on_one_worker_or_two_with_one_killed(ray_cluster):
     """I20: identical metrics, weights and personal adapters whatever the parallelism, even when
     a worker is killed mid-run and replaced (personal state lives in the object store)."""

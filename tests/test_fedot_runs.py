@@ -36,6 +36,7 @@ def test_fedot_resumes_bit_identically_maps_heads_and_server_mean_included():
     np.testing.assert_array_equal(resumed.strategy.vbar, full.strategy.vbar)
 
 
+@pytest.mark.matrix  # suite time: per-client actors run fast in tests/test_client_state.py
 def test_i10_an_actor_per_client_gives_the_in_process_result(ray_cluster):
     """Clients served by their own actors give the same weights, maps and heads as the
     in-process run (two pooled workers serving clients in whatever order: the CLI smoke)."""
@@ -56,7 +57,7 @@ SMOKE = [
 
 
 @pytest.mark.slow
-@pytest.mark.matrix  # suite time: FedOT through a killed worker runs in CI (exact centring, below)
+@pytest.mark.matrix  # suite time: a long end-to-end run through the CLI
 def test_the_fedot_example_gives_the_in_process_digest_on_2_workers_through_a_kill_and_a_resume(
     tmp_path,
 ):
@@ -74,6 +75,7 @@ def test_the_fedot_example_gives_the_in_process_digest_on_2_workers_through_a_ki
     assert run(load_config(MINI, [*SMOKE, "workers.group_size=3"])).digest() == digest
 
 
+@pytest.mark.matrix  # suite time: a killed worker's digest runs fast in tests/test_runtime.py
 def test_exact_centring_on_2_workers_through_a_killed_worker_gives_the_in_process_digest(
     ray_cluster,
 ):
@@ -88,6 +90,7 @@ def test_exact_centring_on_2_workers_through_a_killed_worker_gives_the_in_proces
     same_states(res.client_states, reference.materialized_states())
 
 
+@pytest.mark.matrix  # suite time: FedOT on Ray runs fast in the diverging run below
 def test_fedavg_on_the_fedot_example_gives_the_in_process_digest_on_2_workers(ray_cluster):
     overrides = [*SMOKE, "algorithm={name: fedavg}"]
     reference = run(load_config(MINI, overrides)).digest()

@@ -149,6 +149,7 @@ def test_methods_fit_an_80_column_terminal_and_one_method_shows_whole():
 
 
 @pytest.mark.slow
+@pytest.mark.matrix  # suite time: raysim ui runs fast in tests/test_ui_browser.py
 def test_raysim_ui_says_where_it_serves_and_nothing_else(tmp_path):
     """MLflow's server printed its notices, a deprecation warning and a line per request on the
     console; they go to the server's log now (issue 42, item 6)."""
@@ -263,7 +264,7 @@ def test_stale_cluster_file_does_not_capture_a_plain_run(stale_cluster_file, tmp
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("sig", "code"),
-    # both on demand: the group tests below stop the run the same way, and more often
+    # matrix tier: the group tests below stop the run the same way, and more often
     [
         pytest.param(signal.SIGINT, 130, marks=pytest.mark.matrix),
         pytest.param(signal.SIGTERM, 143, marks=pytest.mark.matrix),
@@ -356,7 +357,7 @@ def _only_run(uri: str):
     ("phase", "sign"),
     [
         ("Ray starting", "gcs_server"),
-        # on demand: the coordinator's stop() during set-up; reliability.py stops there too
+        # matrix tier: the coordinator's stop() during set-up; reliability.py stops there too
         pytest.param("workers starting", "Coordinator", marks=pytest.mark.matrix),
     ],
 )
@@ -376,11 +377,12 @@ def test_sigterm_to_the_process_group_during_start_up_stops_within_2s(tmp_path, 
 
 
 @pytest.mark.slow
+# matrix tier (suite time): the start-up phase is stopped above, and the Ray coordinator's
+# stop() mid-round by test_tune's Ctrl-C (fast suite) and reliability.py
+@pytest.mark.matrix
 @pytest.mark.parametrize(
     ("runtime", "rounds"),
-    # on Ray on demand: its start-up phase is stopped above, and the Ray coordinator's stop()
-    # mid-round by test_tune's Ctrl-C and reliability.py
-    [pytest.param("ray", 8, marks=pytest.mark.matrix), ("local", 60)],
+    [("ray", 8), ("local", 60)],
 )
 def test_sigterm_to_the_group_mid_run_names_the_round_saved_and_the_hint_resumes_there(
     tmp_path, runtime, rounds

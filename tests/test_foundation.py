@@ -100,6 +100,7 @@ def test_the_foundation_model_loads_as_hf_causal_lm_with_lora(foundation_dir):
     assert handle.get_adapter("global").size == 2 * 2 * 8 * (64 + 64)  # 2 layers x q/v x A,B
 
 
+@pytest.mark.matrix  # suite time: pretraining runs fast in process (above)
 def test_cli_pretrain_tiny_llama_writes_the_directory(tmp_path, capsys):
     """``raysim pretrain tiny-llama`` (one verb for every foundation); ``raysim foundation``, the
     old name, does the same and says it is an alias; an option of another kind is refused."""

@@ -55,6 +55,7 @@ def test_refusals_name_what_to_set():
     assert outcome(ROOT / "examples" / "fedoa" / "mini.yaml", "fedoa") == ""
 
 
+@pytest.mark.matrix  # suite time: every method's round; each method's own tests run fast
 def test_every_method_the_quickstart_accepts_runs_a_round():
     """``raysim run examples/quickstart.yaml algorithm.name=NAME rounds=1``, in process: each
     method either is refused (above) or trains, aggregates and evaluates one round."""

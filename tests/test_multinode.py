@@ -20,7 +20,7 @@ from tests.conftest import ROOT, tiny
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.matrix  # CI runs a run and a sweep across two `ray start` nodes: tests/test_cluster.py
+@pytest.mark.matrix  # suite time: a two-node `ray start` cluster of its own
 def test_two_node_cluster_run_and_sweep(tmp_path):
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     proc = subprocess.run(

@@ -62,7 +62,7 @@ def dry_run(tmp_path, overrides: list[str]) -> str:
 
 @pytest.mark.parametrize(
     "extra",
-    [[], ["workers.execution=sequential"]],
+    [[], pytest.param(["workers.execution=sequential"], marks=pytest.mark.matrix)],
     ids=["without-ray", "on-a-private-ray"],
 )
 def test_the_dry_run_prints_the_plan_that_the_run_then_follows(tmp_path, extra):

@@ -24,6 +24,7 @@ TINY = [
 ]
 
 
+@pytest.mark.matrix  # suite time: a FedOA run per held-out task
 def test_leave_one_task_out_table_and_runs(ray_cluster, mlflow_uri):
     out = leave_one_out(
         EXAMPLES / "fedoa" / "smoke.yaml",

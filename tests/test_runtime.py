@@ -55,7 +55,7 @@ def test_quickstart_end_to_end_logs_everything(ray_cluster, mlflow_uri):
 
 @pytest.mark.parametrize(
     "delays",
-    [  # on demand: test_late_jobs.py and test_batched.py run 1 and 3 Ray workers (one killed)
+    [  # matrix tier: test_late_jobs.py runs 1 and 3 Ray workers (one killed) in the fast suite
         pytest.param({"kind": "none"}, marks=pytest.mark.matrix),
         pytest.param({"kind": "half_normal", "sigma": 5.0}, marks=pytest.mark.matrix),
     ],
@@ -79,6 +79,7 @@ def test_same_result_with_one_or_three_workers(ray_cluster, delays):
     ]
 
 
+@pytest.mark.matrix  # suite time: tests/test_transport.py runs the coordinator here
 def test_a_coordinator_in_the_callers_process_gives_the_same_run(ray_cluster, mlflow_uri):
     """``RunSession(coordinator_here=True)`` (what a Tune trial uses): no coordinator actor, the
     same weights, metrics and MLflow run as with one. A coordinator with GPUs keeps its actor,
@@ -177,6 +178,7 @@ def test_killed_coordinator_is_replaced_and_result_unchanged(clean, mlflow_uri):
     _replaced_once(MlflowClient(mlflow_uri), faulty, resumed_at="2")
 
 
+@pytest.mark.matrix  # suite time: the replaced coordinator's run is checked above
 def test_a_replaced_coordinators_workers_are_ended_with_it(clean):
     """The driver starts the first coordinator's workers beside it and owns them, so they would
     outlive it: when it dies the driver ends them, and only the replacement's workers run."""

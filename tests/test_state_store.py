@@ -176,11 +176,11 @@ def test_a_ray_run_with_two_workers_keeps_state_on_disk_and_says_where(
 @pytest.mark.parametrize(
     "fault",
     [
-        # on demand (-m matrix): a re-run job reads and writes the store as any job does
+        # matrix tier: a re-run job reads and writes the store as any job does
         pytest.param(
             ["faults.kill_worker.round=2", "faults.kill_worker.worker=1"], marks=pytest.mark.matrix
         ),
-        # on demand too: the in-process resume test holds the checkpoint's files the same way
+        # matrix tier too: the in-process resume test holds the checkpoint's files the same way
         pytest.param(
             ["checkpoint.every=2", "faults.kill_coordinator.round=3"], marks=pytest.mark.matrix
         ),

@@ -58,8 +58,8 @@ CASES = {
 
 @pytest.mark.parametrize(
     "case",
-    # sync on demand: the async case runs the same links, with results kept for later rounds
-    [pytest.param(c, marks=pytest.mark.matrix) if c.startswith("sync") else c for c in CASES],
+    # sync and async in the matrix tier (suite time): the Ditto case runs the same links
+    [c if c.startswith("personal") else pytest.param(c, marks=pytest.mark.matrix) for c in CASES],
 )
 def test_links_give_the_runs_that_calls_give(ray_cluster, case):
     cfg = {**CASES[case], "tracking": {"enabled": False}}
@@ -69,6 +69,7 @@ def test_links_give_the_runs_that_calls_give(ray_cluster, case):
     assert called[2]["link"] == 0
 
 
+@pytest.mark.matrix
 def test_more_batches_in_flight_than_a_link_holds(ray_cluster, monkeypatch):
     """The async case with a link that holds 1 request: each send first reads the oldest."""
     import raysim.actors.pool as pool
@@ -78,6 +79,7 @@ def test_more_batches_in_flight_than_a_link_holds(ray_cluster, monkeypatch):
     _same(_run(cfg, "auto"), _run(cfg, "calls"))
 
 
+@pytest.mark.matrix
 def test_a_worker_killed_while_linked_is_replaced_and_the_run_unchanged(ray_cluster):
     """Its batch goes again as a plain call on the restarted process; the other worker keeps
     its link."""

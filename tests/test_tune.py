@@ -267,7 +267,7 @@ print(json.dumps({"idle": idle, "trial": pids[0], "worker": worker}))
 
 
 @pytest.mark.slow
-@pytest.mark.matrix  # suite time: a start-up speed property, on demand (pytest -m matrix)
+@pytest.mark.matrix  # suite time: a start-up speed property
 def test_a_trial_and_its_worker_start_in_processes_ray_kept_idle(tmp_path):
     """In a fresh private Ray, a trial's process takes a worker process that Ray started with
     the node, as a plain run's actors do, instead of waiting for a new one: Tune's own runtime
@@ -339,6 +339,7 @@ def test_a_worker_that_loads_the_trial_module_starts_no_worker(ray_cluster):
         remove_placement_group(pg)
 
 
+@pytest.mark.matrix  # suite time: trials as raysim runs are checked by the Ctrl-C sweep above
 def test_a_trials_workers_start_as_its_process_loads_and_train_what_raysim_run_does(
     ray_cluster, tmp_path
 ):
@@ -373,6 +374,7 @@ def test_a_trials_workers_start_as_its_process_loads_and_train_what_raysim_run_d
 
 
 @pytest.mark.slow
+@pytest.mark.matrix  # suite time, as the test above
 def test_trials_that_train_their_worker_in_process_match_raysim_run(ray_cluster, tmp_path):
     """Two trials one at a time (``tune.worker=auto``: the second reuses the first's process):
     no worker actor starts, each trial's placement says its worker is in process, and each

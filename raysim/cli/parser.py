@@ -45,12 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
         "checkpoint; its config.yaml is used unless CONFIG is given (then it must match)",
     )
     p.add_argument("--force", action="store_true", help="resume even a run still marked RUNNING")
-    p.add_argument(
-        "--trust-modules",
-        action="store_true",
-        help="import the modules (module:) that a config read from a checkpoint or an MLflow run "
-        "names; without it such a config is refused, since that code is not a file you gave",
-    )
+    _trust_modules_option(p)
     p.add_argument(
         "--dry-run",
         action="store_true",
@@ -111,12 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="FedBaF's extraction harness (E0/E1/E2, fedbaf.md §6) against a run with observers",
     )
     p.add_argument("run", help="the attacked run: an MLflow run id or its config YAML")
-    p.add_argument(
-        "--trust-modules",
-        action="store_true",
-        help="import the modules (module:) that a config read from a checkpoint or an MLflow run "
-        "names; without it such a config is refused, since that code is not a file you gave",
-    )
+    _trust_modules_option(p)
     p.add_argument(
         "--observations", default=None, help="the observers' records (default: the run's dir)"
     )
@@ -135,3 +125,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_extract)
     return parser
+
+
+def _trust_modules_option(p: argparse.ArgumentParser) -> None:
+    """``--trust-modules`` (``raysim run``, ``raysim extract``)."""
+    p.add_argument(
+        "--trust-modules",
+        action="store_true",
+        help="import the modules (module:) that a config read from a checkpoint or an MLflow run "
+        "names; without it such a config is refused, since that code is not a file you gave",
+    )

@@ -111,7 +111,8 @@ def fail_if_called(monkeypatch) -> list[str]:
 
 def test_a_run_without_ray_follows_its_plan_and_decides_nothing_again(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
-    plan = plan_run(load_config(QUICKSTART, SHORT))
+    # runtime=local: without Ray even where the session's Ray is up in this process
+    plan = plan_run(load_config(QUICKSTART, [*SHORT, "runtime=local"]))
     assert plan.local and plan.checked
     called = fail_if_called(monkeypatch)
     result = raysim.run(plan=plan)

@@ -45,6 +45,13 @@ def plan_sweep(
     named cluster that does not answer fails in one line first)."""
     import ray
 
+    # what planning a trial imports, imported before Ray is joined: in a Ray job's entrypoint
+    # Ray may remove the job's copy of its working_dir once the driver joins (seen on a fresh
+    # cluster within 3 s of ray.init), and a module first imported after that is not found
+    import raysim.launch.plan  # noqa: F401
+    import raysim.launch.preflight  # noqa: F401
+    import raysim.launch.store_choice  # noqa: F401
+    import raysim.state.checkpoint  # noqa: F401
     from raysim.launch.inputs import check_inputs
     from raysim.launch.placement import trial_pin
     from raysim.launch.private_ray import check_reachable, ensure_ray, ray_address

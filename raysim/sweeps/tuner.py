@@ -155,6 +155,7 @@ def tune(
             "parameters and each trial's placement are checked when the sweep starts"
         )
     uri = base["tracking"]["uri"] if cfg.tracking.enabled else None
+    cwd = os.getcwd()  # before Ray is joined (``plan_sweep``: a Ray job's copy may go then)
     sweep = plan_sweep(cfg, section, address, uri, dry_run=dry_run)
     if dry_run:
         return describe_sweep(cfg, section, sweep.bundles, sweep.total, sweep.here, sweep.trial)
@@ -163,7 +164,7 @@ def tune(
         "base": base,
         "parent_run_id": None,
         "metric": section.metric,
-        "cwd": os.getcwd(),
+        "cwd": cwd,
         "worker_here": here,
         "decisions": decision_rounds(section, cfg.rounds),
     }

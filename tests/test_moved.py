@@ -42,3 +42,15 @@ def test_raysim_imports_none_of_the_old_names():
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
     )
     assert out.returncode == 0, out.stderr[-3000:]
+
+
+def test_the_old_flat_names_of_raysim_tracking_still_resolve_with_a_warning():
+    import raysim.tracking
+    from raysim.tracking import store, tracker
+
+    with pytest.warns(DeprecationWarning, match="raysim.tracking.store.open_store"):
+        assert raysim.tracking.open_store is store.open_store
+    with pytest.warns(DeprecationWarning, match="raysim.tracking.tracker.Tracker"):
+        assert raysim.tracking.Tracker is tracker.Tracker
+    with pytest.raises(AttributeError):
+        raysim.tracking.no_such_name  # noqa: B018

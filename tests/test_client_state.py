@@ -143,6 +143,8 @@ def test_client_state_resumes_bit_identically(plugin):
 
 
 # --------------------------------------------------------------------------- on Ray workers
+# matrix tier (suite time): per-client actors; the pooled Ray path stays in the fast suite
+@pytest.mark.matrix
 def test_an_actor_per_client_agrees_with_the_pooled_run(plugin, ray_cluster):
     """Against the in-process run, on Ray with an actor per client: digest and every c_i (the
     page's test below covers one worker, two with one killed, and a resumed coordinator)."""

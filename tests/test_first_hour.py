@@ -469,6 +469,9 @@ def _start_tracker(uri: str, i: int) -> str:
     return t.run_id
 
 
+# matrix tier (suite time): concurrent starts on one fresh store; one run's start is in the
+# fast suite everywhere
+@pytest.mark.matrix
 def test_runs_starting_together_on_a_fresh_store_all_land(tmp_path):
     """Processes open one fresh sqlite store at once (schema creation, experiment creation):
     every run lands FINISHED with its own metric. (Eight full runs: benchmarks/reliability.py.)"""

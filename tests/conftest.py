@@ -1,4 +1,4 @@
-"""Shared fixtures: one Ray instance per test session (ENVIRONMENT.md: ray.init costs 5–9 s)."""
+"""Shared fixtures: one Ray instance per test session (ray.init costs 5–9 s on 2 vCPUs)."""
 
 from __future__ import annotations
 

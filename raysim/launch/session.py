@@ -227,7 +227,8 @@ class RunSession:
 
         cfg = self.cfg
         if not ray.is_initialized() and self.tracking_uri:
-            # before ray.init, for every Ray process (ENVIRONMENT.md)
+            # before ray.init: Ray's processes inherit the driver's environment as it starts
+            # them, so every worker and the coordinator find the same store
             os.environ["MLFLOW_TRACKING_URI"] = self.tracking_uri
         self._started_ray = ensure_ray(target=self.plan.target, resources=self.plan.resources)
         try:

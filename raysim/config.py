@@ -315,6 +315,16 @@ class WorkersConfig(StrictModel):
         "training ends the coordinator (which a new one replaces from the last checkpoint)",
     )
 
+    partial_sums: bool | Literal["auto"] = Field(
+        "auto",
+        description="on a Ray pool, where the method's server step only sums its clients' "
+        "updates (raysim methods NAME says): each update stays on its worker's node, where it is "
+        "summed with the node's others; the coordinator receives one partial sum per node. Sums "
+        "are exact (fixed point), so results are the same bits on or off, for any number of "
+        "workers and nodes. auto: where the method sums; true: the same, refused for a method "
+        "that needs each update; false: every update travels whole to the coordinator",
+    )
+
     cuda_deterministic: bool = Field(
         True,
         description="a worker on a CUDA device uses deterministic kernels "
@@ -522,6 +532,7 @@ class RunConfig(StrictModel):
         if unmet:
             raise ValueError(unmet)
         self._check_together()
+        self._check_partial_sums()
         for f in self.faults.corrupt_updates:
             if f.client >= self.clients.num:
                 raise ValueError(
@@ -595,6 +606,21 @@ class RunConfig(StrictModel):
             raise ValueError(
                 f"{what}; data.shift.kind embedding shifts one resident model per worker: "
                 "set algorithm.dual_centering sync"
+            )
+
+    def partial_sums(self) -> bool:
+        """Whether a Ray pool keeps the clients' deltas where they are and sums them there
+        (``workers.partial_sums``): true or auto, for a method whose strategy sums its updates."""
+        return self.workers.partial_sums is not False and method_spec(self.algorithm.name).sums
+
+    def _check_partial_sums(self) -> None:
+        if self.workers.partial_sums is not True:
+            return
+        spec = method_spec(self.algorithm.name)
+        if not spec.sums:
+            raise ValueError(
+                f"workers.partial_sums true: {self.algorithm.name} needs each update whole "
+                f"({spec.each_because}); set workers.partial_sums to auto or false"
             )
 
     def client_hooks(self) -> list[tuple[str, HookParams]]:

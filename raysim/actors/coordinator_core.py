@@ -26,6 +26,7 @@ import numpy as np
 from raysim.actors.core_client_states import ClientStates
 from raysim.actors.core_report import (
     CLIENT_COLUMNS,
+    PLACEMENT_METRICS,
     RESULT_ROWS,
     TIMING_METRICS,
     ClientStats,
@@ -49,6 +50,7 @@ from raysim.tracking import timeline
 
 __all__ = [
     "CLIENT_COLUMNS",
+    "PLACEMENT_METRICS",
     "RESULT_ROWS",
     "TIMING_METRICS",
     "ClientStats",
@@ -335,8 +337,11 @@ class CoordinatorCore(ModelVersions, ClientStates, Snapshot, RunReport):
         self._release_broadcast(job.dispatch_round)
         log.compute_s[result.worker_pid] += result.seconds
         st = self.stats[job.client]
-        log.bytes_up += result.delta.nbytes + sum(a.nbytes for a in result.extras.values())
-        if not np.isfinite(result.delta).all():
+        extras = sum(a.nbytes for a in result.extras.values())
+        log.bytes_up += result.delta_nbytes + extras
+        # what reached this process: an update whole, or (``workers.partial_sums``) its extras
+        log.bytes_in += extras + (result.delta_nbytes * isinstance(result.delta, np.ndarray))
+        if not result.is_finite():
             self._drop_state(result.state)  # the version it saved is never adopted
             if self.strategy.stop_on_nonfinite:
                 raise Diverged(

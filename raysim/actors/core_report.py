@@ -37,8 +37,11 @@ CLIENT_COLUMNS = (
 #: every other metric does not (docs/execution.md, "What deterministic promises").
 TIMING_METRICS = frozenset(
     {"wall_time", "round_wall_s", "round_wait_s", "round_compute_s"}
-    | {"server_wall_s", "audit_wall_s"}
+    | {"server_wall_s", "audit_wall_s", "reduce_wall_s"}
 )
+#: Per-round metrics that depend on where the run's work ran (how many nodes summed updates),
+#: not on what it computed: the same for two runs on one placement, like every other metric.
+PLACEMENT_METRICS = frozenset({"coordinator_bytes_in"})
 
 
 @dataclass(slots=True)
@@ -64,6 +67,8 @@ class RoundLog:
     rejected: int = 0
     bytes_up: int = 0
     bytes_down: int = 0
+    #: bytes of updates that reached the coordinator's process: whole ones, partial sums
+    bytes_in: int = 0
     tau_rounds: list[int] = field(default_factory=list)
     tau_versions: list[int] = field(default_factory=list)
     train_loss: list[float] = field(default_factory=list)
@@ -101,6 +106,9 @@ class RunReport:
 
     def _round_report(self, k: int, log: RoundLog, wall: float) -> dict[str, float]:
         """Round ``k``'s metrics (its evaluation apart), its counts added to ``totals``."""
+        counts = getattr(self.executor, "sum_counts", None)  # a test's executor may lack it
+        summed, reduce_s = counts() if counts is not None else (0, {})
+        log.bytes_in += summed
         self.totals["bytes_up"] += log.bytes_up
         self.totals["bytes_down"] += log.bytes_down
         self.totals["arrived"] += log.arrived
@@ -119,8 +127,11 @@ class RunReport:
             "rejected_updates_total": self.totals["rejected_updates"],
             "bytes_up": float(log.bytes_up),
             "bytes_down": float(log.bytes_down),
+            "coordinator_bytes_in": float(log.bytes_in),
             "model_version": float(self.version),
         }
+        if reduce_s:  # the busiest node's reducer: its sums ran in parallel with the others'
+            m["reduce_wall_s"] = max(reduce_s.values())
         events = self.executor.events()
         if events:
             self.totals["worker_restarts"] = self.totals.get("worker_restarts", 0) + len(events)

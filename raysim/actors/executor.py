@@ -40,6 +40,10 @@ class Executor(Protocol):
     def events(self) -> list[str]:
         """Worker events (restarts) since the last call, for the run's log."""
 
+    def sum_counts(self) -> tuple[int, dict[str, float]]:
+        """Bytes that reached the coordinator through partial sums, and the reducers' seconds
+        by node, since the last call (``workers.partial_sums``); (0, {}) where none."""
+
     def kill_worker(self, index: int) -> None:
         """Fault injection: kill one worker (it is replaced, its jobs re-run)."""
 
@@ -108,6 +112,9 @@ class InProcessExecutor:
 
     def events(self) -> list[str]:
         return []
+
+    def sum_counts(self) -> tuple[int, dict[str, float]]:
+        return 0, {}
 
     def kill_worker(self, index: int) -> None:  # nothing to kill in-process
         pass

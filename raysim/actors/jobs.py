@@ -33,6 +33,15 @@ def one_or_each(handles: list[Any]) -> Any:
 
 
 @dataclass(frozen=True)
+class LeftOnNode:
+    """A result's delta as a worker sends it with ``workers.partial_sums``: the array went out as
+    an object of its own, kept on the worker's node; the pool puts a ``HeldDelta`` in its place."""
+
+    shape: tuple[int, ...]
+    nbytes: int
+
+
+@dataclass(frozen=True)
 class ClientJob:
     """One virtual client's local training on a given global model version."""
 
@@ -59,7 +68,9 @@ class ClientJob:
 class ClientResult:
     job_id: int
     client: int
-    delta: np.ndarray
+    #: the update: an array, or where the pool keeps it on the worker's node
+    #: (``workers.partial_sums``) a ``HeldDelta``
+    delta: Any
     num_samples: int
     metrics: dict[str, float] = field(default_factory=dict)
     #: new personal state ({} = none): arrays, or a handle to them (``Executor.get``)
@@ -69,6 +80,20 @@ class ClientResult:
     #: the worker's wall seconds for this job (a group's time split evenly); a timing, never a
     #: metric: it feeds the round's ``round_compute_s`` only
     seconds: float = 0.0
+    #: whether every value of the delta is finite, as the worker found (None: not looked)
+    finite: bool | None = None
+    #: the node of the worker that ran the job ("" in process)
+    node: str = ""
+
+    @property
+    def delta_nbytes(self) -> int:
+        return int(self.delta.nbytes)
+
+    def is_finite(self) -> bool:
+        """The worker's finding, or a look at the delta where it made none."""
+        if self.finite is None:
+            self.finite = bool(np.isfinite(self.delta).all())
+        return self.finite
 
 
 @dataclass(frozen=True)

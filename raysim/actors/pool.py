@@ -15,7 +15,15 @@ import numpy as np
 import ray
 
 from raysim.actors.compiled import MAX_IN_FLIGHT, WorkerLink, in_actor
-from raysim.actors.jobs import ClientJob, ClientResult, EvalJob, job_groups, one_or_each
+from raysim.actors.jobs import (
+    ClientJob,
+    ClientResult,
+    EvalJob,
+    LeftOnNode,
+    job_groups,
+    one_or_each,
+)
+from raysim.actors.reduce import NodeSums
 from raysim.actors.worker_actor import Worker
 
 if TYPE_CHECKING:
@@ -139,6 +147,9 @@ class RayWorkerPool:
         self._sizes = client_sizes
         self._pids: dict[int, set[int]] = {}
         self._events: list[str] = []
+        #: ``workers.partial_sums``: deltas stay on their workers' nodes, summed there
+        self._hold = cfg.partial_sums()
+        self.sums = NodeSums()
 
     def _grow(self, n: int) -> None:
         """Start workers until ``n`` run (at most the pool's reserved size)."""
@@ -273,8 +284,10 @@ class RayWorkerPool:
     def _call(self, sent: _Sent) -> None:
         handle = self.workers[sent.worker]
         if sent.kind == "train":
-            call = handle.run_batch.options(num_returns=len(sent.batch) + 1)
-            sent.ref, *sent.states = call.remote(sent.handle, sent.batch, self.data)
+            n = len(sent.batch)
+            call = handle.run_batch.options(num_returns=n + 1 + n * self._hold)
+            sent.ref, *rest = call.remote(sent.handle, sent.batch, self.data, self._hold)
+            sent.states, sent.deltas = rest[:n], rest[n:]
         else:
             sent.ref = handle.evaluate_batch.remote(sent.handle, sent.batch, self.data)
         sent.link = None
@@ -306,6 +319,9 @@ class RayWorkerPool:
             for r, state in zip(answer, states, strict=True):
                 if r.state is None:
                     r.state = state
+            for r, ref in zip(answer, sent.deltas if sent.link is None else (), strict=False):
+                if isinstance(r.delta, LeftOnNode):
+                    r.delta = self.sums.hold(ref, r.delta.shape, r.delta.nbytes, r.node)
         sent.answer = answer
         return answer
 
@@ -388,7 +404,13 @@ class RayWorkerPool:
         infos = ray.get([w.info.remote(self.data) for w in self.workers])
         return [{"worker": i, **info, "early": i < self.early} for i, info in enumerate(infos)]
 
+    def sum_counts(self) -> tuple[int, dict[str, float]]:
+        """Bytes that reached this process through partial sums, and the reducers' seconds by
+        node, since the last call (``NodeSums.take_counts``)."""
+        return self.sums.take_counts()
+
     def close(self) -> None:
+        self.sums.close()
         for worker, link in self._links.items():
             link.close(s.ref for s in self._linked[worker])  # unread at the run's end
         self._links = {}
@@ -423,4 +445,5 @@ class _Sent:
         self.link: WorkerLink | None = None
         self.ref: Any = None
         self.states: list[Any] = []
+        self.deltas: list[Any] = []  # ``workers.partial_sums``: each job's delta, by reference
         self.answer: list[Any] | None = None

@@ -316,7 +316,10 @@ class ClientRunner:
         state: Any = {**ctx.model.get_state(), **store_entries(ctx.state)}
         if state and job.store is not None:  # clients.state.store: disk
             state = store_at(job.store).save(job.client, job.job_id, state)
-        return ClientResult(job.job_id, job.client, delta, n, metrics, state, ctx.uplink)
+        finite = bool(np.isfinite(delta).all())  # here, not in the coordinator's serial work
+        return ClientResult(
+            job.job_id, job.client, delta, n, metrics, state, ctx.uplink, finite=finite
+        )
 
     def _local_accuracy(self, data: Any, model: Any) -> float:
         if "test" not in self._eval_tensors:  # converted once per worker, shared with _score

@@ -57,16 +57,21 @@ class Worker:
         return self._runner
 
     def run_batch(
-        self, weights: np.ndarray, jobs: list[ClientJob], data: list[Any]
+        self, weights: np.ndarray, jobs: list[ClientJob], data: list[Any], hold: bool = False
     ) -> tuple[Any, ...]:
-        """The batch's results, then each job's personal state as a return value of its own.
+        """The batch's results, then each job's personal state as a return value of its own,
+        then, with ``hold`` (``workers.partial_sums``), each job's delta as one of its own.
 
         Called with ``num_returns = len(jobs) + 1``: each state becomes an object owned by the
         coordinator that the pool hands back as a reference, so the coordinator never copies it
         and the next job's worker reads it straight from the object store. A result's ``state``
         is None where the state went out that way, ``{}`` where the model keeps none; a state
         written to disk (``StoredState``, a few bytes) stays in its result. ``weights``: the
-        version (resolved by Ray), or a list of one version ref per job."""
+        version (resolved by Ray), or a list of one version ref per job.
+
+        Called with ``hold``, ``num_returns`` is ``2·len(jobs) + 1``: each delta then stays in
+        this node's object store (its result says ``LeftOnNode``), where the node's reducer sums
+        it (``raysim.actors.reduce``)."""
         if isinstance(weights, list):  # refs inside a list are not resolved by the call
             with timeline.span("fetch versions", jobs[0].dispatch_round):
                 weights = _versions(weights)
@@ -77,7 +82,17 @@ class Worker:
             if not isinstance(r.state, StoredState):
                 r.state = None if r.state else {}
             r.worker_pid = os.getpid()
-        return (results, *states)
+        if not hold:
+            return (results, *states)
+        import ray
+
+        from raysim.actors.jobs import LeftOnNode
+
+        node = ray.get_runtime_context().get_node_id()
+        deltas = [r.delta for r in results]
+        for r in results:
+            r.delta, r.node = LeftOnNode(tuple(r.delta.shape), int(r.delta.nbytes)), node
+        return (results, *states, *deltas)
 
     def evaluate_batch(
         self, weights: np.ndarray, jobs: list[EvalJob], data: list[Any]

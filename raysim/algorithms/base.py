@@ -9,6 +9,7 @@ as one flat float32 numpy vector: the shared parameter group, then the model's b
 
 from __future__ import annotations
 
+import inspect
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from ..errors import Diverged as Diverged  # re-exported: a strategy raises it
 from ..models.layout import DEFAULT_GROUPS, ParamGroup, check_groups
 from ..models.registry import ModelWrapper
 from .context import ServerContext
+from .exact_sum import HeldDelta, combine
 from .private import REFUSAL, PrivateStateError, PrivateTensors, private_array
 from .spec import MethodParams as MethodParams  # re-exported: the torch-free half lives in spec
 from .spec import MethodSpec
@@ -157,6 +159,12 @@ class Strategy(Stateful):
     #: True: a non-finite client update stops the run (``Diverged``) instead of being rejected
     #: with a warning (for methods where a NaN means divergence, not one faulty client)
     stop_on_nonfinite: bool = False
+    #: True: the server step reads its clients' deltas only through ``WeightedMean.combine``,
+    #: with weights from what an ``Update`` says besides its delta (sizes, staleness), so the
+    #: workers may keep the deltas and sum them where they are (``workers.partial_sums``;
+    #: ``Update.delta`` is then a ``HeldDelta``). False: each delta reaches the server whole.
+    #: A method's spec says the same (``MethodSpec.sums``), checked when it registers
+    sums_updates: bool = False
 
     def __init__(self, params: MethodParams, initial_weights: np.ndarray, num_clients: int) -> None:
         self.params = params
@@ -367,18 +375,18 @@ class ClientAlgorithm:
 
 
 class WeightedMean:
-    """Fixed-order weighted sum of deltas: the one reduction every aggregator shares.
+    """The one reduction every aggregator shares: an exact weighted sum of deltas
+    (``raysim.algorithms.exact_sum``), the same bits in any order and grouping, so workers and
+    nodes may add parts of it where the updates are (``Strategy.sums_updates``).
 
     Using one helper makes methods that coincide in theory (FedBuff with K = S vs FedAvg) coincide
     bit for bit too.
     """
 
     @staticmethod
-    def combine(deltas: Sequence[np.ndarray], weights: Sequence[float]) -> np.ndarray:
-        out = np.zeros_like(deltas[0], dtype=np.float32)
-        for d, w in zip(deltas, weights, strict=True):
-            out += np.float32(w) * d
-        return out
+    def combine(deltas: Sequence[np.ndarray | HeldDelta], weights: Sequence[float]) -> np.ndarray:
+        """``Σ weights[j]·deltas[j]`` as float32; a delta may be held on its worker."""
+        return combine(deltas, weights)
 
 
 @dataclass(frozen=True)
@@ -401,6 +409,8 @@ class Method:
     evaluate_with: str = "global"
     wrap_model: ModelWrapper | None = None
     needs: Needs = Needs()
+    #: where its strategy does not sum its updates, why it needs each (``MethodSpec``)
+    each_because: str = MethodSpec.each_because
 
     @classmethod
     def of(cls, spec: MethodSpec, strategy: type[Strategy], **implementation: Any) -> Method:
@@ -412,6 +422,7 @@ class Method:
             params=spec.params,
             reference=spec.reference,
             needs=spec.needs,
+            each_because=spec.each_because,
             **implementation,
         )
         if method.client.may_batch() != spec.batchable:
@@ -424,6 +435,11 @@ class Method:
                 f"{spec.name}: its spec says secrets={spec.secrets}, its strategy "
                 f"{strategy.__name__} {'does not override' if spec.secrets else 'overrides'} "
                 "secrets()"
+            )
+        if _sums(strategy) != spec.sums:
+            raise ValueError(
+                f"{spec.name}: its spec says sums={spec.sums}, its strategy {strategy.__name__} "
+                f"says sums_updates={_sums(strategy)}"
             )
         return method
 
@@ -444,6 +460,8 @@ class Method:
             reference=self.reference,
             batchable=self.client.may_batch(),
             secrets=self.declares_secrets,
+            sums=_sums(self.strategy),
+            each_because=self.each_because,
         )
 
     def __post_init__(self) -> None:
@@ -484,3 +502,9 @@ class Method:
         self, params: Mapping[str, Any], initial_weights: np.ndarray, num_clients: int
     ) -> Strategy:
         return self.strategy(self.params(**params), initial_weights, num_clients)
+
+
+def _sums(strategy: type[Strategy]) -> bool:
+    """``sums_updates`` of a strategy class (a composed one answers for its base: a property)."""
+    value = inspect.getattr_static(strategy, "sums_updates", False)
+    return value if isinstance(value, bool) else False

@@ -135,6 +135,11 @@ class ComposedStrategy(Strategy):
         return self.base.stop_on_nonfinite
 
     @property
+    def sums_updates(self) -> bool:
+        """The base's: a mixer reads the aggregated model, never an update."""
+        return self.base.sums_updates
+
+    @property
     def reads_client_states(self) -> bool:
         return self.base.reads_client_states
 

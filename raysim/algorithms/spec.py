@@ -132,7 +132,11 @@ class MethodSpec:
     its client can train in a batched pass (``ClientAlgorithm.may_batch``, checked when the
     method registers); ``secrets``: whether its strategy declares server-private values
     (overrides ``Strategy.secrets``, checked when it registers), which turns the leak auditor on
-    by default (``audit.leaks``).
+    by default (``audit.leaks``); ``sums``: whether its server step reads the clients' deltas only
+    as a weighted sum (``Strategy.sums_updates``, checked when it registers), which lets the
+    workers sum them where they are (``workers.partial_sums``); ``each_because``: where it does
+    not, why it needs each delta (``raysim methods`` and the refusal of ``partial_sums: on``
+    say it).
     """
 
     kind: ClassVar[str] = "algorithm"  # the registry's word for a method, as in its errors
@@ -143,6 +147,15 @@ class MethodSpec:
     reference: str = ""
     batchable: bool = True
     secrets: bool = False
+    sums: bool = False
+    each_because: str = "its strategy does not declare sums_updates"
+
+    @property
+    def updates(self) -> str:
+        """For ``raysim methods``: how its clients' deltas reach the server step."""
+        if self.sums:
+            return "summed where they are (workers.partial_sums)"
+        return f"each one whole: {self.each_because}"
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,9 @@ from .params import METHODS, FedBaFMethodParams
 class FedBaFStrategy(ComposedStrategy):
     """The base's strategy, then (FedProx's damping,) then the FedBaF mix."""
 
+    #: its bases (FedAvg, FedProx, FedAdam) sum; the mix reads the aggregate, never an update
+    sums_updates = True
+
     def __init__(
         self, params: FedBaFMethodParams, initial_weights: np.ndarray, num_clients: int
     ) -> None:

@@ -119,6 +119,7 @@ SPECS = (
         Needs(example="examples/fedbaf/mini.yaml"),
         "FedBaF (Park et al. 2024) over FedAvg, FedProx or FedAdam; fedbaf.md §2",
         secrets=True,
+        sums=True,
     ),
     HookSpec(
         "client behaviour",

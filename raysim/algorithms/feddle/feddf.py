@@ -29,6 +29,7 @@ from .server_training import (
 
 class FedDF(RoundBuffer):
     params: FedDFParams
+    sums_updates = False  # each client's model is a teacher of its own
 
     def __init__(self, params, initial_weights, num_clients) -> None:
         super().__init__(params, initial_weights, num_clients)

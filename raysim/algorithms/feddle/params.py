@@ -139,15 +139,29 @@ class FeddleOODParams(FeddleParams):
 
 M = "raysim.algorithms.feddle."
 SPECS = (
-    MethodSpec("center", M + "center", CenterParams, ID_DATA, "feddle.md §4.1"),
-    MethodSpec("fedft", M + "fedft", FedFTParams, ID_DATA, "Fed+FT; feddle.md §4.6"),
-    MethodSpec("hfcl", M + "hfcl", needs=ID_DATA, reference="Elbir et al. 2021; feddle.md §4.7"),
+    MethodSpec(
+        "center",
+        M + "center",
+        CenterParams,
+        ID_DATA,
+        "feddle.md §4.1",
+        each_because="it trains on the server only: no client sends anything",
+    ),
+    MethodSpec("fedft", M + "fedft", FedFTParams, ID_DATA, "Fed+FT; feddle.md §4.6", sums=True),
+    MethodSpec(
+        "hfcl",
+        M + "hfcl",
+        needs=ID_DATA,
+        reference="Elbir et al. 2021; feddle.md §4.7",
+        sums=True,
+    ),
     MethodSpec(
         "feddf",
         M + "feddf",
         FedDFParams,
         ID_CLASSIFIER,
         "Lin et al. 2020 (FedDF-ID); feddle.md §4.8",
+        each_because="each client's model is a teacher of its own in the distillation",
     ),
     MethodSpec(
         "feddf_ood",
@@ -155,6 +169,7 @@ SPECS = (
         FedDFOODParams,
         OOD_CLASSIFIER,
         "Lin et al. 2020 (FedDF-OOD), on the OOD server pool; feddle.md §4.8",
+        each_because="each client's model is a teacher of its own in the distillation",
     ),
     MethodSpec(
         "feddle",
@@ -162,6 +177,7 @@ SPECS = (
         FeddleParams,
         ID_DATA,
         "Feddle (federated dual learning), in-domain server data; feddle.md §3",
+        each_because="each arrival may become an anchor of the atlas the server searches",
     ),
     MethodSpec(
         "feddle_ood",
@@ -169,6 +185,7 @@ SPECS = (
         FeddleOODParams,
         OOD_CLASSIFIER,
         "Feddle with out-of-domain server data (a probe surrogate); feddle.md §3.5",
+        each_because="each arrival may become an anchor of the atlas the server searches",
     ),
 )
 #: by name, for the implementation modules (``Method.of(METHODS["feddle"], ...)``)

@@ -85,9 +85,15 @@ class FedSDRParams(FedOAParams):
 
 M = "raysim.algorithms.fedoa."
 SPECS = (
-    MethodSpec("fedit", M + "fedit", reference="Zhang et al. 2023; fedoa.md §3.2"),
+    MethodSpec("fedit", M + "fedit", reference="Zhang et al. 2023; fedoa.md §3.2", sums=True),
     MethodSpec(
-        "fedoa", M + "method", FedOAParams, LORA_LM, "FedOA (seeds 000/001); fedoa.md §2", False
+        "fedoa",
+        M + "method",
+        FedOAParams,
+        LORA_LM,
+        "FedOA (seeds 000/001); fedoa.md §2",
+        False,
+        sums=True,
     ),
     MethodSpec(
         "local_only",
@@ -95,9 +101,14 @@ SPECS = (
         LocalOnlyParams,
         reference="Local-only personal models = FedOA with λ = 0; fedoa.md §3.7",
         batchable=False,
+        sums=True,
     ),
     MethodSpec(
-        "ditto", M + "ditto", DittoParams, reference="Li et al. 2021 (Ditto); fedoa.md §3.7"
+        "ditto",
+        M + "ditto",
+        DittoParams,
+        reference="Li et al. 2021 (Ditto); fedoa.md §3.7",
+        sums=True,
     ),
     MethodSpec(
         "perada",
@@ -106,6 +117,7 @@ SPECS = (
         LORA_LM,
         "Xie et al. 2024 (PerAda), without distillation; fedoa.md §3.5",
         False,
+        sums=True,
     ),
     MethodSpec(
         "pfedme",
@@ -113,6 +125,7 @@ SPECS = (
         PFedMeParams,
         reference="T. Dinh et al. 2020 (pFedMe); fedoa.md §3.3",
         batchable=False,
+        sums=True,
     ),
     MethodSpec(
         "fedlora",
@@ -121,6 +134,7 @@ SPECS = (
         LORA_LM,
         "Yi et al. 2023 (FedLoRA) as adapted by FedOA; fedoa.md §3.4",
         False,
+        sums=True,
     ),
     MethodSpec(
         "fedsdr",
@@ -129,11 +143,13 @@ SPECS = (
         LORA_LM,
         "Tang et al. 2024 (FedSDR), the FedOA authors' surrogate; fedoa.md §3.6",
         False,
+        sums=True,
     ),
     MethodSpec(
         "centralized",
         M + "centralized",
         reference="Centralized: FedIT on one client holding all data, T=1, K=10; fedoa.md §3.1",
+        sums=True,
     ),
 )
 #: by name, for the implementation modules (``Method.of(METHODS["fedoa"], ...)``)

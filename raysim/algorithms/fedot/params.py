@@ -164,12 +164,14 @@ SPECS = (
         FedOTParams,
         PLAIN_SGD,
         "FedOT-GDA (seed 004, Farnia et al.); fedot.md §3",
+        sums=True,
     ),
     MethodSpec(
         "l_fedavg",
         M + "baselines",
         LFedAvgParams,
         reference="L-FedAvg (local fine-tuning of FedAvg); fedot.md §5",
+        sums=True,
     ),
     MethodSpec(
         "fed_fomaml",
@@ -178,6 +180,7 @@ SPECS = (
         PLAIN_SGD,
         "Fallah et al. 2020 (Per-FedAvg, first order); fedot.md §5",
         batchable=False,
+        sums=True,
     ),
     MethodSpec(
         "fedmi",
@@ -185,6 +188,7 @@ SPECS = (
         FedMIParams,
         reference="Mansour et al. 2020 (model interpolation); fedot.md §5",
         batchable=False,
+        sums=True,
     ),
 )
 #: by name, for the implementation modules (``Method.of(METHODS["fedot"], ...)``)

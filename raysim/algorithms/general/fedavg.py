@@ -15,7 +15,10 @@ from .params import METHODS
 
 
 class RoundBuffer(Strategy):
-    """A strategy that collects a round's arrivals and aggregates them at round end."""
+    """A strategy that collects a round's arrivals and aggregates them at round end (through
+    ``round_delta``: a sum, which the workers may take where the deltas are)."""
+
+    sums_updates = True
 
     def __init__(self, params, initial_weights, num_clients) -> None:
         super().__init__(params, initial_weights, num_clients)

@@ -23,6 +23,7 @@ def staleness_weight(rule: StalenessWeight, update: Update) -> float:
 
 class FedBuff(Strategy):
     params: FedBuffParams
+    sums_updates = True  # a buffer's step is one weighted sum; w(τ) reads the staleness only
 
     def __init__(self, params, initial_weights, num_clients) -> None:
         super().__init__(params, initial_weights, num_clients)

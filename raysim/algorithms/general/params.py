@@ -71,24 +71,40 @@ class ScaleParams(BehaviourParams):
 
 M = "raysim.algorithms.general."
 SPECS = (
-    MethodSpec("fedavg", M + "fedavg", reference="McMahan et al. 2017; feddle.md §4.2"),
-    MethodSpec("fedprox", M + "fedprox", FedProxParams, reference="Li et al. 2020 (FedProx)"),
-    MethodSpec("fedadam", M + "fedadam", FedOptParams, reference="Reddi et al. 2021"),
-    MethodSpec("fedyogi", M + "fedyogi", FedOptParams, reference="Reddi et al. 2021"),
+    MethodSpec("fedavg", M + "fedavg", reference="McMahan et al. 2017; feddle.md §4.2", sums=True),
     MethodSpec(
-        "fedasync", M + "fedasync", FedAsyncParams, reference="Xie et al. 2019; feddle.md §4.3"
+        "fedprox", M + "fedprox", FedProxParams, reference="Li et al. 2020 (FedProx)", sums=True
+    ),
+    MethodSpec("fedadam", M + "fedadam", FedOptParams, reference="Reddi et al. 2021", sums=True),
+    MethodSpec("fedyogi", M + "fedyogi", FedOptParams, reference="Reddi et al. 2021", sums=True),
+    MethodSpec(
+        "fedasync",
+        M + "fedasync",
+        FedAsyncParams,
+        reference="Xie et al. 2019; feddle.md §4.3",
+        each_because="each arrival is mixed into the model on its own, at a weight that its "
+        "staleness sets, before the next one arrives",
     ),
     MethodSpec(
-        "fedbuff", M + "fedbuff", FedBuffParams, reference="Nguyen et al. 2022; feddle.md §4.4"
+        "fedbuff",
+        M + "fedbuff",
+        FedBuffParams,
+        reference="Nguyen et al. 2022; feddle.md §4.4",
+        sums=True,
     ),
     MethodSpec(
         "fedbuff_per_round",
         M + "fedbuff",
         FedBuffPerRoundParams,
         reference="FedBuff flushed at every round end (K := |R_k|); feddle.md §4.4, I-4, I-6",
+        sums=True,
     ),
     MethodSpec(
-        "ca2fl", M + "ca2fl", CA2FLParams, reference="Wang et al. 2024 (CA2FL); feddle.md §4.5"
+        "ca2fl",
+        M + "ca2fl",
+        CA2FLParams,
+        reference="Wang et al. 2024 (CA2FL); feddle.md §4.5",
+        each_because="it keeps each client's latest update as that client's calibration",
     ),
     HookSpec(
         "server hook",

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
+
+T = TypeVar("T")
 
 CLIENT_STREAM = 0xC11E
 EVAL_STREAM = 0xE7A1
@@ -18,11 +20,27 @@ def client_seed(seed: int, client: int, dispatch_round: int) -> int:
     return int(ss.generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
 
 
-def job_groups(jobs: list[ClientJob], size: int) -> list[list[ClientJob]]:
-    """A submission's jobs cut, in schedule order, into the groups that train together (each of
-    ``size`` jobs, the last one shorter); fixed by the schedule, never by the pool, so a client's
-    result does not depend on how many workers there are."""
-    return [jobs[s : s + size] for s in range(0, len(jobs), size)]
+def group_count(n: int, size: int) -> int:
+    """How many groups ``n`` jobs train in, at most ``size`` each: the fewest that hold them,
+    raised to a power of two, so that a pool of 1, 2, 4, 8 ... workers gets equal shares (40
+    jobs in groups of at most 16: 4 of 10, 20 each on two workers, not 16 + 16 + 8)."""
+    if n <= 0:
+        return 0
+    fewest = -(-n // size)
+    return min(n, 1 << (fewest - 1).bit_length())
+
+
+def job_groups(jobs: list[T], size: int) -> list[list[T]]:
+    """A submission's jobs cut, in schedule order, into the groups that train together:
+    ``group_count`` groups of sizes that differ by one at most (the larger first). Fixed by the
+    schedule, never by the pool, so a client's result does not depend on how many workers there
+    are (a batched pass's last bits depend on who trains beside whom)."""
+    g = group_count(len(jobs), size)
+    if g == 0:
+        return []
+    q, r = divmod(len(jobs), g)
+    bounds = [i * q + min(i, r) for i in range(g + 1)]
+    return [jobs[bounds[i] : bounds[i + 1]] for i in range(g)]
 
 
 def one_or_each(handles: list[Any]) -> Any:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import pickle
 import time
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from raysim.actors.jobs import (
     ClientResult,
     EvalJob,
     LeftOnNode,
+    group_count,
     job_groups,
     one_or_each,
 )
@@ -422,10 +422,10 @@ class RayWorkerPool:
 def busy_workers(cfg: RunConfig, size: int, group: int) -> int:
     """Workers a round keeps busy, of a pool of ``size``: with ``workers.count: auto``, groups of
     ``group`` jobs and no delays (each round's jobs finish before the next round's start), a
-    round is ``ceil(per_round / group)`` groups; otherwise the whole pool."""
+    round is ``group_count(per_round, group)`` groups; otherwise the whole pool."""
     if cfg.workers.count != "auto" or group == 1 or cfg.delays.kind != "none":
         return size
-    return max(1, min(size, math.ceil(cfg.clients.per_round / group)))
+    return max(1, min(size, group_count(cfg.clients.per_round, group)))
 
 
 def batch_handle(handle: Any, by_job: dict[int, Any] | None, batch: list[ClientJob]) -> Any:

@@ -10,8 +10,9 @@ from raysim.cli.common import console
 
 
 def cmd_methods(args: argparse.Namespace) -> int:
-    """``raysim methods``: every method, what it needs, whether it batches and its parameters'
-    names; ``raysim methods NAME``: one method whole (each parameter's default and meaning)."""
+    """``raysim methods``: every method, what it needs, whether it batches, whether its
+    updates are summed where they are (``workers.partial_sums``) and its parameters' names;
+    ``raysim methods NAME``: one method whole (each parameter's default and meaning)."""
     from raysim.algorithms.interface import INTERFACE_VERSION
     from raysim.algorithms.registry import get_method, method_names
     from raysim.config import ConfigError
@@ -23,6 +24,7 @@ def cmd_methods(args: argparse.Namespace) -> int:
             raise ConfigError(str(e).strip("\"'")) from None
         console.print(f"{m.name}: {m.reference}", soft_wrap=True, markup=False)
         console.print(f"needs: {m.needs.describe()}; clients: {m.batching}", markup=False)
+        console.print(f"updates: {m.spec.updates}", soft_wrap=True, markup=False)
         fields = m.params.model_fields.items()
         console.print("parameters (algorithm.NAME=VALUE):" if fields else "parameters: none")
         for key, f in fields:
@@ -37,10 +39,12 @@ def cmd_methods(args: argparse.Namespace) -> int:
     table.add_column("name", no_wrap=True)
     table.add_column("needs")
     table.add_column("batched")
+    table.add_column("updates")
     table.add_column("parameters", overflow="fold")
     for name in method_names():
         m = get_method(name)
         params = " ".join(f.alias or k for k, f in m.params.model_fields.items())
-        table.add_row(name, m.needs.describe(), m.batching, params or "—")
+        updates = "summed" if m.spec.sums else "each"
+        table.add_row(name, m.needs.describe(), m.batching, updates, params or "—")
     console.print(table)
     return 0

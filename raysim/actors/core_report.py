@@ -36,7 +36,7 @@ CLIENT_COLUMNS = (
 #: Per-round metrics that measure wall-clock time: they differ between two runs of one config,
 #: every other metric does not (docs/execution.md, "What deterministic promises").
 TIMING_METRICS = frozenset(
-    {"wall_time", "round_wall_s", "round_wait_s", "round_compute_s"}
+    {"wall_time", "round_wall_s", "round_wait_s", "round_compute_s", "round_compute_min_s"}
     | {"server_wall_s", "audit_wall_s", "reduce_wall_s"}
 )
 #: Per-round metrics that depend on where the run's work ran (how many nodes summed updates),
@@ -120,6 +120,8 @@ class RunReport:
             "round_wait_s": log.wait_s,
             # the busiest worker's client work: the round's compute on its critical path
             "round_compute_s": max(log.compute_s.values(), default=0.0),
+            # the least busy worker's, of those that ran jobs: how even the round's shares were
+            "round_compute_min_s": min(log.compute_s.values(), default=0.0),
             "server_wall_s": log.server_s,
             "clients_arrived": float(log.arrived),
             "clients_in_flight": float(len(self.queue)),

@@ -145,6 +145,7 @@ class RayWorkerPool:
         self._where: dict[int, tuple[_Sent, int]] = {}
         self._remaining: dict[_Sent, int] = {}
         self._sizes = client_sizes
+        self._local = cfg.local
         self._pids: dict[int, set[int]] = {}
         self._events: list[str] = []
         #: ``workers.partial_sums``: deltas stay on their workers' nodes, summed there
@@ -207,7 +208,15 @@ class RayWorkerPool:
         return [(w, groups[i]) for i, w in placed]
 
     def _cost(self, jobs: list[ClientJob]) -> int:
-        return sum(1 if self._sizes is None else int(self._sizes[j.client]) for j in jobs)
+        """The jobs' local steps (one each where the sizes are not known): what their training
+        takes, so that ``max_steps`` or one epoch of unequal data both balance."""
+        if self._sizes is None:
+            return len(jobs)
+        from raysim.training.backends import total_optimizer_steps
+
+        return sum(
+            max(1, total_optimizer_steps(int(self._sizes[j.client]), self._local)) for j in jobs
+        )
 
     @staticmethod
     def _least_loaded(cost: list[int], n: int) -> list[tuple[int, int]]:

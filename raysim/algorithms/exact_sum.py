@@ -163,6 +163,10 @@ class HeldDelta:
     def __reduce__(self) -> Any:
         return self.fetch().__reduce__()
 
+    def __checkpoint_value__(self) -> np.ndarray:
+        """What a checkpoint writes for it (``raysim.state.codec``): the array, fetched."""
+        return self.fetch()
+
     def __repr__(self) -> str:
         return f"HeldDelta(shape={self.shape}, node={self.node[:8]!r})"
 

@@ -101,6 +101,9 @@ def _encode(obj: Any, arrays: dict[str, np.ndarray], path: str) -> Any:
         return {"__random__": encode(obj.getstate(), arrays, path)}
     if type(obj).__module__.split(".")[0] == "torch" and hasattr(obj, "numpy"):
         return _encode_tensor(obj, arrays, path)
+    stand_in = getattr(type(obj), "__checkpoint_value__", None)
+    if stand_in is not None:  # a handle written as what it stands for (``HeldDelta``: its array)
+        return _encode(stand_in(obj), arrays, path)
     name = f"{type(obj).__module__}.{type(obj).__qualname__}"
     if _known(name) is type(obj) and not _refuses_pickling(obj):
         fields = {k: encode(v, arrays, f"{path}/{k}") for k, v in _attributes(obj).items()}

@@ -229,7 +229,6 @@ def test_the_same_bits_on_a_three_node_loopback_cluster(tmp_path):
     """Three nodes (``ray.cluster_utils.Cluster``, one worker each): each node's reducer sums its
     worker's updates, the coordinator receives three partials a round, and the weights are the
     in-process run's."""
-    import raysim
 
     ref = in_process()
     out = subprocess.run(
@@ -246,3 +245,24 @@ def test_the_same_bits_on_a_three_node_loopback_cluster(tmp_path):
     assert got["digest"] == ref
     update = got["bytes_up"][0] / 10
     assert got["bytes_in"] == [3 * 2 * update] * 3  # one int64 partial from each node
+
+
+@pytest.mark.matrix
+def test_a_large_model_round_on_two_workers_brings_one_partial_and_even_shares(ray_cluster):
+    """The quickstart at 4.3 M parameters (hidden 2048×2048), 40 clients a round, one local step,
+    two workers: the coordinator receives at most workers × model bytes + 1 % a round (one int64
+    partial: 8 bytes a parameter), and the busiest worker's client seconds are within 15 % of the
+    other's (four groups of 10, two each)."""
+    import raysim
+
+    big = ["model.hidden=[2048,2048]", "clients.per_round=40", "local.max_steps=1"]
+    res = raysim.run(
+        EXAMPLES / "quickstart.yaml",
+        [*QUICK[:3], *big, "rounds=4", "eval.every=4", "runtime=ray", "workers.count=2"],
+    )
+    model_bytes = res.history[0]["bytes_up"] / 40
+    assert model_bytes > 4e6 * 4
+    for h in res.history:
+        assert h["coordinator_bytes_in"] <= 2 * model_bytes * 1.01, h
+    shares = [h["round_compute_s"] / h["round_compute_min_s"] for h in res.history[1:]]
+    assert np.median(shares) <= 1.15, shares

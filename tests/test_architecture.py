@@ -7,7 +7,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "raysim"
 #: the method interface at the top of ``raysim/algorithms/``; every method lives in a subpackage
-INTERFACE = ("base", "context", "private", "hooks", "interface", "registry", "spec", "__init__")
+INTERFACE = (
+    *("base", "context", "private", "hooks", "interface", "registry", "spec", "__init__"),
+    "exact_sum",  # WeightedMean's exact sums, which the nodes' reducers load without torch
+)
 PAPERS = ("general", "fedoa", "feddle", "fedbaf", "fedot")
 
 
@@ -102,6 +105,7 @@ def test_actors_know_no_paper():
         "raysim.algorithms",
         "raysim.algorithms.base",
         "raysim.algorithms.context",  # ServerContext: what a strategy computes with
+        "raysim.algorithms.exact_sum",  # the sums the nodes' reducers add (partial sums)
         "raysim.algorithms.hooks",  # the mixer and behaviour registries and composition
         "raysim.algorithms.registry",
     }

@@ -451,8 +451,10 @@ def test_a_spec_that_misstates_its_client_is_refused():
     from raysim.algorithms.spec import MethodSpec
 
     with pytest.raises(ValueError, match="batchable=True"):
-        Method.of(MethodSpec("mine", "m", batchable=True), FedAvg, client=FedOAClient)
-    assert Method.of(MethodSpec("mine", "m", batchable=False), FedAvg, client=FedOAClient)
+        Method.of(MethodSpec("mine", "m", batchable=True, sums=True), FedAvg, client=FedOAClient)
+    assert Method.of(
+        MethodSpec("mine", "m", batchable=False, sums=True), FedAvg, client=FedOAClient
+    )
 
 
 def test_a_client_that_says_trains_together_itself_is_refused():
@@ -594,6 +596,7 @@ def test_personal_state_stays_in_the_object_store_by_reference(ray_cluster):
     from raysim.actors.jobs import ClientJob
     from raysim.actors.pool import RayWorkerPool
     from raysim.actors.worker import ClientRunner
+    from raysim.algorithms.exact_sum import HeldDelta
     from raysim.data import build_federated_dataset
 
     cfg = load_config(tiny(algorithm={"name": "head", "module": str(VIEWS)}))
@@ -610,7 +613,8 @@ def test_personal_state_stays_in_the_object_store_by_reference(ray_cluster):
         pool.submit(handle, [ClientJob(2, 4, 1, cfg.seed, first.state)])
         second = pool.result(2)
         local2 = runner.run(w0, ClientJob(2, 4, 1, cfg.seed, local.state))
-        np.testing.assert_array_equal(second.delta, local2.delta)
+        assert isinstance(second.delta, HeldDelta)  # left on its node (workers.partial_sums)
+        np.testing.assert_array_equal(second.delta.fetch(), local2.delta)
         got = pool.get(second.state)
         assert sorted(got) == sorted(local2.state) == ["3.bias", "3.weight"]
         for name, value in local2.state.items():

@@ -165,6 +165,7 @@ def test_groups_are_equal_and_fixed_by_the_schedule():
     assert sorted(sum(1 for _, w in placed if w == k) for k in (0, 1)) == [2, 2]
 
 
+@pytest.mark.matrix  # suite time (~1 min each); the fast tier holds the sums' own tests
 def test_the_same_bits_with_partial_sums_on_or_off_on_1_2_and_4_workers_through_a_kill(
     ray_cluster,
 ):
@@ -190,6 +191,7 @@ def test_the_same_bits_with_partial_sums_on_or_off_on_1_2_and_4_workers_through_
     assert all(h["reduce_wall_s"] > 0 for h in four.history)
 
 
+@pytest.mark.matrix  # suite time (~1 min each); the fast tier holds the sums' own tests
 def test_a_buffer_of_held_deltas_is_checkpointed_whole_and_resumes_to_the_same_bits(
     ray_cluster, tmp_path
 ):

@@ -10,9 +10,9 @@ from raysim.cli.common import console
 
 
 def cmd_methods(args: argparse.Namespace) -> int:
-    """``raysim methods``: every method, what it needs, whether it batches, whether its
-    updates are summed where they are (``workers.partial_sums``) and its parameters' names;
-    ``raysim methods NAME``: one method whole (each parameter's default and meaning)."""
+    """``raysim methods``: every method, what it needs, whether it batches and its parameters'
+    names; ``raysim methods NAME``: one method whole (each parameter's default and meaning, how
+    its updates reach the server: ``workers.partial_sums``)."""
     from raysim.algorithms.interface import INTERFACE_VERSION
     from raysim.algorithms.registry import get_method, method_names
     from raysim.config import ConfigError
@@ -39,12 +39,10 @@ def cmd_methods(args: argparse.Namespace) -> int:
     table.add_column("name", no_wrap=True)
     table.add_column("needs")
     table.add_column("batched")
-    table.add_column("updates")
     table.add_column("parameters", overflow="fold")
     for name in method_names():
         m = get_method(name)
         params = " ".join(f.alias or k for k, f in m.params.model_fields.items())
-        updates = "summed" if m.spec.sums else "each"
-        table.add_row(name, m.needs.describe(), m.batching, updates, params or "—")
+        table.add_row(name, m.needs.describe(), m.batching, params or "—")
     console.print(table)
     return 0

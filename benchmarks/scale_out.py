@@ -74,9 +74,10 @@ HIDDEN = {
     "1e7": [3120, 3120],
 }
 #: (size, clients a round): the clients vary too, so that per-update and per-byte costs part
-FULL = [("1e4", 40), ("1e4", 160), ("1e5", 40), ("1e6", 40), ("1e6", 120), ("4.3e6", 40),
-        ("1e7", 20)]  # fmt: skip
+FULL = [("1e4", 40), ("1e4", 160), ("1e5", 40), ("1e6", 40), ("4.3e6", 40), ("1e7", 20)]
 QUICK = [("1e4", 40)]
+#: rounds measured by size (``--quick``: half), besides the warm-up round and the last one
+MEASURED_ROUNDS = {"1e4": 8, "1e5": 8, "1e6": 4, "4.3e6": 2, "1e7": 2}
 #: the projection's models: parameters (a 7B model's LoRA: q and v, rank 8, 32 layers of 4096)
 LORA_7B = 32 * 2 * (8 * 4096 + 4096 * 8)
 PROJECTED = {"1e4": 10**4, "1e5": 10**5, "1e6": 10**6, "1e7": 10**7, "1e8": 10**8,
@@ -212,15 +213,15 @@ def received_bytes(node: Node) -> tuple[float, float]:
 
 
 def settled_bytes(nodes: list[Node]) -> list[tuple[float, float]]:
-    """Every node's counters once two reads 0.6 s apart agree (they refresh every 0.5 s)."""
-    last = [received_bytes(n) for n in nodes]
-    for _ in range(20):
-        time.sleep(0.6)
-        now = [received_bytes(n) for n in nodes]
-        if now == last:
-            return now
-        last = now
-    return last
+    """Every node's counters once three reads 0.5 s apart agree (Ray refreshes them every
+    0.5 s here: ``RAY_metrics_report_interval_ms``)."""
+    reads = [[received_bytes(n) for n in nodes]]
+    for _ in range(40):
+        time.sleep(0.5)
+        reads.append([received_bytes(n) for n in nodes])
+        if len(reads) >= 3 and reads[-1] == reads[-2] == reads[-3]:
+            break
+    return reads[-1]
 
 
 def process_in(root: int, needle: str) -> Any:
@@ -228,9 +229,7 @@ def process_in(root: int, needle: str) -> Any:
     import psutil
 
     found = [
-        p
-        for p in psutil.Process(root).children(recursive=True)
-        if needle in " ".join(p.cmdline())
+        p for p in psutil.Process(root).children(recursive=True) if needle in " ".join(p.cmdline())
     ]
     if len(found) != 1:
         raise RuntimeError(f"{len(found)} processes {needle!r} under the head, not one")
@@ -238,8 +237,15 @@ def process_in(root: int, needle: str) -> Any:
 
 
 def cpu_s(proc: Any) -> float:
-    t = proc.cpu_times()
-    return t.user + t.system
+    """A process's CPU seconds so far, all its threads (``/proc/PID/task/*/schedstat``: in
+    nanoseconds, where ``cpu_times`` counts 10 ms ticks)."""
+    total = 0
+    for task in Path(f"/proc/{proc.pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):  # a thread that ended as it was read
+            continue
+    return total / 1e9
 
 
 # --------------------------------------------------------------------------- one run
@@ -290,9 +296,7 @@ def overrides(hidden: list[int], nodes: int, clients: int, partial: bool, rounds
     ]
 
 
-def run_one(
-    cluster: Loopback, size: str, clients: int, partial: bool, measured: int
-) -> Row:
+def run_one(cluster: Loopback, size: str, clients: int, partial: bool, measured: int) -> Row:
     """One run of ``measured`` + 2 rounds on the cluster as it is; the rounds between the first
     and the last measured (``session.step``: one driver call a round)."""
     from raysim.config import load_config
@@ -394,45 +398,57 @@ def fit_reducer(rows: list[Row]) -> dict[str, float]:
 
 
 # --------------------------------------------------------------------------- the projection
+@dataclass
+class Assumed:
+    """What the projection takes as given, not measured here."""
+
+    nodes: int = 8
+    gpus: int = 8  # a node's GPUs: one worker each
+    clients: int = 1000  # a round's
+    client_s: float = 0.5  # one client's update on a GPU
+    nic_gbps: float = 100.0  # each node's link, each way
+    store_gb: float = 200.0  # each node's object store (Ray's default: 30 % of its memory)
+
+    @property
+    def workers(self) -> int:
+        return self.nodes * self.gpus
+
+    @property
+    def nic(self) -> float:
+        return self.nic_gbps * 1e9 / 8
+
+
 def project(
-    params: int,
-    partial: bool,
-    coord: dict[str, float],
-    reducer: dict[str, float],
-    nodes: int,
-    workers: int,
-    clients: int,
-    client_s: float,
-    nic: float,
+    params: int, partial: bool, coord: dict[str, float], reducer: dict[str, float], a: Assumed
 ) -> dict[str, Any]:
     """A synchronous round's stages, one after another (overlap could only shorten it): the
     version out to every node, the clients on the GPUs, the reducers (partial sums), the bytes
     into the coordinator's node, the coordinator's serial work."""
     model = 4.0 * params
-    bytes_in = nodes * 2 * model if partial else clients * model
+    share = math.ceil(a.clients / a.nodes)  # a node's updates
+    bytes_in = a.nodes * 2 * model if partial else a.clients * model
     stages = {
-        "broadcast": nodes * model / nic,
-        "clients": math.ceil(clients / workers) * client_s,
-        "reducers": (
-            reducer["r0"] + reducer["r_byte"] * math.ceil(clients / nodes) * model
-            if partial
-            else 0.0
-        ),
-        "ingress": bytes_in / nic,
-        "coordinator": predict(coord, clients, bytes_in, params),
+        "broadcast": a.nodes * model / a.nic,  # at most: a node may pull from another
+        "clients": math.ceil(a.clients / a.workers) * a.client_s,
+        "reducers": reducer["r0"] + reducer["r_byte"] * share * model if partial else 0.0,
+        "ingress": bytes_in / a.nic,
+        "coordinator": predict(coord, a.clients, bytes_in, params),
     }
     serial = stages["coordinator"] + stages["ingress"]
-    # each node's store holds its deltas until the round's sum (partial sums); the coordinator
-    # holds every update of the round until it sums them (per update: FedAvg sums at round end)
-    held = math.ceil(clients / nodes) * model if partial else clients * model
+    # until the round's sum, every update waits on the coordinator's node (whole: FedAvg sums
+    # at the round's end) or a node's share of them in its object store (partial sums)
+    held = share * model if partial else a.clients * model
+    limit = max(stages, key=stages.__getitem__)
+    if held > a.store_gb * 1e9:
+        limit = f"memory ({'a node' if partial else 'coordinator'} holds {_b(held)})"
     return {
         "bytes_in": bytes_in,
         **{f"{k}_s": v for k, v in stages.items()},
         "round_s": sum(stages.values()),
-        "limit": max(stages, key=stages.__getitem__),
-        "workers_at_saturation": clients * client_s / serial,
+        "limit": limit,
+        "workers_at_saturation": a.clients * a.client_s / serial,
         # below this a client's seconds, the coordinator's serial part outweighs the clients'
-        "client_s_breakeven": serial * workers / clients,
+        "client_s_breakeven": serial * a.workers / a.clients,
         "held_bytes": held,
     }
 
@@ -446,9 +462,7 @@ def _b(x: float) -> str:
 
 
 def _s(x: float) -> str:
-    if x >= 1:
-        return f"{x:.3g} s"
-    return f"{x * 1e3:.3g} ms"
+    return f"{x:.3g} s" if x >= 1 else f"{x * 1e3:.3g} ms"
 
 
 def table(headers: list[str], rows: list[list[str]]) -> None:
@@ -459,44 +473,178 @@ def table(headers: list[str], rows: list[list[str]]) -> None:
     print(flush=True)
 
 
-def print_measured(rows: list[Row], one_node: dict[tuple[str, int], float]) -> None:
-    print("== measured, per round (mean of the rounds between warm-up and evaluation) ==")
-    print("bytes: raysim = coordinator_bytes_in (raysim's counter); head/nodes = Ray's object-")
-    print("manager counters (measured; objects < 100 KiB travel in RPCs, uncounted); derived =")
-    print("what the sizes say should cross (clients × 4P whole, or nodes × 8P as partials)")
-    headers = ["nodes", "params", "clients", "sums", "raysim in", "head rcvd", "derived",
-               "node rcvd (each)", "derived", "coord cpu", "raylet cpu", "server", "reduce",
-               "busiest wkr", "round wall", "serial %", "W*", "max speedup"]  # fmt: skip
+def amdahl(r: Row, client_s: float) -> tuple[float, float, float]:
+    """(serial share, workers at saturation, the most speed-up) of a row: s its coordinator's
+    CPU seconds, p its clients × ``client_s``."""
+    s, p = r.coordinator_cpu_s, r.clients * client_s
+    return s / (s + p), p / s, (s + p) / s
+
+
+def print_bytes(rows: list[Row]) -> None:
+    print("== bytes a round: measured (raysim's and Ray's counters) against derived from sizes ==")
+    headers = ["nodes", "params", "clients", "sums", "coord in (raysim)", "head rcvd (Ray)",
+               "derived", "head sent (Ray)", "derived", "each node rcvd (Ray)", "derived",
+               "bytes_up"]  # fmt: skip
     out = []
     for r in rows:
-        s = r.coordinator_cpu_s
-        p = r.clients * one_node.get((r.size, r.clients), r.client_s)
+        inline = r.partial_sums and 8 * r.params < INLINE
         out.append([
             str(r.nodes), f"{r.params:.3g}", str(r.clients),
             "partial" if r.partial_sums else "whole",
-            _b(r.coordinator_bytes_in), _b(r.head_received), _b(r.derived_head_received),
+            _b(r.coordinator_bytes_in), _b(r.head_received) + (" *" if inline else ""),
+            _b(r.derived_head_received), _b(r.head_sent), f"≤ {_b(r.nodes * 4 * r.params)}",
             " ".join(_b(x) for x in r.node_received), _b(r.derived_node_received),
-            _s(s), _s(r.head_raylet_cpu_s), _s(r.server_wall_s),
-            _s(r.reduce_wall_s) if r.partial_sums else "-", _s(r.round_compute_s),
-            _s(r.round_wall_s), f"{100 * s / (s + p):.1f}", f"{p / s:.3g}",
-            f"{(s + p) / s:.3g}",
+            _b(r.bytes_up),
         ])  # fmt: skip
     table(headers, out)
+    print("coord in: coordinator_bytes_in, what reached the coordinator's process; head/node:")
+    print("ray_object_manager_bytes of each node (Received; sent: PushedFromLocalPlasma);")
+    print("derived: clients × 4·params (whole) or nodes × 8·params (int64 partials) into the")
+    print("head, the version (4·params) into each worker node, at most one version a node out of")
+    print("the head (a node may pull it from another). * objects under 100 KiB travel inside")
+    print("Ray's RPCs and are not counted by the object manager (the partials here).")
+    print()
+
+
+def print_seconds(rows: list[Row], one_node: dict[tuple[str, int], float]) -> None:
+    print("== seconds a round, and the Amdahl bound ==")
+    headers = ["nodes", "params", "clients", "sums", "coord cpu (serial)", "head raylet cpu",
+               "server_wall", "reduce_wall", "busiest worker", "least busy", "round_wall",
+               "serial %", "W*", "max speed-up"]  # fmt: skip
+    out = []
+    for r in rows:
+        share, w, most = amdahl(r, one_node.get((r.size, r.clients), r.client_s))
+        out.append([
+            str(r.nodes), f"{r.params:.3g}", str(r.clients),
+            "partial" if r.partial_sums else "whole",
+            _s(r.coordinator_cpu_s), _s(r.head_raylet_cpu_s), _s(r.server_wall_s),
+            _s(r.reduce_wall_s) if r.partial_sums else "-", _s(r.round_compute_s),
+            _s(r.round_compute_min_s), _s(r.round_wall_s), f"{100 * share:.1f}", f"{w:.3g}",
+            f"{most:.3g}",
+        ])  # fmt: skip
+    table(headers, out)
+    print("coord cpu: CPU seconds of the coordinator's process (all threads), its serial work;")
+    print("head raylet cpu: the head's raylet, which receives what is pulled to the coordinator's")
+    print("node; server_wall_s includes waiting for the reducers; busiest/least busy worker:")
+    print("round_compute_s/round_compute_min_s. Amdahl, with s = coord cpu and p = clients × one")
+    print("client's seconds (busiest worker's seconds per client on the 1-node run, where the")
+    print("worker has a core to itself): serial % = s/(s+p); W* = p/s, the workers before the")
+    print("coordinator saturates (each one's share of the client work down to s); max speed-up")
+    print("= (s+p)/s, the bound however many workers.")
+    print()
+
+
+def print_before_after(rows: list[Row], one_node: dict[tuple[str, int], float]) -> None:
+    print("== before (partial_sums=false) and after (true) ==")
+    headers = ["nodes", "params", "clients", "coord in", "coord cpu", "serial %", "W*",
+               "max speed-up", "round_wall", "same bits"]  # fmt: skip
+    out = []
+    for a, b in zip(rows[::2], rows[1::2], strict=True):
+        c = one_node.get((a.size, a.clients), a.client_s)
+        (sa, wa, ma), (sb, wb, mb) = amdahl(a, c), amdahl(b, c)
+        out.append([
+            str(a.nodes), f"{a.params:.3g}", str(a.clients),
+            f"{_b(a.coordinator_bytes_in)} → {_b(b.coordinator_bytes_in)}",
+            f"{_s(a.coordinator_cpu_s)} → {_s(b.coordinator_cpu_s)}",
+            f"{100 * sa:.1f} → {100 * sb:.1f}", f"{wa:.3g} → {wb:.3g}", f"{ma:.3g} → {mb:.3g}",
+            f"{_s(a.round_wall_s)} → {_s(b.round_wall_s)}", str(a.digest == b.digest),
+        ])  # fmt: skip
+    table(headers, out)
+
+
+def print_fits(whole: dict, part: dict, reducer: dict, rows: list[Row]) -> None:
+    print("== fitted: the coordinator's serial seconds a round (NNLS, relative errors) ==")
+    print("s = c0 + c_update × clients + c_byte × coordinator bytes in + c_model × 4·params")
+    for name, c, sub in (("whole", whole, False), ("partial", part, True)):
+        errs = [
+            predict(c, r.clients, r.coordinator_bytes_in, r.params) / r.coordinator_cpu_s - 1
+            for r in rows
+            if r.partial_sums == sub
+        ]
+        print(
+            f"fit.{name}: c0={_s(c['c0'])} c_update={c['c_update'] * 1e6:.3g} µs "
+            f"c_byte={c['c_byte'] * 1e9:.3g} ns/B c_model={c['c_model'] * 1e9:.3g} ns/B; "
+            f"|relative residual| median {np.median(np.abs(errs)):.2f} max "
+            f"{np.max(np.abs(errs)):.2f} over {len(errs)} runs"
+        )
+    print(
+        f"fit.reducer (busiest node's seconds = r0 + r_byte × bytes of deltas it summed): "
+        f"r0={_s(reducer['r0'])} r_byte={reducer['r_byte'] * 1e9:.3g} ns/B "
+        f"({1 / max(reducer['r_byte'], 1e-30) / 1e9:.3g} GB/s)"
+    )
+    print()
+
+
+def print_projection(projected: list[dict[str, Any]], a: Assumed) -> None:
+    print(
+        f"== PROJECTION, not a measurement: one round on {a.nodes} nodes × {a.gpus} GPUs = "
+        f"{a.workers} workers, {a.clients} clients a round =="
+    )
+    print(
+        f"assumed: a client's update takes {a.client_s:g} s on a GPU (--client-s); each node's "
+        f"link moves {a.nic_gbps:g} Gb/s each way (--nic-gbps); a node's object store holds "
+        f"{a.store_gb:g} GB (--store-gb); the coordinator's and reducers' costs are this "
+        "machine's, fitted above; a round's stages run one after another"
+    )
+    out = [
+        [
+            p["model"], f"{p['params']:.3g}", "partial" if p["partial_sums"] else "whole",
+            _b(p["bytes_in"]), _s(p["ingress_s"]), _s(p["coordinator_s"]),
+            _s(p["reducers_s"]) if p["partial_sums"] else "-", _s(p["clients_s"]),
+            _s(p["broadcast_s"]), _s(p["round_s"]), f"{p['workers_at_saturation']:.3g}",
+            _s(p["client_s_breakeven"]), _b(p["held_bytes"]), p["limit"],
+        ]
+        for p in projected
+    ]  # fmt: skip
+    table(
+        ["model", "params", "sums", "coord in", "ingress", "coord serial", "reducers",
+         "clients", "broadcast", "round", "W*", "coord limits below", "held", "limit"],
+        out,
+    )  # fmt: skip
+    print("ingress = coord in / link; reducers: the busiest node's sum of its share of updates;")
+    print("W* = clients × client s / (coord serial + ingress), the workers before the")
+    print("coordinator's node saturates; coord limits below: the client seconds under which the")
+    print("coordinator's serial part outweighs a worker's share of the clients; held: what waits")
+    print("in memory for the round's sum (whole: every update, on the coordinator's node; partial:")
+    print("a node's share, in its object store); limit: the longest stage, or memory where held")
+    print("exceeds a node's store.")
+    print()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one small model, 1 and 2 nodes")
     parser.add_argument("--nodes", type=int, default=3, help="the most nodes measured")
+    parser.add_argument(
+        "--grid", default="", help=f"SIZE:CLIENTS,... measured instead (sizes: {' '.join(HIDDEN)})"
+    )
     parser.add_argument("--rounds", type=int, default=0, help="measured rounds (0: by size)")
-    parser.add_argument("--client-s", type=float, default=0.5,
-                        help="the projection's seconds for one client's update on a GPU")  # fmt: skip
-    parser.add_argument("--nic-gbps", type=float, default=100.0,
-                        help="the projection's network bandwidth into or out of a node")  # fmt: skip
-    parser.add_argument("--clients", type=int, default=1000, help="the projection's clients")
+    parser.add_argument(
+        "--client-s",
+        type=float,
+        default=Assumed.client_s,
+        help="projection: one client's update on a GPU, seconds",
+    )
+    parser.add_argument(
+        "--nic-gbps",
+        type=float,
+        default=Assumed.nic_gbps,
+        help="projection: a node's link, Gb/s each way",
+    )
+    parser.add_argument(
+        "--store-gb",
+        type=float,
+        default=Assumed.store_gb,
+        help="projection: a node's object store, GB",
+    )
+    parser.add_argument(
+        "--clients", type=int, default=Assumed.clients, help="projection: clients a round"
+    )
     parser.add_argument("--out", type=Path, default=None, help="a JSON of every row")
-    args = parser.parse_args()
+    args = parser.parse_args()  # fmt: skip
     grid = QUICK if args.quick else FULL
+    if args.grid:
+        grid = [(a, int(b)) for a, b in (item.split(":") for item in args.grid.split(","))]
     max_nodes = 2 if args.quick else args.nodes
     print(f"machine={machine()}", flush=True)
     load = os.getloadavg()[0]
@@ -507,114 +655,68 @@ def main() -> None:
         for n in range(1, max_nodes + 1):
             cluster.add_node(1_500_000_000)
             for size, clients in grid:
-                measured = args.rounds or (2 if args.quick else 8 if size in ("1e4", "1e5") else 3)
+                measured = args.rounds or MEASURED_ROUNDS[size] // (2 if args.quick else 1)
                 for partial in (False, True):
+                    t0 = time.perf_counter()
                     row = run_one(cluster, size, clients, partial, measured)
                     rows.append(row)
                     print(
                         f"ran nodes={n} params={row.params} clients={clients} "
-                        f"partial_sums={partial}: round_wall={row.round_wall_s:.3f} s "
+                        f"partial_sums={str(partial).lower()} in {time.perf_counter() - t0:.0f} s: "
+                        f"round_wall={row.round_wall_s:.3f} s "
                         f"coordinator_cpu={row.coordinator_cpu_s:.4f} s "
-                        f"bytes_in={row.coordinator_bytes_in:.0f}",
+                        f"coordinator_bytes_in={row.coordinator_bytes_in:.0f}",
                         flush=True,
                     )
     took = time.perf_counter() - started
     print(f"measured_in_s={took:.0f} load_average_1min_at_end={os.getloadavg()[0]:.2f}")
+    print()
 
-    # checks the output states: the same bits either way; partials within nodes × 2 × model
+    # what the output claims, one line each: the same bits either way, the workers on as many
+    # nodes, and the partials' bytes at most nodes × 2 × the model's (int64 against float32)
     for a, b in zip(rows[::2], rows[1::2], strict=True):
-        same = a.digest == b.digest
         print(
-            f"check nodes={a.nodes} params={a.params} clients={a.clients}: "
-            f"same_bits={same} worker_nodes={b.worker_nodes} "
+            f"check nodes={a.nodes} params={a.params} clients={a.clients} "
+            f"same_bits={a.digest == b.digest} worker_nodes={b.worker_nodes} "
             f"partial_bytes_in={b.coordinator_bytes_in:.0f} "
             f"nodes_x_2_x_model={b.nodes * 2 * 4 * b.params} "
-            f"whole_bytes_in={a.coordinator_bytes_in:.0f} clients_x_model={a.clients * 4 * a.params}"
+            f"whole_bytes_in={a.coordinator_bytes_in:.0f} "
+            f"clients_x_model={a.clients * 4 * a.params}"
         )
     print()
     one_node = {(r.size, r.clients): r.client_s for r in rows if r.nodes == 1}
-    print_measured(rows, one_node)
-    print("coord cpu: the coordinator process's CPU seconds a round (its serial work); raylet")
-    print("cpu: the head's raylet (objects pulled to the coordinator's node). W* = workers")
-    print("before the coordinator saturates = p / s, with s = coord cpu and p = clients × one")
-    print("client's seconds on the 1-node run; max speedup = (s + p) / s; serial % = s / (s + p).")
-    print()
+    print_bytes(rows)
+    print_seconds(rows, one_node)
+    print_before_after(rows, one_node)
 
     whole = fit([r for r in rows if not r.partial_sums])
     part = fit([r for r in rows if r.partial_sums])
     reducer = fit_reducer([r for r in rows if r.partial_sums])
-    print("== fitted: the coordinator's serial seconds a round (NNLS, relative errors) ==")
-    print("s = c0 + c_update × clients + c_byte × bytes_in + c_model × 4 × params")
-    for name, c in (("whole", whole), ("partial", part)):
-        print(
-            f"fit.{name}: c0={_s(c['c0'])} c_update={c['c_update'] * 1e6:.3g} µs "
-            f"c_byte={c['c_byte'] * 1e9:.3g} ns/B ({1 / max(c['c_byte'], 1e-30) / 1e9:.3g} GB/s) "
-            f"c_model={c['c_model'] * 1e9:.3g} ns/B"
-        )
-    print(
-        f"fit.reducer: r0={_s(reducer['r0'])} r_byte={reducer['r_byte'] * 1e9:.3g} ns/B "
-        f"({1 / max(reducer['r_byte'], 1e-30) / 1e9:.3g} GB/s of deltas summed)"
-    )
-    for name, c, sub in (("whole", whole, False), ("partial", part, True)):
-        errs = [
-            predict(c, r.clients, r.coordinator_bytes_in, r.params) / r.coordinator_cpu_s - 1
-            for r in rows
-            if r.partial_sums == sub
-        ]
-        print(f"fit.{name}.residual: median |rel| {np.median(np.abs(errs)):.2f}, "
-              f"max |rel| {np.max(np.abs(errs)):.2f}")  # fmt: skip
-    print()
-
-    nodes, workers, nic = 8, 64, args.nic_gbps * 1e9 / 8
-    print(
-        f"== PROJECTION (not a measurement): one round on {nodes} nodes × 8 GPUs = {workers} "
-        f"workers, {args.clients} clients a round =="
-    )
-    print(
-        f"assumed: a client's update takes --client-s={args.client_s} s on a GPU; each node's "
-        f"link moves --nic-gbps={args.nic_gbps:g} Gb/s; the coordinator's and reducers' "
-        "per-byte and per-update costs are this machine's (fitted above); stages run one after "
-        "another"
-    )
-    projected = []
-    out = []
-    for name, params in PROJECTED.items():
-        for partial, c in ((False, whole), (True, part)):
-            p = project(params, partial, c, reducer, nodes, workers, args.clients,
-                        args.client_s, nic)  # fmt: skip
-            projected.append({"model": name, "params": params, "partial_sums": partial, **p})
-            out.append([
-                name, f"{params:.3g}", "partial" if partial else "whole", _b(p["bytes_in"]),
-                _s(p["ingress_s"]), _s(p["coordinator_s"]),
-                _s(p["reducers_s"]) if partial else "-", _s(p["clients_s"]),
-                _s(p["broadcast_s"]), _s(p["round_s"]), p["limit"],
-                f"{p['workers_at_saturation']:.3g}", _s(p["client_s_breakeven"]),
-                _b(p["held_bytes"]),
-            ])  # fmt: skip
-    table(
-        ["model", "params", "sums", "coord in", "ingress", "coord serial", "reducers",
-         "clients", "broadcast", "round", "limit", "W*", "client s below which coord limits",
-         "held (coord | a node)"],
-        out,
-    )  # fmt: skip
-    print("ingress = coord in / link; W* = clients × client s / (coord serial + ingress);")
-    print("held: what must sit in memory until the round's sum: every update on the coordinator")
-    print("(whole), a node's share of them in its object store (partial).")
+    if len(rows) < 2 * len(FEATURES) * 2:
+        print(f"(only {len(rows)} runs: the fits and the projection below show the format only)")
+    print_fits(whole, part, reducer, rows)
+    assumed = Assumed(clients=args.clients, client_s=args.client_s, nic_gbps=args.nic_gbps,
+                      store_gb=args.store_gb)  # fmt: skip
+    projected = [
+        {"model": name, "params": params, "partial_sums": partial,
+         **project(params, partial, part if partial else whole, reducer, assumed)}
+        for name, params in PROJECTED.items()
+        for partial in (False, True)
+    ]  # fmt: skip
+    print_projection(projected, assumed)
     if args.out:
         args.out.write_text(
             json.dumps(
                 {
                     "machine": machine(),
                     "load_average_1min_at_start": load,
+                    "measured_in_s": took,
                     "measured": [asdict(r) for r in rows],
                     "fit": {"whole": whole, "partial": part, "reducer": reducer},
-                    "projection": {
-                        "nodes": nodes, "workers": workers, "clients": args.clients,
-                        "client_s": args.client_s, "nic_gbps": args.nic_gbps, "rows": projected,
-                    },
+                    "projection": {"assumed": asdict(assumed), "rows": projected},
                 },
                 indent=1,
-            )  # fmt: skip
+            )
         )
         print(f"out={args.out}")
 

@@ -121,7 +121,10 @@ class RayWorkerPool:
         self._size = size
         #: compiled graphs to the workers (``raysim.actors.compiled``), by worker index
         self._links: dict[int, WorkerLink] = {}
-        self._use_links = w.transport == "auto" and not self.per_client
+        #: ``workers.partial_sums: true`` insists on them, and a link carries deltas whole
+        self._use_links = (
+            w.transport == "auto" and not self.per_client and w.partial_sums is not True
+        )
         self._node = ray.get_runtime_context().get_node_id() if self._use_links else ""
         self._linking = False  # links are built (``_start_links``)
         self._first_send: float | None = None
@@ -149,7 +152,7 @@ class RayWorkerPool:
         self._pids: dict[int, set[int]] = {}
         self._events: list[str] = []
         #: ``workers.partial_sums``: deltas stay on their workers' nodes, summed there
-        self._hold = cfg.partial_sums()
+        self._sums_wanted = cfg.partial_sums()
         self.sums = NodeSums()
 
     def _grow(self, n: int) -> None:
@@ -412,6 +415,14 @@ class RayWorkerPool:
     def describe(self) -> list[dict[str, Any]]:
         infos = ray.get([w.info.remote(self.data) for w in self.workers])
         return [{"worker": i, **info, "early": i < self.early} for i, info in enumerate(infos)]
+
+    @property
+    def _hold(self) -> bool:
+        """Whether a batch's deltas stay on its worker's node: where partial sums are on and the
+        workers are not linked (links serve small models, whose deltas are cheap to carry and
+        whose round is short; a run uses one path or the other from its first batch, so its byte
+        counts do not depend on when its links came up)."""
+        return self._sums_wanted and not self._use_links
 
     def sum_counts(self) -> tuple[int, dict[str, float]]:
         """Bytes that reached this process through partial sums, and the reducers' seconds by

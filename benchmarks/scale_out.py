@@ -4,7 +4,8 @@ after), and where a round on 8 nodes × 8 GPUs would be limited.
 
 A loopback Ray cluster of separate ``ray start`` processes with token authentication, as the
 cluster tests start (``tests/loopback.py``): a head with no CPU (the driver and the coordinator
-run there, as on a real cluster), and 1, 2 then 3 nodes of one CPU each, one worker each
+run there, as on a real cluster: the coordinator is pinned to it, as a tracking store on the
+driver's node would pin it), and 1, 2 then 3 nodes of one CPU each, one worker each
 (``workers.num_cpus=1``), every node with an object store of its own, so what crosses between
 nodes goes through Ray's object manager as it would between machines. On each, the quickstart
 (FedAvg, digits, an MLP sized by ``model.hidden`` from 10^4 to 10^7 parameters) runs with plain
@@ -19,10 +20,14 @@ Per round, averaged over the rounds between the first (warm-up) and the last (it
   ``round_wall_s``, ``server_wall_s``, ``reduce_wall_s`` (``Result.history``);
 - **measured** by Ray: bytes each node's object manager received (``ray_object_manager_bytes
   {Type="Received"}`` on each node's metrics port). Objects under 100 KiB travel inside Ray's
-  RPCs and are not counted there (a 10^4-parameter model's version and partials);
-- **measured** here: the coordinator's serial seconds, the CPU seconds (user + system, all its
-  threads) of the coordinator's process over those rounds, read from /proc by the driver; the
-  head's raylet (which receives the objects pulled to the coordinator's node) apart;
+  RPCs and are not counted there (a 10^4-parameter model's partials);
+- **measured** here: the coordinator's serial seconds, the CPU seconds (all its threads,
+  ``/proc/PID/task/*/schedstat``) of the coordinator's process over those rounds, read by the
+  driver; the head's raylet (which receives the objects pulled to the coordinator's node) apart.
+
+Every node shares this machine's cores: on a machine with fewer cores than nodes + 1, the
+workers' seconds of a multi-node run include waiting for a core, so the client seconds of the
+Amdahl bound come from the 1-node run.
 - **derived** from sizes (``derived_*``): what each node should receive if the run does what it
   says: a worker node the round's version (4 bytes a parameter); the coordinator's node every
   update (clients × 4 bytes a parameter) or one int64 partial per node (nodes × 8 bytes a
@@ -49,6 +54,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -167,12 +173,14 @@ def _own_ports(metrics_port: int) -> list[str]:
 @contextmanager
 def loopback(head_store: int) -> Iterator[Loopback]:
     """A head with no CPU and no dashboard, this process connected to it."""
-    from raysim.launch.private_ray import private_ray_auth
+    from raysim.launch.private_ray import PRIVATE_RAY_ENV, private_ray_auth
 
     private_ray_auth()  # this process's token: the cluster's processes and this driver share it
     temp = Path(tempfile.mkdtemp(prefix="rso", dir="/tmp"))  # Ray's socket paths stay short
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=os.environ["RAY_AUTH_TOKEN"])
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("RAY_") or k.startswith("RAY_AUTH")
+    }
+    env.update(PRIVATE_RAY_ENV)
     env["RAY_metrics_report_interval_ms"] = "500"  # the byte counters refresh twice a second
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
@@ -196,6 +204,7 @@ def loopback(head_store: int) -> Iterator[Loopback]:
     finally:
         ray.shutdown()
         _stop([n.proc for n in reversed(cluster.all_nodes())])
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- what is read
@@ -224,15 +233,21 @@ def settled_bytes(nodes: list[Node]) -> list[tuple[float, float]]:
     return reads[-1]
 
 
-def process_in(root: int, needle: str) -> Any:
-    """The one process under ``root`` whose command line holds ``needle``."""
+def process_in(root: int, title: str) -> Any:
+    """The one process under ``root`` whose name or Ray title (``ray::Coordinator``) is
+    ``title``."""
     import psutil
 
-    found = [
-        p for p in psutil.Process(root).children(recursive=True) if needle in " ".join(p.cmdline())
-    ]
+    def named(p: Any) -> bool:
+        try:
+            first = p.cmdline()[0].strip()
+            return first == title or first.endswith(f"/{title}")
+        except (psutil.Error, IndexError):
+            return False
+
+    found = [p for p in psutil.Process(root).children(recursive=True) if named(p)]
     if len(found) != 1:
-        raise RuntimeError(f"{len(found)} processes {needle!r} under the head, not one")
+        raise RuntimeError(f"{len(found)} processes {title!r} under the head, not one")
     return found[0]
 
 
@@ -309,7 +324,7 @@ def run_one(cluster: Loopback, size: str, clients: int, partial: bool, measured:
     try:
         workers = session.workers()
         coordinator = process_in(cluster.head.proc.pid, "ray::Coordinator")
-        raylet = process_in(cluster.head.proc.pid, "/raylet")
+        raylet = process_in(cluster.head.proc.pid, "raylet")
         history = [session.step()]  # the warm-up round
         bytes0 = settled_bytes(cluster.all_nodes())
         cpu0 = cpu_s(coordinator), cpu_s(raylet)

@@ -599,7 +599,8 @@ def test_personal_state_stays_in_the_object_store_by_reference(ray_cluster):
     from raysim.algorithms.exact_sum import HeldDelta
     from raysim.data import build_federated_dataset
 
-    cfg = load_config(tiny(algorithm={"name": "head", "module": str(VIEWS)}))
+    workers = {"count": 2, "partial_sums": True}  # deltas too stay where they are
+    cfg = load_config(tiny(algorithm={"name": "head", "module": str(VIEWS)}, workers=workers))
     ds = build_federated_dataset(cfg.data, cfg.clients.num, cfg.seed)
     pool = RayWorkerPool(cfg, ray.put(ds), 2, ds.client_sizes())
     try:

@@ -17,7 +17,6 @@ per-client actors, or a ``workers.transport`` other than ``auto``.
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 from collections.abc import Mapping
@@ -101,7 +100,9 @@ def needs_ray(
         return f"workers.count={w.count} asks for {w.count} worker actors"
     cpus = (local_resources() if resources is None else resources).get("CPU", 1.0)
     workers = plan_pool_size(cfg, {"CPU": float(cpus), "GPU": 0.0})
-    groups = math.ceil(cfg.clients.per_round / cfg.group_size())
+    from raysim.actors.jobs import group_count  # numpy only: no Ray
+
+    groups = group_count(cfg.clients.per_round, cfg.group_size())
     if workers > 1 and groups > 1:
         return (
             f"a round trains its clients in {groups} groups, which {workers} workers "

@@ -516,8 +516,8 @@ def print_bytes(rows: list[Row]) -> None:
     print("ray_object_manager_bytes of each node (Received; sent: PushedFromLocalPlasma);")
     print("derived: clients × 4·params (whole) or nodes × 8·params (int64 partials) into the")
     print("head, the version (4·params) into each worker node, at most one version a node out of")
-    print("the head (a node may pull it from another). * objects under 100 KiB travel inside")
-    print("Ray's RPCs and are not counted by the object manager (the partials here).")
+    print("the head (a node may pull it from another); Ray's counts add ~250 B an object. *")
+    print("objects under 100 KiB travel inside Ray's RPCs, uncounted by the object manager.")
     print()
 
 
@@ -623,6 +623,12 @@ def print_projection(projected: list[dict[str, Any]], a: Assumed) -> None:
     print("in memory for the round's sum (whole: every update, on the coordinator's node; partial:")
     print("a node's share, in its object store); limit: the longest stage, or memory where held")
     print("exceeds a node's store.")
+    print()
+    for partial in (False, True):
+        limits = ", ".join(
+            f"{p['model']}: {p['limit']}" for p in projected if p["partial_sums"] == partial
+        )
+        print(f"projected_limit.{'partial' if partial else 'whole'}: {limits}")
     print()
 
 

@@ -10,8 +10,12 @@ the nodes' partials. So the coordinator's ingress per sum is one partial per nod
 update per client, and the nodes sum in parallel. Integer sums are exact, so the result is the
 same bits however the updates are spread over workers and nodes.
 
-A reducer is started on a node the first time a sum needs it (no CPU reserved: it only adds
-numbers while the workers wait for the round's end), restarted by Ray if it dies. A delta stays in
+A node's deltas are cut into as many contiguous slices as the node has CPUs (at most
+``MAX_REDUCERS``, at least ``MIN_SLICE`` deltas a slice), each summed by a reducer of its own on
+that node at the same time; the first reducer then adds the others' partials, read from the
+node's store, so one partial still leaves the node. Reducers are started on a node the first
+time a sum needs them (no CPU reserved: they add numbers while the workers wait for the round's
+end), restarted by Ray if they die. A delta stays in
 its node's store while an ``Update`` refers to it, and survives its worker's death (the store is
 the node's); it is fetched whole only where a strategy's state is written to a checkpoint.
 """
@@ -28,15 +32,32 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raysim.algorithms.exact_sum import HeldDelta, Partial, exact_sum
 
+#: the most reducers on one node (a slice each), and the fewest deltas a slice is worth
+MAX_REDUCERS = 8
+MIN_SLICE = 4
+
+#: a partial as it travels: (int64 total, bound, terms, seconds it took)
+Sent = tuple[Any, int, int, float]
+
 
 class Reducer:
-    """Sums the deltas of one node (made a Ray actor by ``NodeSums``)."""
+    """Sums deltas of one node (made a Ray actor by ``NodeSums``)."""
 
-    def partial(self, weights: list[float], *deltas: np.ndarray) -> tuple[Any, int, int, float]:
-        """``Σ weights[j]·deltas[j]`` in fixed point: (int64 total, bound, terms, seconds)."""
+    def partial(self, weights: list[float], *deltas: np.ndarray) -> Sent:
+        """``Σ weights[j]·deltas[j]`` in fixed point."""
         t0 = time.perf_counter()
         p = exact_sum(deltas, weights)
         return p.total, p.bound, p.terms, time.perf_counter() - t0
+
+    def merge(self, *parts: Sent) -> Sent:
+        """The sum of partials from this node's other reducers (their longest time, plus this
+        one's): one partial leaves the node."""
+        t0 = time.perf_counter()
+        out = Partial()
+        for total, bound, terms, _ in parts:
+            out.merge(Partial(total, bound, terms))
+        slowest = max(seconds for *_, seconds in parts)
+        return out.total, out.bound, out.terms, slowest + time.perf_counter() - t0
 
 
 class NodeSums:
@@ -46,7 +67,8 @@ class NodeSums:
     deltas); ``reduce_s`` the reducers' own seconds (they run in parallel, one per node)."""
 
     def __init__(self) -> None:
-        self._reducers: dict[str, Any] = {}
+        self._reducers: dict[str, list[Any]] = {}
+        self._cpus: dict[str, float] | None = None
         self.bytes_in = 0
         self.reduce_s: dict[str, float] = {}
 
@@ -54,33 +76,40 @@ class NodeSums:
         """A delta the pool left on ``node`` (its object ref)."""
         return HeldDelta(self, ref, shape, nbytes, node)
 
-    def _reducer(self, node: str) -> Any:
-        reducer = self._reducers.get(node)
-        if reducer is None:
+    def _slices(self, node: str, n: int) -> int:
+        """How many reducers sum ``n`` deltas on ``node``: its CPUs, within the bounds above."""
+        if self._cpus is None:
+            self._cpus = {x["NodeID"]: x["Resources"].get("CPU", 1) for x in ray.nodes()}
+        cpus = int(self._cpus.get(node, 1))
+        return max(1, min(MAX_REDUCERS, cpus, n // MIN_SLICE))
+
+    def _reducer(self, node: str, i: int) -> Any:
+        reducers = self._reducers.setdefault(node, [])
+        while len(reducers) <= i:
             where = NodeAffinitySchedulingStrategy(node, soft=False) if node else "DEFAULT"
-            reducer = (
-                ray.remote(Reducer)
-                .options(
-                    num_cpus=0,
-                    max_restarts=-1,
-                    max_task_retries=-1,
-                    scheduling_strategy=where,
-                )
-                .remote()
+            options = {"num_cpus": 0, "max_restarts": -1, "max_task_retries": -1}
+            reducers.append(
+                ray.remote(Reducer).options(**options, scheduling_strategy=where).remote()
             )
-            self._reducers[node] = reducer
-        return reducer
+        return reducers[i]
+
+    def _node_sum(self, node: str, held: list[tuple[HeldDelta, float]]) -> Any:
+        """One node's partial (a ref): its slices summed side by side, then merged there."""
+        k = self._slices(node, len(held))
+        bounds = np.linspace(0, len(held), k + 1).round().astype(int)
+        parts = [
+            self._reducer(node, i).partial.remote(
+                [w for _, w in held[a:b]], *(d.key for d, _ in held[a:b])
+            )
+            for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True))
+        ]
+        return parts[0] if k == 1 else self._reducer(node, 0).merge.remote(*parts)
 
     def partial(self, items: Sequence[tuple[HeldDelta, float]]) -> Partial:
         by_node: dict[str, list[tuple[HeldDelta, float]]] = {}
         for delta, weight in items:
             by_node.setdefault(delta.node, []).append((delta, weight))
-        calls = {
-            node: self._reducer(node).partial.remote(
-                [w for _, w in held], *(d.key for d, _ in held)
-            )
-            for node, held in sorted(by_node.items())
-        }
+        calls = {node: self._node_sum(node, held) for node, held in sorted(by_node.items())}
         out = Partial()
         for node, (total, bound, terms, seconds) in zip(
             calls, ray.get(list(calls.values())), strict=True
@@ -102,6 +131,7 @@ class NodeSums:
         return out
 
     def close(self) -> None:
-        for reducer in self._reducers.values():
-            ray.kill(reducer)
+        for reducers in self._reducers.values():
+            for reducer in reducers:
+                ray.kill(reducer)
         self._reducers = {}

@@ -400,7 +400,8 @@ def predict(c: dict[str, float], clients: float, bytes_in: float, params: float)
 
 
 def fit_reducer(rows: list[Row]) -> dict[str, float]:
-    """The busiest node's reducer seconds against the bytes of deltas it summed."""
+    """The busiest node's reducer seconds against the bytes of deltas it summed (one reducer a
+    node here: a node of one CPU sums its deltas in one slice, ``raysim.actors.reduce``)."""
     from scipy.optimize import nnls
 
     x = np.array([[1.0, math.ceil(r.clients / r.nodes) * 4.0 * r.params] for r in rows])
@@ -423,6 +424,7 @@ class Assumed:
     client_s: float = 0.5  # one client's update on a GPU
     nic_gbps: float = 100.0  # each node's link, each way
     store_gb: float = 200.0  # each node's object store (Ray's default: 30 % of its memory)
+    node_cpus: int = 64  # each node's CPUs: how many reducers sum its slices side by side
 
     @property
     def workers(self) -> int:
@@ -434,18 +436,30 @@ class Assumed:
 
 
 def project(
-    params: int, partial: bool, coord: dict[str, float], reducer: dict[str, float], a: Assumed
+    params: int,
+    partial: bool,
+    coord: dict[str, float],
+    reducer: dict[str, float],
+    merge_byte: float,
+    a: Assumed,
 ) -> dict[str, Any]:
     """A synchronous round's stages, one after another (overlap could only shorten it): the
     version out to every node, the clients on the GPUs, the reducers (partial sums), the bytes
     into the coordinator's node, the coordinator's serial work."""
+    from raysim.actors.reduce import MAX_REDUCERS, MIN_SLICE
+
     model = 4.0 * params
     share = math.ceil(a.clients / a.nodes)  # a node's updates
     bytes_in = a.nodes * 2 * model if partial else a.clients * model
+    # a node's deltas in k slices, summed side by side, then merged on the node by the first
+    # reducer: k int64 partials added, at the coordinator's measured cost of adding one
+    k = max(1, min(MAX_REDUCERS, a.node_cpus, share // MIN_SLICE))
+    slices = reducer["r0"] + reducer["r_byte"] * math.ceil(share / k) * model
+    merge = merge_byte * k * 2 * model if k > 1 else 0.0
     stages = {
         "broadcast": a.nodes * model / a.nic,  # at most: a node may pull from another
         "clients": math.ceil(a.clients / a.workers) * a.client_s,
-        "reducers": reducer["r0"] + reducer["r_byte"] * share * model if partial else 0.0,
+        "reducers": slices + merge if partial else 0.0,
         "ingress": bytes_in / a.nic,
         "coordinator": predict(coord, a.clients, bytes_in, params),
     }
@@ -465,6 +479,7 @@ def project(
         # below this a client's seconds, the coordinator's serial part outweighs the clients'
         "client_s_breakeven": serial * a.workers / a.clients,
         "held_bytes": held,
+        "reducers_a_node": k if partial else 0,
     }
 
 
@@ -598,25 +613,29 @@ def print_projection(projected: list[dict[str, Any]], a: Assumed) -> None:
     print(
         f"assumed: a client's update takes {a.client_s:g} s on a GPU (--client-s); each node's "
         f"link moves {a.nic_gbps:g} Gb/s each way (--nic-gbps); a node's object store holds "
-        f"{a.store_gb:g} GB (--store-gb); the coordinator's and reducers' costs are this "
-        "machine's, fitted above; a round's stages run one after another"
+        f"{a.store_gb:g} GB (--store-gb) and has {a.node_cpus} CPUs (--node-cpus), one reducer "
+        "a CPU up to raysim's maximum; the coordinator's and reducers' costs are this machine's, "
+        "fitted above; a round's stages run one after another"
     )
     out = [
         [
             p["model"], f"{p['params']:.3g}", "partial" if p["partial_sums"] else "whole",
             _b(p["bytes_in"]), _s(p["ingress_s"]), _s(p["coordinator_s"]),
-            _s(p["reducers_s"]) if p["partial_sums"] else "-", _s(p["clients_s"]),
+            f"{_s(p['reducers_s'])} ({p['reducers_a_node']})" if p["partial_sums"] else "-",
+            _s(p["clients_s"]),
             _s(p["broadcast_s"]), _s(p["round_s"]), f"{p['workers_at_saturation']:.3g}",
             _s(p["client_s_breakeven"]), _b(p["held_bytes"]), p["limit"],
         ]
         for p in projected
     ]  # fmt: skip
     table(
-        ["model", "params", "sums", "coord in", "ingress", "coord serial", "reducers",
+        ["model", "params", "sums", "coord in", "ingress", "coord serial", "reducers (k)",
          "clients", "broadcast", "round", "W*", "coord limits below", "held", "limit"],
         out,
     )  # fmt: skip
-    print("ingress = coord in / link; reducers: the busiest node's sum of its share of updates;")
+    print("ingress = coord in / link; reducers (k): a node's sum of its share of updates, in k")
+    print("slices side by side, their k int64 partials then merged on the node at the cost the")
+    print("coordinator's fit gives a byte of partial (c_byte, partial);")
     print("W* = clients × client s / (coord serial + ingress), the workers before the")
     print("coordinator's node saturates; coord limits below: the client seconds under which the")
     print("coordinator's serial part outweighs a worker's share of the clients; held: what waits")
@@ -632,51 +651,14 @@ def print_projection(projected: list[dict[str, Any]], a: Assumed) -> None:
     print()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="one small model, 1 and 2 nodes")
-    parser.add_argument("--nodes", type=int, default=3, help="the most nodes measured")
-    parser.add_argument(
-        "--grid", default="", help=f"SIZE:CLIENTS,... measured instead (sizes: {' '.join(HIDDEN)})"
-    )
-    parser.add_argument("--rounds", type=int, default=0, help="measured rounds (0: by size)")
-    parser.add_argument(
-        "--client-s",
-        type=float,
-        default=Assumed.client_s,
-        help="projection: one client's update on a GPU, seconds",
-    )
-    parser.add_argument(
-        "--nic-gbps",
-        type=float,
-        default=Assumed.nic_gbps,
-        help="projection: a node's link, Gb/s each way",
-    )
-    parser.add_argument(
-        "--store-gb",
-        type=float,
-        default=Assumed.store_gb,
-        help="projection: a node's object store, GB",
-    )
-    parser.add_argument(
-        "--clients", type=int, default=Assumed.clients, help="projection: clients a round"
-    )
-    parser.add_argument("--out", type=Path, default=None, help="a JSON of every row")
-    args = parser.parse_args()  # fmt: skip
-    grid = QUICK if args.quick else FULL
-    if args.grid:
-        grid = [(a, int(b)) for a, b in (item.split(":") for item in args.grid.split(","))]
-    max_nodes = 2 if args.quick else args.nodes
-    print(f"machine={machine()}", flush=True)
-    load = os.getloadavg()[0]
-    print(f"load_average_1min_at_start={load:.2f}", flush=True)
-    started = time.perf_counter()
+def measure(grid: list[tuple[str, int]], max_nodes: int, rounds: int, quick: bool) -> list[Row]:
+    """Every run of ``grid`` on 1 to ``max_nodes`` nodes, each setting back to back."""
     rows: list[Row] = []
     with loopback(head_store=2_500_000_000) as cluster:
         for n in range(1, max_nodes + 1):
             cluster.add_node(1_500_000_000)
             for size, clients in grid:
-                measured = args.rounds or MEASURED_ROUNDS[size] // (2 if args.quick else 1)
+                measured = rounds or MEASURED_ROUNDS[size] // (2 if quick else 1)
                 for partial in (False, True):
                     t0 = time.perf_counter()
                     row = run_one(cluster, size, clients, partial, measured)
@@ -689,8 +671,67 @@ def main() -> None:
                         f"coordinator_bytes_in={row.coordinator_bytes_in:.0f}",
                         flush=True,
                     )
-    took = time.perf_counter() - started
-    print(f"measured_in_s={took:.0f} load_average_1min_at_end={os.getloadavg()[0]:.2f}")
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add = parser.add_argument
+    add("--quick", action="store_true", help="one small model, 1 and 2 nodes")
+    add("--nodes", type=int, default=3, help="the most nodes measured")
+    add("--grid", default="", help=f"SIZE:CLIENTS,... measured instead (sizes: {' '.join(HIDDEN)})")
+    add("--rounds", type=int, default=0, help="measured rounds (0: by size)")
+    add(
+        "--from",
+        dest="replay",
+        type=Path,
+        default=None,
+        help="measure nothing: the rows of an earlier --out, fitted and projected again",
+    )
+    add(
+        "--client-s",
+        type=float,
+        default=Assumed.client_s,
+        help="projection: one client's update on a GPU, seconds",
+    )
+    add(
+        "--nic-gbps",
+        type=float,
+        default=Assumed.nic_gbps,
+        help="projection: a node's link, Gb/s each way",
+    )
+    add(
+        "--store-gb",
+        type=float,
+        default=Assumed.store_gb,
+        help="projection: a node's object store, GB",
+    )
+    add(
+        "--node-cpus",
+        type=int,
+        default=Assumed.node_cpus,
+        help="projection: a node's CPUs (its reducers: one a CPU, up to raysim's maximum)",
+    )
+    add("--clients", type=int, default=Assumed.clients, help="projection: clients a round")
+    add("--out", type=Path, default=None, help="a JSON of every row")
+    args = parser.parse_args()  # fmt: skip
+    grid = QUICK if args.quick else FULL
+    if args.grid:
+        grid = [(a, int(b)) for a, b in (item.split(":") for item in args.grid.split(","))]
+    if args.replay is not None:
+        saved = json.loads(args.replay.read_text())
+        where, load, took = saved["machine"], saved["load_average_1min_at_start"], None
+        rows = [Row(**r) for r in saved["measured"]]
+        print(f"machine={where} (measured there: rows from {args.replay})")
+    else:
+        where = machine()
+        print(f"machine={where}", flush=True)
+        load = os.getloadavg()[0]
+        print(f"load_average_1min_at_start={load:.2f}", flush=True)
+        started = time.perf_counter()
+        rows = measure(grid, 2 if args.quick else args.nodes, args.rounds, args.quick)
+        took = time.perf_counter() - started
+        print(f"measured_in_s={took:.0f} load_average_1min_at_end={os.getloadavg()[0]:.2f}")
     print()
 
     # what the output claims, one line each: the same bits either way, the workers on as many
@@ -717,10 +758,11 @@ def main() -> None:
         print(f"(only {len(rows)} runs: the fits and the projection below show the format only)")
     print_fits(whole, part, reducer, rows)
     assumed = Assumed(clients=args.clients, client_s=args.client_s, nic_gbps=args.nic_gbps,
-                      store_gb=args.store_gb)  # fmt: skip
+                      store_gb=args.store_gb, node_cpus=args.node_cpus)  # fmt: skip
     projected = [
         {"model": name, "params": params, "partial_sums": partial,
-         **project(params, partial, part if partial else whole, reducer, assumed)}
+         **project(params, partial, part if partial else whole, reducer, part["c_byte"],
+                   assumed)}
         for name, params in PROJECTED.items()
         for partial in (False, True)
     ]  # fmt: skip
@@ -729,7 +771,7 @@ def main() -> None:
         args.out.write_text(
             json.dumps(
                 {
-                    "machine": machine(),
+                    "machine": where,
                     "load_average_1min_at_start": load,
                     "measured_in_s": took,
                     "measured": [asdict(r) for r in rows],

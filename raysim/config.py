@@ -321,10 +321,10 @@ class WorkersConfig(StrictModel):
         "updates (raysim methods NAME says): each update stays on its worker's node, where it is "
         "summed with the node's others; the coordinator receives one partial sum per node. Sums "
         "are exact (fixed point), so results are the same bits on or off, for any number of "
-        "workers and nodes. auto: where the method sums, except to workers linked by compiled "
-        "graphs (small models: workers.transport); true: wherever the method sums (plain calls, "
-        "no links), refused for a method that needs each update; false: every update travels "
-        "whole to the coordinator",
+        "workers and nodes. auto: where the method sums and the model's global vector exceeds 1 "
+        "MiB (a smaller delta is cheaper carried whole); true: wherever the method sums (plain "
+        "calls, no compiled-graph links), refused for a method that needs each update; false: "
+        "every update travels whole to the coordinator",
     )
 
     cuda_deterministic: bool = Field(

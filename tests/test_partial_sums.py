@@ -172,14 +172,17 @@ def test_the_same_bits_with_partial_sums_on_or_off_on_1_2_and_4_workers_through_
     """The quickstart on Ray (plain calls, so the deltas stay in the object store): each update
     whole on 2 workers; summed on its node on 1 worker, and on 4 with one killed in round 1;
     all give the in-process run's weights. Summed, the coordinator receives one partial a round
-    (int64: twice a float32 update) instead of ten updates."""
+    (int64: twice a float32 update) instead of ten updates. Under ``auto`` a model this small
+    sends its updates whole."""
     import raysim
 
     ref = in_process()
     on_ray = [*QUICK, "runtime=ray", "workers.transport=calls"]
     whole = raysim.run(EXAMPLES / "quickstart.yaml", [*on_ray, "workers.count=2",
                                                       "workers.partial_sums=false"])  # fmt: skip
-    one = raysim.run(EXAMPLES / "quickstart.yaml", [*on_ray, "workers.count=1"])
+    one = raysim.run(EXAMPLES / "quickstart.yaml", [*on_ray, "workers.count=1",
+                                                    "workers.partial_sums=true"])  # fmt: skip
+    auto = raysim.run(EXAMPLES / "quickstart.yaml", [*on_ray, "workers.count=1"])
     kill = ["workers.count=4", "workers.num_cpus=0.5"]
     kill += ["faults.kill_worker.round=1", "faults.kill_worker.worker=1"]
     four = raysim.run(EXAMPLES / "quickstart.yaml", [*on_ray, *kill, "workers.partial_sums=true"])
@@ -188,6 +191,8 @@ def test_the_same_bits_with_partial_sums_on_or_off_on_1_2_and_4_workers_through_
     update = whole.history[0]["bytes_up"] / 10
     assert [h["coordinator_bytes_in"] for h in whole.history] == [10 * update] * 3
     assert [h["coordinator_bytes_in"] for h in one.history] == [2 * update] * 3
+    # auto: a 38 kB delta is cheaper carried whole than held (under 1 MiB)
+    assert auto.history[0]["coordinator_bytes_in"] == 10 * update
     assert all(h["reduce_wall_s"] > 0 for h in four.history)
 
 

@@ -33,7 +33,10 @@ if TYPE_CHECKING:
 #: ``workers.transport: auto`` links the workers of models whose global vector is at most this
 #: large: a round of a small model is short, so an actor call's fixed cost (~3 ms) is a visible
 #: share of it, and a channel's buffers (each as large as the largest message it carried) stay
-#: small. A larger model's workers take plain calls.
+#: small. A larger model's workers take plain calls, and under ``workers.partial_sums: auto``
+#: leave their deltas on their nodes: below it a held delta's own costs (an object and a
+#: reference each, ~150 µs more a client on 2 vCPUs) outweigh what it saves
+#: (``benchmarks/scale_out.py``).
 LINK_MAX_BYTES = 1 << 20
 
 #: a coordinator outside an actor (a driver) builds its links once it has sent batches for this
@@ -151,8 +154,11 @@ class RayWorkerPool:
         self._local = cfg.local
         self._pids: dict[int, set[int]] = {}
         self._events: list[str] = []
-        #: ``workers.partial_sums``: deltas stay on their workers' nodes, summed there
+        #: ``workers.partial_sums``: deltas stay on their workers' nodes, summed there (``auto``:
+        #: for a model above ``LINK_MAX_BYTES``, known at ``initial_global``)
         self._sums_wanted = cfg.partial_sums()
+        self._sums_insisted = w.partial_sums is True
+        self._large = False
         self.sums = NodeSums()
 
     def _grow(self, n: int) -> None:
@@ -391,6 +397,7 @@ class RayWorkerPool:
         weights, layout = ray.get(self.workers[0].initial_global.remote(self.data))
         if weights.nbytes > LINK_MAX_BYTES:  # before any link is built (``LINK_AFTER_S``)
             self._use_links = False  # a round's fixed costs are a small share there
+            self._large = True  # and its deltas worth leaving where they are
         return weights, layout
 
     def kill_worker(self, index: int) -> None:
@@ -418,11 +425,11 @@ class RayWorkerPool:
 
     @property
     def _hold(self) -> bool:
-        """Whether a batch's deltas stay on its worker's node: where partial sums are on and the
-        workers are not linked (links serve small models, whose deltas are cheap to carry and
-        whose round is short; a run uses one path or the other from its first batch, so its byte
-        counts do not depend on when its links came up)."""
-        return self._sums_wanted and not self._use_links
+        """Whether a batch's deltas stay on its worker's node: where partial sums are on, under
+        ``auto`` for a model above ``LINK_MAX_BYTES`` only (a small model's deltas are cheap to
+        carry, and its workers may be linked: a run uses one path from its first batch, so its
+        byte counts do not depend on when its links came up)."""
+        return self._sums_wanted and (self._sums_insisted or self._large)
 
     def sum_counts(self) -> tuple[int, dict[str, float]]:
         """Bytes that reached this process through partial sums, and the reducers' seconds by

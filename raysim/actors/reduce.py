@@ -78,7 +78,7 @@ class NodeSums:
 
     def _slices(self, node: str, n: int) -> int:
         """How many reducers sum ``n`` deltas on ``node``: its CPUs, within the bounds above."""
-        if self._cpus is None:
+        if self._cpus is None or node not in self._cpus:  # a node that joined since: read again
             self._cpus = {x["NodeID"]: x["Resources"].get("CPU", 1) for x in ray.nodes()}
         cpus = int(self._cpus.get(node, 1))
         return max(1, min(MAX_REDUCERS, cpus, n // MIN_SLICE))

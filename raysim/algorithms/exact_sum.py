@@ -135,16 +135,20 @@ class HeldDelta:
     """A client's delta left where it was computed (``workers.partial_sums``): what a strategy
     whose server step only sums its updates (``Strategy.sums_updates``) gets as
     ``Update.delta``. ``WeightedMean.combine`` sums it where it is; read as an array it refuses,
-    naming the cause; pickled (a checkpoint of a strategy's buffer) it is fetched and written as
-    the array it stands for."""
+    naming the cause; in a checkpoint of a strategy's buffer (or pickled) it is fetched and
+    written as the array it stands for."""
 
     __slots__ = ("source", "key", "shape", "nbytes", "node")
 
-    def __init__(self, source: SumSource, key: Any, shape: tuple[int, ...], nbytes: int,
-                 node: str = "") -> None:  # fmt: skip
-        self.source, self.key, self.shape, self.nbytes, self.node = (
-            source, key, tuple(shape), int(nbytes), node
-        )  # fmt: skip
+    def __init__(
+        self, source: SumSource, key: Any, shape: tuple[int, ...], nbytes: int, node: str = ""
+    ) -> None:
+        """``key``: what ``source`` finds the delta by (a Ray object ref); ``node``: where."""
+        self.source = source
+        self.key = key
+        self.shape = tuple(shape)
+        self.nbytes = int(nbytes)
+        self.node = node
 
     @property
     def dtype(self) -> np.dtype:

@@ -80,8 +80,20 @@ def fail_if_called(monkeypatch) -> list[str]:
     """Every function that resolves the address, counts the machine, sizes the pool, chooses
     the runtime or checks a run, wherever a raysim module holds it (its own module, or a name
     another imported): each raises once patched here, and says which was called."""
+    import importlib
     import sys
 
+    # a module a run imports lazily would otherwise bind a patched name for good: import the
+    # ones that hold a deciding function by name first, so the patch finds (and undoes) theirs
+    for name in (
+        "raysim.launch.session",
+        "raysim.actors.coordinator_actor",
+        "raysim.cli.run",
+        "raysim.launch.trials",
+        "raysim.sweeps.trial",
+        "raysim.launch.store_choice",
+    ):
+        importlib.import_module(name)  # fmt: skip
     called: list[str] = []
     targets = [
         getattr(module, name)

@@ -42,6 +42,9 @@ class NullExecutor:
     def events(self) -> list[str]:
         return []
 
+    def sum_counts(self) -> tuple[int, dict[str, float]]:
+        return 0, {}
+
     def submit(self, handle: Any, jobs: list[ClientJob]) -> None:
         for job in jobs:
             self._pending[job.job_id] = job.client

@@ -26,7 +26,6 @@ import numpy as np
 from raysim.actors.core_client_states import ClientStates
 from raysim.actors.core_report import (
     CLIENT_COLUMNS,
-    PLACEMENT_METRICS,
     RESULT_ROWS,
     TIMING_METRICS,
     ClientStats,
@@ -50,7 +49,6 @@ from raysim.tracking import timeline
 
 __all__ = [
     "CLIENT_COLUMNS",
-    "PLACEMENT_METRICS",
     "RESULT_ROWS",
     "TIMING_METRICS",
     "ClientStats",
@@ -339,8 +337,9 @@ class CoordinatorCore(ModelVersions, ClientStates, Snapshot, RunReport):
         st = self.stats[job.client]
         extras = sum(a.nbytes for a in result.extras.values())
         log.bytes_up += result.delta_nbytes + extras
-        # what reached this process: an update whole, or (``workers.partial_sums``) its extras
-        log.bytes_in += extras + (result.delta_nbytes * isinstance(result.delta, np.ndarray))
+        log.bytes_in += extras  # what reached this process: the extras, and a delta sent whole
+        if isinstance(result.delta, np.ndarray):
+            log.bytes_in += result.delta.nbytes
         if not result.is_finite():
             self._drop_state(result.state)  # the version it saved is never adopted
             if self.strategy.stop_on_nonfinite:

@@ -39,9 +39,6 @@ TIMING_METRICS = frozenset(
     {"wall_time", "round_wall_s", "round_wait_s", "round_compute_s", "round_compute_min_s"}
     | {"server_wall_s", "audit_wall_s", "reduce_wall_s"}
 )
-#: Per-round metrics that depend on where the run's work ran (how many nodes summed updates),
-#: not on what it computed: the same for two runs on one placement, like every other metric.
-PLACEMENT_METRICS = frozenset({"coordinator_bytes_in"})
 
 
 @dataclass(slots=True)
@@ -106,8 +103,7 @@ class RunReport:
 
     def _round_report(self, k: int, log: RoundLog, wall: float) -> dict[str, float]:
         """Round ``k``'s metrics (its evaluation apart), its counts added to ``totals``."""
-        counts = getattr(self.executor, "sum_counts", None)  # a test's executor may lack it
-        summed, reduce_s = counts() if counts is not None else (0, {})
+        summed, reduce_s = self.executor.sum_counts()
         log.bytes_in += summed
         self.totals["bytes_up"] += log.bytes_up
         self.totals["bytes_down"] += log.bytes_down

@@ -154,11 +154,13 @@ class RayWorkerPool:
         self._local = cfg.local
         self._pids: dict[int, set[int]] = {}
         self._events: list[str] = []
-        #: ``workers.partial_sums``: deltas stay on their workers' nodes, summed there (``auto``:
-        #: for a model above ``LINK_MAX_BYTES``, known at ``initial_global``)
-        self._sums_wanted = cfg.partial_sums()
-        self._sums_insisted = w.partial_sums is True
-        self._large = False
+        #: ``workers.partial_sums``: whether a batch's deltas stay on its worker's node, summed
+        #: there: under ``true`` always, under ``auto`` for a model above ``LINK_MAX_BYTES``
+        #: (``initial_global``), whose deltas are worth it and whose workers are not linked, so a
+        #: run takes one path from its first batch and its byte counts do not depend on when
+        #: links came up
+        self._may_hold = cfg.partial_sums()
+        self._hold = self._may_hold and w.partial_sums is True
         self.sums = NodeSums()
 
     def _grow(self, n: int) -> None:
@@ -337,7 +339,7 @@ class RayWorkerPool:
             for r, state in zip(answer, states, strict=True):
                 if r.state is None:
                     r.state = state
-            for r, ref in zip(answer, sent.deltas if sent.link is None else (), strict=False):
+            for r, ref in zip(answer, sent.deltas, strict=False):  # none through a link
                 if isinstance(r.delta, LeftOnNode):
                     r.delta = self.sums.hold(ref, r.delta.shape, r.delta.nbytes, r.node)
         sent.answer = answer
@@ -397,7 +399,7 @@ class RayWorkerPool:
         weights, layout = ray.get(self.workers[0].initial_global.remote(self.data))
         if weights.nbytes > LINK_MAX_BYTES:  # before any link is built (``LINK_AFTER_S``)
             self._use_links = False  # a round's fixed costs are a small share there
-            self._large = True  # and its deltas worth leaving where they are
+            self._hold = self._may_hold  # and its deltas worth leaving where they are
         return weights, layout
 
     def kill_worker(self, index: int) -> None:
@@ -422,14 +424,6 @@ class RayWorkerPool:
     def describe(self) -> list[dict[str, Any]]:
         infos = ray.get([w.info.remote(self.data) for w in self.workers])
         return [{"worker": i, **info, "early": i < self.early} for i, info in enumerate(infos)]
-
-    @property
-    def _hold(self) -> bool:
-        """Whether a batch's deltas stay on its worker's node: where partial sums are on, under
-        ``auto`` for a model above ``LINK_MAX_BYTES`` only (a small model's deltas are cheap to
-        carry, and its workers may be linked: a run uses one path from its first batch, so its
-        byte counts do not depend on when its links came up)."""
-        return self._sums_wanted and (self._sums_insisted or self._large)
 
     def sum_counts(self) -> tuple[int, dict[str, float]]:
         """Bytes that reached this process through partial sums, and the reducers' seconds by

@@ -22,6 +22,7 @@ the node's); it is fetched whole only where a strategy's state is written to a c
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -60,6 +61,13 @@ class Reducer:
         return out.total, out.bound, out.terms, slowest + time.perf_counter() - t0
 
 
+@functools.cache
+def _reducer_class() -> Any:
+    """``Reducer`` as a Ray actor class, made once per process (each ``ray.remote`` exports the
+    class anew, as the pool's ``_worker_class`` notes)."""
+    return ray.remote(Reducer)
+
+
 class NodeSums:
     """The ``SumSource`` of a Ray pool's held deltas: one reducer per node, started on demand.
 
@@ -88,9 +96,7 @@ class NodeSums:
         while len(reducers) <= i:
             where = NodeAffinitySchedulingStrategy(node, soft=False) if node else "DEFAULT"
             options = {"num_cpus": 0, "max_restarts": -1, "max_task_retries": -1}
-            reducers.append(
-                ray.remote(Reducer).options(**options, scheduling_strategy=where).remote()
-            )
+            reducers.append(_reducer_class().options(**options, scheduling_strategy=where).remote())
         return reducers[i]
 
     def _node_sum(self, node: str, held: list[tuple[HeldDelta, float]]) -> Any:

@@ -11,10 +11,10 @@ number of processes gives the same bits. The float32 result is ``Σq · 2^-s``, 
   sum of J terms is within J·4.5e-13 of the exact sum: below half a float32 ulp of the result
   wherever a coordinate exceeds J·2^-17 ≈ J·7.6e-6, and an absolute J·4.5e-13 below that.
 - **Headroom**: a coordinate of a sum holds magnitudes below 2^22 ≈ 4.2e6 (``LIMIT`` = 2^62 in
-  units of 2^-40, one bit spare of int64). Before a term is added, the bound ``Σ ceil(|w|·max|Δ|
-  ·2^s)`` over the terms so far (an exact integer, the same for every grouping) is checked
-  against it; past it the sum stops with ``SumOverflow`` naming the cause, never wraps.
-- **Cost**: about 3× a float32 ``out += w*d`` (blocked so the float64 temporaries stay in cache).
+  units of 2^-40, one bit spare of int64). The bound ``Σ max|q|`` over the terms so far (an
+  exact integer, the same for every grouping), plus each rounded block about to be added, is
+  checked against it; past it the sum stops with ``SumOverflow`` naming the cause, never wraps.
+- **Cost**: 3–4× a float32 ``out += w*d`` (blocked so the float64 temporaries stay in cache).
 
 Non-finite terms are refused (the coordinator rejects non-finite updates before they reach a
 sum). This module imports numpy only: the per-node reducers (``raysim.actors.reduce``) load it
@@ -59,22 +59,29 @@ class Partial:
     terms: int = 0
 
     def add(self, delta: np.ndarray, weight: float) -> Partial:
-        """Add ``weight·delta`` (a float32 vector) in place; returns self."""
-        delta = np.asarray(delta)
-        hi, lo = (float(delta.max()), float(delta.min())) if delta.size else (0.0, 0.0)
-        if not (math.isfinite(hi) and math.isfinite(lo) and math.isfinite(weight)):
+        """Add ``weight·delta`` (a float32 vector) in place; returns self. Each block is rounded,
+        then checked before it is added: the sum's bound plus the term's largest value so far
+        must stay below ``LIMIT`` (``SumOverflow``); the term's largest value then joins the
+        bound, which ends the same in any grouping."""
+        if not math.isfinite(weight):
             raise ValueError("an exact sum takes finite updates and weights only")
+        delta = np.asarray(delta)
         scale = math.ldexp(float(weight), FRACTION_BITS)
-        self._grow(math.ceil(max(hi, -lo) * abs(scale)) + 1, delta.shape)
-        total, buf = self.total, np.empty(min(BLOCK, delta.size), np.float64)
-        flat = delta.reshape(-1)
-        out = total.reshape(-1)
+        self._start(delta.shape)
+        flat, out = delta.reshape(-1), self.total.reshape(-1)
+        buf = np.empty(min(BLOCK, flat.size), np.float64)
+        term = 0
         for start in range(0, flat.size, BLOCK):
-            end = min(start + BLOCK, flat.size)
-            b = buf[: end - start]
-            np.multiply(flat[start:end], scale, out=b, dtype=np.float64)
+            b = buf[: min(BLOCK, flat.size - start)]
+            np.multiply(flat[start : start + b.size], scale, out=b, dtype=np.float64)
             np.rint(b, out=b)
-            out[start:end] += b.astype(np.int64)
+            hi = max(float(b.max()), -float(b.min()))
+            if not math.isfinite(hi):
+                raise ValueError("an exact sum takes finite updates and weights only")
+            term = max(term, int(hi))
+            self._check(term)
+            out[start : start + b.size] += b.astype(np.int64)
+        self.bound += term
         self.terms += 1
         return self
 
@@ -82,25 +89,29 @@ class Partial:
         """Add another partial in place (exact); returns self."""
         if other.total is None:
             return self
-        self._grow(other.bound, other.total.shape)
+        self._start(other.total.shape)
+        self._check(other.bound)
         self.total += other.total
+        self.bound += other.bound
         self.terms += other.terms
         return self
 
-    def _grow(self, bound: int, shape: tuple[int, ...]) -> None:
-        if self.bound + bound >= LIMIT:
-            reach = math.ldexp(self.bound + bound, -FRACTION_BITS)
+    def _start(self, shape: tuple[int, ...]) -> None:
+        if self.total is None:
+            self.total = np.zeros(shape, np.int64)
+        elif self.total.shape != shape:
+            raise ValueError(f"cannot sum updates of shapes {self.total.shape} and {shape}")
+
+    def _check(self, more: int) -> None:
+        """Refuse to add what reaches ``more`` to a sum bounded by ``bound``."""
+        if self.bound + more >= LIMIT:
+            reach = math.ldexp(self.bound + more, -FRACTION_BITS)
             raise SumOverflow(
                 f"an exact sum of {self.terms + 1}+ weighted updates could reach {reach:.3g} in "
                 f"one coordinate, past the {headroom():.3g} that {FRACTION_BITS} fraction bits "
                 "leave in int64: the updates have diverged (lower the learning rate) or a "
                 "weight is far from 1"
             )
-        if self.total is None:
-            self.total = np.zeros(shape, np.int64)
-        elif self.total.shape != shape:
-            raise ValueError(f"cannot sum updates of shapes {self.total.shape} and {shape}")
-        self.bound += bound
 
     def value(self) -> np.ndarray:
         """The sum as float32 (``Σq·2^-s``, rounded once through float64)."""
@@ -149,10 +160,6 @@ class HeldDelta:
         self.shape = tuple(shape)
         self.nbytes = int(nbytes)
         self.node = node
-
-    @property
-    def dtype(self) -> np.dtype:
-        return np.dtype(np.float32)
 
     def fetch(self) -> np.ndarray:
         return self.source.fetch(self)

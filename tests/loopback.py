@@ -153,7 +153,12 @@ def loopback_cluster(
         _wait_ready(procs[0], head_log, "Ray runtime started", 120)
         node_log = temp / "node.log"
         node = [RAY, "start", *common, *own_ports(), f"--address=127.0.0.1:{gcs_port}",
-                f"--num-cpus={worker_cpus}", f"--num-gpus={worker_gpus}"]  # fmt: skip
+                f"--num-cpus={worker_cpus}", f"--num-gpus={worker_gpus}",
+                # a temp dir of its own, as a real node has: on a shared one both nodes' runtime
+                # env agents unpack a job's working dir into the same folder, and Ray's agent
+                # deletes and unpacks it again for the node's first task, under the running
+                # driver (a lazy import then failed: ModuleNotFoundError in CI)
+                f"--temp-dir={temp / 'node'}"]  # fmt: skip
         if node_local is not None:
             node_local.mkdir(parents=True, exist_ok=True)
             hide = f'mount -t tmpfs none "{node_local}" && exec "$@"'

@@ -37,6 +37,7 @@ from raysim.algorithms.registry import (
 from raysim.algorithms.spec import HookParams, MethodParams
 from raysim.data.federated import DataSection, DigitsData
 from raysim.models.registry import ModelConfig, model_names, model_traits
+from raysim.privacy.settings import PrivacyConfig
 from raysim.schema import StrictModel, did_you_mean
 from raysim.sim.delays import DelayParams, NoDelayParams, parse_delay_params
 from raysim.sweeps.space import TuneSection
@@ -83,6 +84,12 @@ class ClientsConfig(StrictModel):
         gt=0,
         le=1,
         description="C: per_round = max(⌊C·num⌋, 1) (fedbaf.md §7.2 inv. 9); not with per_round",
+    )
+    sampling: Literal["uniform", "poisson"] = Field(
+        "uniform",
+        description="how a round's clients are drawn from the idle ones: uniform: per_round of "
+        "them without replacement (a fixed size); poisson: each independently with probability "
+        "per_round/num (a size that varies; privacy's pld accountant analyses it)",
     )
     state: ClientStateConfig = Field(default_factory=ClientStateConfig)
 
@@ -482,6 +489,7 @@ class RunConfig(StrictModel):
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     faults: FaultsConfig = Field(default_factory=FaultsConfig)
     audit: AuditConfig = Field(default_factory=AuditConfig)
+    privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     runtime: Literal["auto", "ray", "local"] = Field(
         "auto",
@@ -535,6 +543,7 @@ class RunConfig(StrictModel):
             raise ValueError(unmet)
         self._check_together()
         self._check_partial_sums()
+        self._check_privacy()
         for f in self.faults.corrupt_updates:
             if f.client >= self.clients.num:
                 raise ValueError(
@@ -623,6 +632,32 @@ class RunConfig(StrictModel):
             raise ValueError(
                 f"workers.partial_sums true: {self.algorithm.name} needs each update whole "
                 f"({spec.each_because}); set workers.partial_sums to auto or false"
+            )
+
+    def _check_privacy(self) -> None:
+        p = self.privacy
+        if p.accountant == "pld" and p.enabled and self.clients.sampling != "poisson":
+            raise ValueError(
+                "privacy.accountant pld analyses Poisson sampling only: set clients.sampling "
+                "poisson, or privacy.accountant rdp (which also analyses fixed-size sampling)"
+            )
+        if p.audit.canaries > self.clients.num:
+            raise ValueError(
+                f"privacy.audit.canaries ({p.audit.canaries}) exceeds clients.num "
+                f"({self.clients.num}): canaries are clients of the population"
+            )
+        if not p.enabled:
+            if p.audit.canaries:
+                raise ValueError(
+                    "privacy.audit audits a private run: set privacy.mode central or local"
+                )
+            return
+        spec = method_spec(self.algorithm.name)
+        if not spec.sums:
+            raise ValueError(
+                f"privacy.mode {p.mode}: {self.algorithm.name} needs each update whole "
+                f"({spec.each_because}), so no noise on a sum covers it; pick a method whose "
+                "updates are summed (raysim methods) or set privacy.mode none"
             )
 
     def client_hooks(self) -> list[tuple[str, HookParams]]:

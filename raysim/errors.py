@@ -15,3 +15,8 @@ class LeakError(RuntimeError):
 
 class RunSetupError(RuntimeError):
     """The coordinator could not set the run up (raised by ``Coordinator.ready``)."""
+
+
+class PrivacyError(ValueError):
+    """A run its ``privacy`` section cannot cover (an update carrying more than its delta), or
+    an ε target no noise multiplier meets (``raysim.privacy``)."""

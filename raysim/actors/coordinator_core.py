@@ -35,13 +35,14 @@ from raysim.actors.core_report import (
 from raysim.actors.core_snapshot import Snapshot, stats_columns, stats_from_columns
 from raysim.actors.core_versions import ModelVersions
 from raysim.actors.executor import Executor
-from raysim.actors.jobs import ClientJob, one_or_each
+from raysim.actors.jobs import STOPPED_EARLY, ClientJob, one_or_each
 from raysim.algorithms.base import Diverged, Strategy, Update
 from raysim.algorithms.context import ServerContext
 from raysim.algorithms.hooks import compose
 from raysim.algorithms.registry import MIXERS, get_method
 from raysim.config import RunConfig
 from raysim.errors import LeakError
+from raysim.privacy.wrap import private
 from raysim.security.policy import audit_off_warning, audits_leaks
 from raysim.sim.clock import ArrivalQueue, PendingJob, Schedule
 from raysim.sim.delays import build_delay_model
@@ -111,7 +112,9 @@ class CoordinatorCore(ModelVersions, ClientStates, Snapshot, RunReport):
                 transposes=cfg.audit.transposes,
             )
         delay_model = build_delay_model(cfg.delays, cfg.clients.num, cfg.seed)
-        self.schedule = Schedule(cfg.clients.num, cfg.clients.per_round, delay_model, cfg.seed)
+        self.schedule = Schedule(
+            cfg.clients.num, cfg.clients.per_round, delay_model, cfg.seed, cfg.clients.sampling
+        )
         self.queue = ArrivalQueue()
         self.client_sizes = client_sizes
         self.round = 0
@@ -139,7 +142,7 @@ class CoordinatorCore(ModelVersions, ClientStates, Snapshot, RunReport):
         cfg = self.cfg
         base = self.method.strategy(cfg.algorithm.params, initial, cfg.clients.num)
         mixers = [MIXERS.get(h.name).build(h.params) for h in cfg.hooks.server]
-        strategy = compose(base, mixers)
+        strategy = private(compose(base, mixers), cfg)
         strategy.setup(self.server)
         return strategy
 
@@ -174,7 +177,13 @@ class CoordinatorCore(ModelVersions, ClientStates, Snapshot, RunReport):
     # ----------------------------------------------------------------- the round
     @property
     def done(self) -> bool:
-        return self.round >= self.cfg.rounds
+        """All planned rounds run, or the strategy ended the run (``Strategy.stop_reason``)."""
+        return self.round >= self.cfg.rounds or self.stop_reason is not None
+
+    @property
+    def stop_reason(self) -> str | None:
+        """Why the run ended before its planned rounds (after a round), as a finished run."""
+        return self.strategy.stop_reason if self.round else None
 
     def step(self, settle: bool = True) -> dict[str, float]:
         """Advance the virtual clock by one round and return that round's metrics.
@@ -206,6 +215,8 @@ class CoordinatorCore(ModelVersions, ClientStates, Snapshot, RunReport):
         with timeline.span("round end (server)", k):
             self._bump(self._timed(self.strategy.on_round_end, k))
         self.round += 1
+        if self.stop_reason is not None and self.round < self.cfg.rounds:
+            self.warn(f"round {k}: {self.stop_reason}; the run ends here, finished")
         if len(self._submissions) > 64:
             self._live_submissions()
         if self.done:
@@ -215,6 +226,8 @@ class CoordinatorCore(ModelVersions, ClientStates, Snapshot, RunReport):
                 self._release_broadcast(job.dispatch_round)
         with timeline.span("metrics, evaluation sent", k):
             metrics = self._round_metrics(k, log, time.perf_counter() - t0)
+        if self.stop_reason is not None and self.round < self.cfg.rounds:
+            metrics[STOPPED_EARLY] = 1.0  # the driver's loop ends on it
         self.history.append(metrics)
         if self._pending is None:  # no evaluation this round: logged now
             if self.tracker is not None:

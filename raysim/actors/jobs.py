@@ -12,6 +12,9 @@ T = TypeVar("T")
 
 CLIENT_STREAM = 0xC11E
 EVAL_STREAM = 0xE7A1
+#: a round's metric, 1.0 on the last round of a run its strategy ended early (a privacy budget
+#: spent): the driver's loop ends on it
+STOPPED_EARLY = "stopped_early"
 
 
 def client_seed(seed: int, client: int, dispatch_round: int) -> int:

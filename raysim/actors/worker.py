@@ -19,6 +19,7 @@ from raysim.models import DataSpec
 from raysim.models.handle import ModelHandle
 from raysim.models.layout import Layout
 from raysim.models.params import flatten
+from raysim.privacy.clipping import ClientPrivacy
 from raysim.sim.build import data_spec, method_resident
 from raysim.state.store import load_entry, store_at
 from raysim.tracking import timeline
@@ -65,6 +66,10 @@ class ClientRunner:
         self.behaviours = [BEHAVIOURS.get(name).build(p) for name, p in self.cfg.client_hooks()]
         for b in self.behaviours:
             b.setup(self.cfg.seed, self.cfg.clients.num)
+        #: each delta clipped (and noised, local DP) before it leaves: ``raysim.privacy``
+        self.privacy = None
+        if self.cfg.privacy.enabled:
+            self.privacy = ClientPrivacy(self.cfg.privacy, self.cfg.seed, self.cfg.clients.num)
         self.jobs_run = 0
         self.train_s = 0.0  # wall seconds in run_batch (clients' local work)
         self.eval_s = 0.0  # wall seconds in evaluate_batch
@@ -311,6 +316,8 @@ class ClientRunner:
         delta = (ctx.model.get_global() if trained is None else trained) - weights
         for b in active:
             delta = b.on_update(ctx, delta)
+        if self.privacy is not None:
+            delta, metrics = self.privacy.apply(delta, ctx.downlink, job.seed, metrics, job.client)
         self.jobs_run += 1
         n = self.task.num_examples(data)
         state: Any = {**ctx.model.get_state(), **store_entries(ctx.state)}

@@ -165,6 +165,9 @@ class Strategy(Stateful):
     #: ``Update.delta`` is then a ``HeldDelta``). False: each delta reaches the server whole.
     #: A method's spec says the same (``MethodSpec.sums``), checked when it registers
     sums_updates: bool = False
+    #: why the run ends before its planned rounds, as a finished run, where the strategy says
+    #: so (a privacy budget spent); None: it runs them all
+    stop_reason: str | None = None
 
     def __init__(self, params: MethodParams, initial_weights: np.ndarray, num_clients: int) -> None:
         self.params = params
@@ -188,6 +191,11 @@ class Strategy(Stateful):
     def on_round_end(self, round_index: int) -> bool:
         """Called once at the end of every round; return True if the global model changed."""
         return False
+
+    def updates_per_aggregation(self, clients_per_round: int) -> int:
+        """How many updates one of its sums expects: differential privacy's fixed denominator
+        (``raysim.privacy``). A round's clients by default (a sum per round)."""
+        return clients_per_round
 
     def secrets(self) -> list[Secret]:
         """Server-private values no payload to a client may carry (checked by the leak auditor

@@ -24,7 +24,9 @@ without torch.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -182,9 +184,37 @@ class HeldDelta:
         return f"HeldDelta(shape={self.shape}, node={self.node[:8]!r})"
 
 
+class SumMechanism(Protocol):
+    """What a sum is released through while one is in force (``mechanism``): differential
+    privacy's noise, say (``raysim.privacy``). ``weights`` may change the weights a strategy
+    gave (a fixed denominator); ``release`` turns the exact sum into what the strategy gets."""
+
+    def weights(self, weights: Sequence[float]) -> list[float]: ...
+
+    def release(self, total: np.ndarray, weights: Sequence[float]) -> np.ndarray: ...
+
+
+_MECHANISM: ContextVar[SumMechanism | None] = ContextVar("raysim_sum_mechanism", default=None)
+
+
+@contextmanager
+def mechanism(m: SumMechanism | None) -> Iterator[None]:
+    """Every ``combine`` inside releases its sum through ``m`` (None: as it is). A strategy
+    whose ``sums_updates`` is True reads its clients' deltas only through ``combine``, so a
+    mechanism wrapped around its hooks sees every sum it takes."""
+    token = _MECHANISM.set(m)
+    try:
+        yield
+    finally:
+        _MECHANISM.reset(token)
+
+
 def combine(deltas: Sequence[np.ndarray | HeldDelta], weights: Sequence[float]) -> np.ndarray:
     """``Σ weights[j]·deltas[j]`` as float32, exactly and in any order: arrays here, held deltas
-    where they are (one partial per source)."""
+    where they are (one partial per source); through the ``mechanism`` in force, if any."""
+    m = _MECHANISM.get()
+    if m is not None:
+        weights = m.weights(weights)
     total = Partial()
     held: dict[int, tuple[SumSource, list[tuple[HeldDelta, float]]]] = {}
     for d, w in zip(deltas, weights, strict=True):
@@ -194,4 +224,4 @@ def combine(deltas: Sequence[np.ndarray | HeldDelta], weights: Sequence[float]) 
             total.add(d, float(w))
     for source, items in held.values():
         total.merge(source.partial(items))
-    return total.value()
+    return total.value() if m is None else m.release(total.value(), weights)

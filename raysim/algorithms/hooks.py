@@ -143,6 +143,13 @@ class ComposedStrategy(Strategy):
     def reads_client_states(self) -> bool:
         return self.base.reads_client_states
 
+    @property
+    def stop_reason(self) -> str | None:
+        return self.base.stop_reason
+
+    def updates_per_aggregation(self, clients_per_round: int) -> int:
+        return self.base.updates_per_aggregation(clients_per_round)
+
     def notices(self) -> list[str]:
         return self.base.notices()
 

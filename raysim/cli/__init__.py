@@ -23,7 +23,7 @@ __all__ = ["build_parser", "entry", "main"]
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)  # before the imports below: --help answers at once
     args.argv = list(sys.argv[1:] if argv is None else argv)  # to say how to start again
-    from raysim.errors import Diverged, LeakError, RunSetupError
+    from raysim.errors import Diverged, LeakError, PrivacyError, RunSetupError
     from raysim.launch.session import CoordinatorLost
     from raysim.state.store import StateStoreError
     from raysim.util.quiet import quiet_libraries
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     except CoordinatorLost as e:  # the run is marked FAILED; the message says where it stopped
         errors.print(f"raysim: error: {e}", style="red", markup=False)
         return 1
-    except (LeakError, RunSetupError, Diverged, StateStoreError) as e:  # Ray wraps them
+    except (LeakError, RunSetupError, Diverged, StateStoreError, PrivacyError) as e:  # Ray wraps
         cause = getattr(e, "cause", None) or e
         errors.print(f"raysim: error: {cause}", style="red", markup=False)
         return 1

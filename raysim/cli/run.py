@@ -63,6 +63,14 @@ def _summary_table(result: Any) -> Table:
     ]
     if "leaks_reported" in m:  # audit.on_leak: report
         rows.append(("leaky payloads sent", f"{m['leaks_reported']:.0f}"))
+    if "dp_epsilon" in m:  # privacy: the accountant's ε at the run's δ
+        rows.append(
+            (f"privacy ε (δ = {m['dp_delta']:.2g})", f"{m['dp_epsilon']:.4g}"),
+        )
+        rows.append(("noise multiplier z / clip C", f"{m['dp_noise_multiplier']:.4g} / "
+                     f"{m['dp_clip']:.4g}"))  # fmt: skip
+    if m.get("stopped_early"):
+        rows.append(("ended early", f"after round {m['rounds']:.0f} of {result.config.rounds}"))
     rows += [
         ("MLflow run id", str(result.run_id)),
         ("MLflow store", str(result.tracking_uri)),

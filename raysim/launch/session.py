@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from raysim.actors.jobs import STOPPED_EARLY
 from raysim.config import ConfigError, RunConfig, load_config
 from raysim.launch.plan import RunPlan, plan_run
 from raysim.launch.private_ray import (  # noqa: F401  (re-exported: raysim.launch.session is where users look)
@@ -193,6 +194,7 @@ class RunSession:
         check_state_outlives_job(cfg)
         self._started_ray = False
         self.coordinator_restarts = 0
+        self._stopped_early = False
         self._session = uuid.uuid4().hex  # tags the MLflow run, so a replacement finds it
         self._first_source = plan.resume.for_actor() if plan.resume else None
         self.run_id: str | None = None
@@ -300,6 +302,7 @@ class RunSession:
             ray.kill(self.actor, no_restart=True)  # fault injection (faults.kill_coordinator)
         metrics = self._call("step")
         self.round += 1
+        self._stopped_early = self._stopped_early or bool(metrics.get(STOPPED_EARLY))
         return metrics
 
     def _replace_coordinator(self, died: BaseException) -> None:
@@ -374,7 +377,8 @@ class RunSession:
 
     @property
     def done(self) -> bool:
-        return self.round >= self.cfg.rounds
+        """Every planned round run, or the run ended early as finished (a privacy budget)."""
+        return self.round >= self.cfg.rounds or self._stopped_early
 
     def rounds(self, overlap: bool = True) -> Iterator[dict[str, float]]:
         """Every remaining round's metrics, in order. The coordinator runs them in batches of up
@@ -395,6 +399,7 @@ class RunSession:
                 batch = self._call("advance", limit, ADVANCE_S, overlap)
             for metrics in batch:
                 self.round += 1
+                self._stopped_early = self._stopped_early or bool(metrics.get(STOPPED_EARLY))
                 yield metrics
 
     def workers(self) -> list[dict[str, Any]]:

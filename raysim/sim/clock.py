@@ -1,9 +1,10 @@
 """The virtual clock: a method-independent dispatch schedule and an arrival queue (feddle.md §2.3).
 
 Time is measured in rounds; round k is [k, k+1). At the start of round k, ``min(S, #idle)`` idle
-clients are drawn uniformly without replacement; each gets a fresh delay d and is delivered in round
-``⌊k + d⌋`` (rounding configurable), after which it is idle again from the next round. Nothing here
-sleeps and nothing depends on the aggregation method or on real completion order.
+clients are drawn uniformly without replacement (or each idle one with probability S/N:
+Poisson); each gets a fresh delay d and is delivered in round ``⌊k + d⌋`` (rounding
+configurable), after which it is idle again from the next round. Nothing here sleeps and nothing
+depends on the aggregation method or on real completion order.
 """
 
 from __future__ import annotations
@@ -41,11 +42,24 @@ class Schedule:
     clients are drawn as ranks among the idle (``rng.choice(#idle)``) and mapped to client ids
     past the busy ones, the same draws as choosing from the array of idle ids."""
 
-    def __init__(self, num_clients: int, per_round: int, delay_model: DelayModel, seed: int):
+    def __init__(
+        self,
+        num_clients: int,
+        per_round: int,
+        delay_model: DelayModel,
+        seed: int,
+        sampling: str = "uniform",
+    ):
+        """``sampling``: ``uniform`` draws ``min(per_round, #idle)`` idle clients without
+        replacement; ``poisson`` takes each idle client with probability per_round/num_clients
+        (a binomial count, then that many drawn without replacement: the same distribution)."""
         if per_round < 1 or num_clients < 1:
             raise ValueError("need at least one client and one client per round")
+        if sampling not in ("uniform", "poisson"):
+            raise ValueError(f"sampling {sampling!r}: uniform or poisson")
         self.num_clients = num_clients
         self.per_round = per_round
+        self.sampling = sampling
         self.delay_model = delay_model
         self.rng = np.random.default_rng([seed, SCHEDULE_STREAM])
         #: clients in flight, and the round from which each is idle again
@@ -61,7 +75,10 @@ class Schedule:
         still = self.busy_until > k
         self.busy, self.busy_until = self.busy[still], self.busy_until[still]
         idle = self.num_clients - len(self.busy)
-        size = min(self.per_round, idle)
+        if self.sampling == "poisson":
+            size = int(self.rng.binomial(idle, self.per_round / self.num_clients))
+        else:
+            size = min(self.per_round, idle)
         ranks = self.rng.choice(idle, size=size, replace=False) if size else np.zeros(0, np.int64)
         chosen = idle_by_rank(ranks, np.sort(self.busy))
         delays = self.delay_model.sample(self.rng, chosen)

@@ -52,6 +52,10 @@ class FedBuff(Strategy):
             return True
         return False
 
+    def updates_per_aggregation(self, clients_per_round: int) -> int:
+        """K, or the round's clients where it flushes every round."""
+        return clients_per_round if self.params.per_round else self.params.buffer_size
+
     def metrics(self) -> dict[str, float]:
         return {"fedbuff_flushes": float(self.flushes), "fedbuff_buffered": float(len(self.buffer))}
 

@@ -1,0 +1,271 @@
+"""The server's side of differential privacy: a strategy wrapped so that every sum it takes is
+released through the Gaussian mechanism, and the privacy spent is accounted after each one.
+
+``PrivateStrategy`` wraps a method whose strategy sums its clients' deltas (``sums_updates``:
+it reads them only through ``WeightedMean.combine``). Inside its hooks a ``GaussianSum`` is in
+force (``raysim.algorithms.exact_sum.mechanism``), so each of the method's sums becomes
+
+    Σ_k a'_k·clip(Δ_k) + N(0, (z_Δ·C·max_k a'_k)²·I),   a'_k = a_k·m / D
+
+with a_k the weights the method gave (clients count equally: each update's ``num_samples`` is 1,
+DP-FedAvg's w_k = 1), m the updates in the sum and D the updates one aggregation expects
+(``Strategy.updates_per_aggregation``): the fixed denominator of McMahan et al. 2018 §2, so
+FedAvg's step is ``(Σ clip(Δ_k) + N(0, z²C²))/D``. Every sum is one mechanism for the
+accountant (``raysim.privacy.accounting``). numpy only; no Ray.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from raysim.algorithms.base import Downlink, Strategy, Update
+from raysim.algorithms.context import ServerContext
+from raysim.algorithms.exact_sum import mechanism
+from raysim.algorithms.hooks import ComposedStrategy
+from raysim.errors import PrivacyError
+
+from .clipping import CLIP_KEY, WITHIN_METRIC
+from .settings import PrivacyConfig
+
+#: the noise of aggregation i: default_rng([the server stream "privacy/noise", i])
+NOISE_STREAM = "privacy/noise"
+#: adaptive clipping's noise on the count of clients within C, per round
+COUNT_STREAM = "privacy/count"
+
+
+class BudgetSpent(Exception):
+    """A sum that would take ε past ``privacy.epsilon_budget``: not taken; the run ends."""
+
+
+class GaussianSum:
+    """The mechanism every sum of a ``PrivateStrategy`` goes through (``SumMechanism``)."""
+
+    def __init__(self, owner: PrivateStrategy) -> None:
+        self.owner = owner
+
+    def weights(self, weights: Sequence[float]) -> list[float]:
+        scale = len(weights) / self.owner.denominator
+        return [float(w) * scale for w in weights]
+
+    def release(self, total: np.ndarray, weights: Sequence[float]) -> np.ndarray:
+        o = self.owner
+        o.spend()
+        std = o.delta_multiplier * o.clip * max((abs(w) for w in weights), default=0.0)
+        if std == 0.0:
+            return total
+        rng = np.random.default_rng([o.ctx.stream_seed(NOISE_STREAM), o.aggregations - 1])
+        noise = rng.standard_normal(total.shape, dtype=np.float32)
+        return (total + noise * np.float32(std)).astype(np.float32, copy=False)
+
+
+class PrivateStrategy(ComposedStrategy):
+    """A strategy (plain or composed) under ``privacy`` (``central`` or ``local``).
+
+    ``schedule`` is what the accountant assumes of the sampling (``raysim.privacy.plan``);
+    ``planned`` the aggregations a ``target_epsilon`` is calibrated for.
+    """
+
+    def __init__(
+        self,
+        inner: Strategy,
+        cfg: PrivacyConfig,
+        schedule: Any,
+        delta: float,
+        planned: int,
+        rounds: int = 0,
+    ) -> None:
+        """``rounds``: the run's planned rounds (its audit, if any, runs after the last)."""
+        super().__init__(inner, [])
+        self.rounds = rounds
+        self.audit_metrics: dict[str, float] = {}
+        self.privacy = cfg
+        self.schedule = schedule
+        self.delta = delta
+        self.planned = planned
+        self.clip = cfg.clip
+        self.aggregations = 0
+        self.participations: dict[int, int] = {}
+        self._within: list[float] = []
+        self._stop: str | None = None
+        self.sum = GaussianSum(self)
+
+    # ----------------------------------------------------------------- set up
+    def setup(self, ctx: ServerContext) -> None:
+        from . import accounting
+
+        super().setup(ctx)
+        self.ctx = ctx
+        cfg = self.privacy
+        self.denominator = self.base.updates_per_aggregation(self.schedule.per_round_expected)
+        self.noise_multiplier = cfg.noise_multiplier
+        if cfg.mode == "central" and cfg.target_epsilon is not None:
+            self.noise_multiplier = accounting.calibrate(
+                cfg.target_epsilon,
+                self.delta,
+                self.planned,
+                self.schedule.accounted,
+                cfg.accountant,
+                cfg.max_noise_multiplier,
+            )
+        self.count_stddev = 0.0
+        self.delta_multiplier = self.noise_multiplier
+        if cfg.mode == "central" and cfg.adaptive.enabled:
+            self.count_stddev = cfg.adaptive.count_stddev or self.denominator / 20
+            self.delta_multiplier = accounting.delta_noise_multiplier(
+                self.noise_multiplier, self.count_stddev
+            )
+        if cfg.mode == "central":
+            self._new_accountant()
+        self.canaries = None
+        if cfg.audit.canaries:
+            from .canaries import Canaries
+
+            self.canaries = Canaries(cfg, ctx.seed, ctx.num_clients)
+            self.initial = self.base.weights.copy()  # setup precedes a resume's state
+
+    def _new_accountant(self) -> None:
+        """The accountant, with the aggregations taken so far (a resumed run's too)."""
+        from . import accounting
+
+        self.accountant = accounting.Accountant(
+            self.schedule.accounted, self.noise_multiplier, self.delta, self.privacy.accountant
+        )
+        if self.aggregations:
+            self.accountant.step(self.aggregations)
+
+    @property
+    def stop_reason(self) -> str | None:
+        return self._stop or self.base.stop_reason
+
+    def notices(self) -> list[str]:
+        return [*self.base.notices(), *self.schedule.notices]
+
+    # ----------------------------------------------------------------- the round
+    def configure(self, round_index: int, clients: Sequence[int]) -> Downlink | None:
+        down = self.base.configure(round_index, clients)
+        if not self.privacy.adaptive.enabled:
+            return down
+        clip = {CLIP_KEY: np.array([self.clip], dtype=np.float64)}
+        if down is None:
+            return Downlink(tensors=clip)
+        return Downlink(tensors={**down.tensors, **clip}, per_client=down.per_client)
+
+    def on_arrival(self, update: Update) -> bool:
+        if self._stop is not None:
+            return False  # the budget is spent: nothing more is summed
+        if update.extras:
+            raise PrivacyError(
+                f"privacy covers a client's delta only; this method's clients also send "
+                f"{', '.join(sorted(update.extras))} (ClientContext.upload), which no noise "
+                "covers: set privacy.mode none for it"
+            )
+        self._within.append(float(update.metrics.get(WITHIN_METRIC, 1.0)))
+        c = update.client_id
+        self.participations[c] = self.participations.get(c, 0) + 1
+        if self.privacy.mode == "central":
+            update = replace(update, num_samples=1)  # DP-FedAvg's w_k = 1
+        return self._guarded(super().on_arrival, update)
+
+    def on_round_end(self, round_index: int) -> bool:
+        changed = False
+        if self._stop is None:
+            changed = self._guarded(super().on_round_end, round_index)
+        if self.privacy.adaptive.enabled and self._within:
+            self._adapt(round_index)
+        self._within = []
+        budget = self.privacy.epsilon_budget
+        if self._stop is None and budget is not None and self.privacy.mode == "central":
+            after = self.accountant.epsilon_after(self.accountant.steps + 1)
+            if after > budget:
+                self._stop = (
+                    f"privacy budget spent: ε = {self.accountant.epsilon():.4g} after "
+                    f"{self.aggregations} aggregations; one more would reach {after:.4g} > "
+                    f"privacy.epsilon_budget {budget:g}"
+                )
+        last = round_index + 1 >= self.rounds or self._stop is not None
+        if self.canaries is not None and last and not self.audit_metrics:
+            found = self.canaries.audit(self.weights - self.initial, self.delta)
+            self.audit_metrics = found.as_metrics()
+        return changed
+
+    def _guarded(self, hook: Any, arg: Any) -> bool:
+        with mechanism(self.sum if self.privacy.mode == "central" else None):
+            try:
+                return hook(arg)
+            except BudgetSpent as spent:
+                self._stop = str(spent)
+                return False
+
+    def spend(self) -> None:
+        """One more sum: refused (``BudgetSpent``) where it would take ε past the budget."""
+        budget = self.privacy.epsilon_budget
+        if budget is not None:
+            after = self.accountant.epsilon_after(self.accountant.steps + 1)
+            if after > budget:
+                raise BudgetSpent(
+                    f"privacy budget spent: one more aggregation would reach ε = {after:.4g} > "
+                    f"privacy.epsilon_budget {budget:g}"
+                )
+        self.accountant.step()
+        self.aggregations += 1
+
+    def _adapt(self, round_index: int) -> None:
+        """Andrew et al. 2021 Alg. 1 with centred bits (their §3, as TFF implements it):
+        b̄ = (Σ (b_k − ½) + N(0, σ_b²))/D + ½, then C ← C·exp(−η_C(b̄ − γ)). Centring makes the
+        count's sensitivity ½ (add/remove), which is what z_Δ's 2σ_b assumes."""
+        a = self.privacy.adaptive
+        rng = np.random.default_rng([self.ctx.stream_seed(COUNT_STREAM), round_index])
+        centred = sum(b - 0.5 for b in self._within) + rng.normal(0.0, self.count_stddev)
+        noised = centred / self.denominator + 0.5
+        self.clip = float(self.clip * math.exp(-a.learning_rate * (noised - a.target_quantile)))
+
+    # ----------------------------------------------------------------- reports
+    def epsilon(self) -> float:
+        """ε(δ) spent so far: the run's (central), or that of the client that took part most
+        often (local: each release is its own Gaussian mechanism)."""
+        from . import accounting
+
+        if self.privacy.mode == "central":
+            return self.accountant.epsilon()
+        most = max(self.participations.values(), default=0)
+        return accounting.local_epsilon(self.noise_multiplier, most, self.delta)
+
+    def metrics(self) -> dict[str, float]:
+        out = dict(self.base.metrics())
+        out.update(
+            dp_epsilon=self.epsilon(),
+            dp_delta=self.delta,
+            dp_noise_multiplier=self.noise_multiplier,
+            dp_clip=self.clip,
+            dp_aggregations=float(self.aggregations),
+        )
+        out.update(self.audit_metrics)
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            **super().state_dict(),
+            "privacy": {
+                "clip": self.clip,
+                "aggregations": self.aggregations,
+                "participations": dict(self.participations),
+                "stop": self._stop,
+                "audit": dict(self.audit_metrics),
+            },
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        super().load_state_dict(state)
+        p = state["privacy"]
+        self.clip = float(p["clip"])
+        self.aggregations = int(p["aggregations"])
+        self.participations = {int(k): int(v) for k, v in p["participations"].items()}
+        self._stop = p["stop"]
+        self.audit_metrics = dict(p.get("audit", {}))
+        if self.privacy.mode == "central":
+            self._new_accountant()

@@ -1,0 +1,142 @@
+"""The ``privacy:`` section of a config (torch-free and Ray-free: every runtime reads it).
+
+User-level differential privacy for methods whose server step is a weighted sum of their clients'
+deltas (``raysim methods NAME`` says ``updates: summed``):
+
+- ``central``: DP-FedAvg (McMahan et al. 2018, "Learning Differentially Private Recurrent Language
+  Models", https://arxiv.org/abs/1710.06963). Each client's delta is clipped to L2 norm C on its
+  worker; the server adds Gaussian noise of standard deviation z·C to the clipped sum once per
+  aggregation and divides by a fixed denominator (the expected number of updates of one
+  aggregation, not the number that arrived: §2, the "fixed-denominator estimator"); clients count
+  equally (the paper's w_k = 1).
+- ``local``: each client adds Gaussian noise of standard deviation z·C to its own clipped delta
+  before sending it; the server sums as it would without privacy.
+
+``adaptive`` clipping follows a target quantile of the update norms (Andrew et al. 2021,
+"Differentially Private Learning with Adaptive Clipping", https://arxiv.org/abs/1905.03871).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import ConfigDict, Field, model_validator
+
+from raysim.schema import StrictModel
+
+
+class AdaptiveClipping(StrictModel):
+    """C follows the ``target_quantile`` of the clients' update norms (Andrew et al. 2021, Alg. 1):
+    each client also reports whether its norm was within C, the server sums those bits with
+    Gaussian noise of std ``count_stddev`` and moves C geometrically:
+    ``C ← C·exp(−learning_rate·(b̄ − target_quantile))``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = False
+    target_quantile: float = Field(0.5, gt=0, lt=1, description="γ, the quantile C tracks")
+    learning_rate: float = Field(0.2, gt=0, description="η_C of the geometric update")
+    count_stddev: float | None = Field(
+        None,
+        gt=0,
+        description="σ_b, the noise on the count of clients within C; default: the expected "
+        "clients per aggregation / 20 (the paper's choice)",
+    )
+
+
+class PrivacyAudit(StrictModel):
+    """A one-run audit beside the run (Steinke, Nasr and Jagielski 2023): ``canaries`` clients
+    of the population become canaries, each taking part with probability 1/2 (a fixed random
+    direction of norm C as its update) or not (a zero update); at the run's end the canaries
+    whose directions best and worst match the model's change are guessed in and out, and the
+    correct guesses give an empirical lower bound on ε (``raysim.privacy.audit``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    canaries: int = Field(0, ge=0, description="m, canary clients (0: no audit)")
+    guesses: int | None = Field(
+        None,
+        ge=2,
+        description="r, the canaries guessed: half in (the highest scores), half out (the "
+        "lowest); default m/5",
+    )
+    confidence: float = Field(0.95, gt=0, lt=1, description="of the lower bound")
+
+    def split(self) -> tuple[int, int]:
+        """(k+, k−): the guesses in and out, fixed before any score is seen."""
+        r = self.guesses if self.guesses is not None else max(2, self.canaries // 5)
+        return r - r // 2, r // 2
+
+
+class PrivacyConfig(StrictModel):
+    """User-level differential privacy of a run; off by default (``mode: none``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+    mode: Literal["none", "central", "local"] = Field(
+        "none",
+        description="central: DP-FedAvg, clipped deltas and Gaussian noise on their sum at the "
+        "server; local: each client noises its own clipped delta; none: no privacy",
+    )
+    clip: float = Field(1.0, gt=0, description="C, the L2 norm every client's delta is clipped to")
+    noise_multiplier: float = Field(
+        1.0,
+        ge=0,
+        description="z: the noise's standard deviation is z·C (central: on the sum of an "
+        "aggregation; local: on each client's delta)",
+    )
+    target_epsilon: float | None = Field(
+        None,
+        gt=0,
+        description="central: choose z before the first round so that ε after all planned "
+        "rounds is this target (noise_multiplier is then ignored); refused in one line where "
+        "no z up to max_noise_multiplier reaches it",
+    )
+    max_noise_multiplier: float = Field(100.0, gt=0, description="target_epsilon's search limit")
+    delta: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="δ of (ε, δ)-DP; default 1/N^1.1 for N = clients.num (below 1/N, as is usual)",
+    )
+    accountant: Literal["rdp", "pld"] = Field(
+        "rdp",
+        description="dp-accounting's Rényi (rdp) or privacy-loss-distribution (pld) accountant; "
+        "pld needs clients.sampling poisson (it has no analysis of fixed-size sampling)",
+    )
+    epsilon_budget: float | None = Field(
+        None,
+        gt=0,
+        description="stop the run, as a finished one, before an aggregation that would take ε "
+        "past this budget",
+    )
+    adaptive: AdaptiveClipping = Field(default_factory=AdaptiveClipping)
+    audit: PrivacyAudit = Field(default_factory=PrivacyAudit)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PrivacyConfig:
+        if self.mode == "local" and self.target_epsilon is not None:
+            raise ValueError(
+                "privacy.target_epsilon calibrates central noise; with mode local set "
+                "privacy.noise_multiplier (each client's ε is reported per participation count)"
+            )
+        if self.mode == "local" and self.adaptive.enabled:
+            raise ValueError(
+                "privacy.adaptive clips at a quantile the server estimates from all clients' "
+                "noised bits (central DP); with mode local set privacy.adaptive.enabled false"
+            )
+        a = self.audit
+        if a.guesses is not None and a.guesses > a.canaries:
+            raise ValueError(
+                f"privacy.audit.guesses ({a.guesses}) exceeds privacy.audit.canaries "
+                f"({a.canaries}): guess at most every canary"
+            )
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "none"
+
+    def delta_for(self, num_clients: int) -> float:
+        """δ: as set, else 1/N^1.1."""
+        return self.delta if self.delta is not None else float(num_clients) ** -1.1

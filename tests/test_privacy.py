@@ -1,0 +1,342 @@
+"""User-level differential privacy (``privacy:``): clipping on the workers, Gaussian noise on the
+server's sums, the accountant's ε, adaptive clipping, a budget that ends a run, and determinism.
+
+The accountant's own checks against ``dp-accounting`` are in ``test_privacy_accounting.py``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from raysim.algorithms.base import Update
+from raysim.algorithms.context import ServerContext
+from raysim.algorithms.general.fedavg import FedAvg
+from raysim.algorithms.spec import MethodParams
+from raysim.config import ConfigError, load_config
+from raysim.privacy.clipping import CLIP_KEY, WITHIN_METRIC, ClientPrivacy, clip
+from raysim.privacy.server import PrivacyError, PrivateStrategy
+from raysim.privacy.settings import PrivacyConfig
+from raysim.privacy.wrap import AccountedSampling
+from tests.conftest import EXAMPLES
+
+QUICK = ["rounds=3", "eval.every=3", "tracking.enabled=false"]
+#: FedBuff with K = S and no delays flushes once a round, weighting every update 1/K whatever its
+#: size: the weights DP-FedAvg gives (w_k = 1, a denominator of D = K), so privacy that clips and
+#: noises nothing must leave the run's bits as they are
+BUFFER = ["algorithm.name=fedbuff", "algorithm.buffer_size=10"]
+
+
+def core_of(*overrides: str):
+    from raysim.actors.local import local_core
+
+    return local_core(load_config(EXAMPLES / "quickstart.yaml", [*QUICK, *overrides]))
+
+
+def run(*overrides: str):
+    core = core_of(*overrides)
+    while not core.done:
+        core.step()
+    return core
+
+
+def update(client: int, delta: np.ndarray, metrics=None) -> Update:
+    return Update(client, delta, 7, 0, 0, 0.0, 0, 0, np.zeros_like(delta), metrics or {})
+
+
+def private_fedavg(size: int, per_round: int, **privacy) -> PrivateStrategy:
+    from raysim.privacy.accounting import Schedule
+
+    cfg = PrivacyConfig(mode="central", **privacy)
+    sampling = AccountedSampling(per_round, Schedule(1000, per_round))
+    s = PrivateStrategy(FedAvg(MethodParams(), np.zeros(size, np.float32), 1000), cfg, sampling,
+                        1e-5, planned=100)  # fmt: skip
+    s.setup(ServerContext.minimal(0, size, 1000))
+    return s
+
+
+# ----------------------------------------------------------------- clipping, on the worker
+def test_clip_scales_down_to_the_bound_and_leaves_shorter_deltas_alone():
+    d = np.full(100, 0.5, np.float32)  # norm 5
+    c, norm = clip(d, 1.0)
+    assert norm == pytest.approx(5.0) and np.linalg.norm(c) == pytest.approx(1.0, rel=1e-6)
+    assert np.allclose(c / np.linalg.norm(c), d / 5.0)
+    same, _ = clip(d, 10.0)
+    assert same is d
+
+
+def test_local_noise_has_std_z_times_c_and_comes_from_the_jobs_seed():
+    p = ClientPrivacy(PrivacyConfig(mode="local", clip=0.5, noise_multiplier=2.0))
+    zero = np.zeros(200_000, np.float32)
+    noised, m = p.apply(zero, {}, job_seed=11, metrics={})
+    assert m[WITHIN_METRIC] == 1.0
+    assert np.std(noised) == pytest.approx(1.0, rel=0.01)  # z·C = 2 · 0.5
+    again, _ = p.apply(zero, {}, job_seed=11, metrics={})
+    other, _ = p.apply(zero, {}, job_seed=12, metrics={})
+    assert np.array_equal(noised, again) and not np.array_equal(noised, other)
+
+
+def test_the_servers_clip_norm_reaches_the_client_in_its_downlink():
+    p = ClientPrivacy(PrivacyConfig(mode="central", clip=1.0))
+    d = np.full(100, 0.5, np.float32)  # norm 5
+    out, m = p.apply(d, {CLIP_KEY: np.array([2.0])}, 0, {})
+    assert np.linalg.norm(out) == pytest.approx(2.0, rel=1e-6) and m[WITHIN_METRIC] == 0.0
+
+
+@pytest.mark.slow
+def test_every_clients_delta_is_clipped_inside_batched_groups():
+    bound = 0.05
+    core = core_of("workers.execution=batched", "workers.group_size=5", "privacy.mode=central",
+                   f"privacy.clip={bound}", "privacy.noise_multiplier=0")  # fmt: skip
+    assert core.executor.runner.group_size > 1  # the round's clients trained in groups
+    norms, within = [], []
+    inner = core.strategy.base.on_arrival
+
+    def record(u):
+        norms.append(float(np.linalg.norm(np.asarray(u.delta, np.float64))))
+        within.append(u.metrics[WITHIN_METRIC])
+        return inner(u)
+
+    core.strategy.base.on_arrival = record
+    while not core.done:
+        core.step()
+    assert len(norms) == 30
+    assert max(norms) <= bound * (1 + 1e-5)
+    assert min(within) == 0.0  # some were longer than C: the clip did cut them
+
+
+# ----------------------------------------------------------------- the server's noise
+def test_the_noise_on_an_aggregate_has_the_stated_variance():
+    z, c, size, s = 1.5, 0.2, 200_000, 4
+    strategy = private_fedavg(size, s, clip=c, noise_multiplier=z)
+    rng = np.random.default_rng(0)
+    draws = []
+    for r in range(3):
+        before = strategy.weights.copy()
+        ds = [(rng.standard_normal(size) * 1e-4).astype(np.float32) for _ in range(s)]
+        for j, d in enumerate(ds):
+            strategy.on_arrival(update(j, d))
+        strategy.on_round_end(r)
+        mean = np.sum([d.astype(np.float64) for d in ds], axis=0) / s
+        draws.append(strategy.weights - before - mean)
+    noise = np.concatenate(draws)
+    # (Σ clip(Δ) + N(0, z²C²)) / D with D = S: the mean's noise has std z·C/S
+    expected = z * c / s
+    assert abs(np.mean(noise)) < 4 * expected / math.sqrt(noise.size)
+    se = math.sqrt(2 / noise.size)  # relative standard error of a variance estimate
+    assert abs(np.var(noise) / expected**2 - 1) < 4 * se
+    assert strategy.aggregations == 3
+
+
+def test_a_round_with_fewer_arrivals_keeps_the_fixed_denominator():
+    strategy = private_fedavg(10, 4, clip=100.0, noise_multiplier=0.0)
+    ones = np.ones(10, np.float32)
+    strategy.on_arrival(update(0, ones))
+    strategy.on_arrival(update(1, ones))
+    strategy.on_round_end(0)
+    # two of the four expected: Σ/D = 2/4, not the arrived clients' mean 1
+    assert np.allclose(strategy.weights, 0.5)
+
+
+def test_an_update_that_carries_more_than_its_delta_is_refused():
+    strategy = private_fedavg(10, 4)
+    u = Update(0, np.ones(10, np.float32), 1, 0, 0, 0.0, 0, 0, np.zeros(10, np.float32),
+               {}, {"dual": np.ones(3, np.float32)})  # fmt: skip
+    with pytest.raises(PrivacyError, match="dual"):
+        strategy.on_arrival(u)
+
+
+# ----------------------------------------------------------------- whole runs, in-process
+@pytest.mark.slow
+def test_no_noise_and_no_clip_leave_the_runs_bits_as_they_are():
+    plain = run(*BUFFER).digest()
+    assert run(*BUFFER, "privacy.mode=central", "privacy.noise_multiplier=0",
+               "privacy.clip=1e9").digest() == plain  # fmt: skip
+    # and the noise does change them
+    assert run(*BUFFER, "privacy.mode=central", "privacy.clip=1e9",
+               "privacy.noise_multiplier=1e-9").digest() != plain  # fmt: skip
+
+
+@pytest.mark.slow
+def test_no_noise_with_a_finite_clip_equals_clipping_by_hand(monkeypatch):
+    from raysim.actors import worker
+
+    bound = 0.05
+    clipped = run(*BUFFER, "privacy.mode=central", "privacy.noise_multiplier=0",
+                  f"privacy.clip={bound}").digest()  # fmt: skip
+    # the same run without privacy, each delta clipped by hand where the worker makes it
+    result = worker.ClientRunner._result
+
+    def by_hand(self, weights, job, ctx, active, metrics, trained=None):
+        r = result(self, weights, job, ctx, active, metrics, trained)
+        norm = float(np.linalg.norm(r.delta.astype(np.float64)))
+        if norm > bound:
+            r.delta = (r.delta * np.float32(bound / norm)).astype(np.float32)
+        return r
+
+    monkeypatch.setattr(worker.ClientRunner, "_result", by_hand)
+    assert run(*BUFFER).digest() == clipped
+    monkeypatch.undo()
+    assert run(*BUFFER).digest() != clipped
+
+
+@pytest.mark.slow
+def test_the_reported_epsilon_is_dp_accountings_for_the_same_events():
+    import dp_accounting
+    from dp_accounting.rdp import RdpAccountant
+
+    core = run("privacy.mode=central", "privacy.noise_multiplier=1.3")
+    n, s = 100, 10
+    for k, m in enumerate(core.history, start=1):
+        acc = RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+        # fixed-size sampling, replace-one: a clipped sum's sensitivity is 2C, so σ = z/2
+        event = dp_accounting.SampledWithoutReplacementDpEvent(
+            n, s, dp_accounting.GaussianDpEvent(1.3 / 2)
+        )
+        acc.compose(event, k)
+        assert m["dp_epsilon"] == pytest.approx(acc.get_epsilon(n**-1.1), rel=1e-9)
+        assert m["dp_aggregations"] == k
+
+
+@pytest.mark.slow
+def test_a_spent_budget_ends_the_run_as_a_finished_one():
+    from raysim.privacy.accounting import epsilon
+
+    free = run("privacy.mode=central", "privacy.noise_multiplier=1.0", "rounds=6")
+    eps = [m["dp_epsilon"] for m in free.history]
+    budget = (eps[2] + eps[3]) / 2  # three rounds fit, a fourth would not
+    core = run("privacy.mode=central", "privacy.noise_multiplier=1.0", "rounds=6",
+               f"privacy.epsilon_budget={budget}")  # fmt: skip
+    assert core.round == 3 and core.done and core.stop_reason
+    assert core.history[-1]["stopped_early"] == 1.0
+    assert core.history[-1]["dp_epsilon"] <= budget < eps[3]
+    assert "budget" in core.stop_reason
+    assert epsilon is not None
+
+
+@pytest.mark.slow
+def test_target_epsilon_sets_the_noise_before_the_first_round():
+    core = run("privacy.mode=central", "privacy.target_epsilon=5", "rounds=3")
+    final = core.history[-1]
+    assert final["dp_epsilon"] <= 5.0
+    assert final["dp_epsilon"] == pytest.approx(5.0, rel=0.02)
+    assert final["dp_noise_multiplier"] != 1.0
+
+
+def test_an_unreachable_target_is_refused_in_one_line():
+    from raysim.privacy.accounting import TargetNotReachable
+
+    with pytest.raises(TargetNotReachable) as err:
+        core_of("privacy.mode=central", "privacy.target_epsilon=0.001",
+                "privacy.max_noise_multiplier=2")  # fmt: skip
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.slow
+def test_dp_runs_resume_to_the_same_bits():
+    from tests.conftest import resumed_through_checkpoint
+
+    overrides = [
+        "privacy.mode=central",
+        "privacy.adaptive.enabled=true",
+        "rounds=4",
+        "privacy.noise_multiplier=0.5",
+    ]  # 2·σ_b = 2·S/20 = 1 > z: the split exists
+    whole = run(*overrides)
+    cfg = load_config(EXAMPLES / "quickstart.yaml", [*QUICK, *overrides])
+    resumed, _ = resumed_through_checkpoint(cfg, 2)
+    assert resumed.digest() == whole.digest()
+    assert resumed.history[-1]["dp_epsilon"] == whole.history[-1]["dp_epsilon"]
+    assert resumed.history[-1]["dp_clip"] == whole.history[-1]["dp_clip"]
+
+
+# ----------------------------------------------------------------- adaptive clipping
+def test_adaptive_clipping_follows_its_quantile_of_a_known_norm_distribution():
+    gamma, size = 0.3, 8
+    strategy = private_fedavg(size, 50, clip=5.0, noise_multiplier=1.0,
+                              adaptive={"enabled": True, "target_quantile": gamma,
+                                        "learning_rate": 0.2, "count_stddev": 1.0})  # fmt: skip
+    client = ClientPrivacy(strategy.privacy)
+    rng = np.random.default_rng(3)
+    direction = np.ones(size, np.float32) / math.sqrt(size)
+    for r in range(400):
+        down = strategy.configure(r, list(range(50))).tensors
+        for j, norm in enumerate(rng.lognormal(0.0, 0.5, 50)):
+            d, m = client.apply(direction * np.float32(norm), down, 0, {})
+            strategy.on_arrival(update(j, d, m))
+        strategy.on_round_end(r)
+    quantile = math.exp(0.5 * -0.5244)  # the 0.3 quantile of lognormal(0, 0.5): e^(σ·Φ⁻¹(0.3))
+    assert strategy.clip == pytest.approx(quantile, rel=0.1)
+    assert strategy.metrics()["dp_clip"] == strategy.clip
+
+
+# ----------------------------------------------------------------- refusals, sampling
+def test_a_method_that_needs_each_update_is_refused_privacy_in_one_line():
+    with pytest.raises(ConfigError) as err:
+        load_config(EXAMPLES / "quickstart.yaml", ["privacy.mode=central",
+                                                    "algorithm.name=fedasync"])  # fmt: skip
+    assert "fedasync needs each update" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_pld_needs_poisson_sampling():
+    with pytest.raises(ConfigError, match="poisson"):
+        load_config(EXAMPLES / "quickstart.yaml", ["privacy.mode=central",
+                                                    "privacy.accountant=pld"])  # fmt: skip
+    cfg = load_config(EXAMPLES / "quickstart.yaml", ["privacy.mode=central",
+                      "privacy.accountant=pld", "clients.sampling=poisson"])  # fmt: skip
+    assert cfg.privacy.accountant == "pld"
+
+
+def test_poisson_sampling_draws_a_size_that_varies_around_per_round():
+    from raysim.sim.clock import Schedule
+    from raysim.sim.delays import NoDelayParams, build_delay_model
+
+    def none():
+        return build_delay_model(NoDelayParams(), 1000, 0)
+
+    s = Schedule(1000, 20, none(), 0, "poisson")
+    sizes = [len(s.dispatch(k)) for k in range(400)]
+    assert len(set(sizes)) > 5
+    assert np.mean(sizes) == pytest.approx(20, rel=0.05)
+    assert np.var(sizes) == pytest.approx(1000 * 0.02 * 0.98, rel=0.2)  # binomial
+    u = Schedule(1000, 20, none(), 0)
+    assert {len(u.dispatch(k)) for k in range(10)} == {20}
+
+
+def test_delays_turn_off_amplification_by_sampling_and_say_so():
+    from raysim.privacy.wrap import NO_AMPLIFICATION, sampling_of
+
+    sync = sampling_of(load_config(EXAMPLES / "quickstart.yaml", ["privacy.mode=central"]))
+    assert sync.accounted.per_round == 10 and not sync.notices
+    late = sampling_of(load_config(EXAMPLES / "quickstart.yaml", [
+        "privacy.mode=central", "delays.kind=half_normal"]))  # fmt: skip
+    assert late.accounted.per_round == 100 and late.notices == (NO_AMPLIFICATION,)
+
+
+@pytest.mark.matrix  # suite time: three runs on a Ray pool (~1 min)
+def test_dp_runs_give_the_same_bits_on_1_2_and_4_workers_summed_where_they_are_and_through_a_kill(
+    ray_cluster,
+):
+    """Central DP with adaptive clipping on Ray: updates whole on 2 workers, summed on their node
+    on 1 worker, and on 4 workers with one killed in round 1, all end with the in-process run's
+    weights, ε and C (the noise and the count's noise come from the run's seeded streams)."""
+    import raysim
+
+    dp = ["privacy.mode=central", "privacy.adaptive.enabled=true", "privacy.noise_multiplier=0.5"]
+    dp += ["workers.group_size=3"]  # four groups of a round's ten clients: one per worker of 4
+    ref = run(*dp)
+    on_ray = [*QUICK, *dp, "runtime=ray", "workers.transport=calls"]
+    whole = raysim.run(EXAMPLES / "quickstart.yaml", [*on_ray, "workers.count=2",
+                                                      "workers.partial_sums=false"])  # fmt: skip
+    one = raysim.run(EXAMPLES / "quickstart.yaml", [*on_ray, "workers.count=1",
+                                                    "workers.partial_sums=true"])  # fmt: skip
+    kill = ["workers.count=4", "workers.num_cpus=0.5"]
+    kill += ["faults.kill_worker.round=1", "faults.kill_worker.worker=1"]
+    four = raysim.run(EXAMPLES / "quickstart.yaml", [*on_ray, *kill, "workers.partial_sums=true"])
+    assert sum(h["worker_restarts"] for h in four.history) == 1
+    assert ref.digest() == whole.weights_digest == one.weights_digest == four.weights_digest
+    for r in (whole, one, four):
+        assert r.metrics["dp_epsilon"] == ref.history[-1]["dp_epsilon"]
+        assert r.metrics["dp_clip"] == ref.history[-1]["dp_clip"] != 1.0  # C moved

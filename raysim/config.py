@@ -652,6 +652,11 @@ class RunConfig(StrictModel):
                     "privacy.audit audits a private run: set privacy.mode central or local"
                 )
             return
+        if p.secure_aggregation.enabled and self.delays.kind != "none":
+            raise ValueError(
+                "privacy.secure_aggregation runs one protocol per round over the clients "
+                "dispatched in it: set delays.kind none"
+            )
         spec = method_spec(self.algorithm.name)
         if not spec.sums:
             raise ValueError(

@@ -160,6 +160,7 @@ def test_a_checkpoint_from_before_a_new_config_key_still_resumes(tmp_path):
 
 # --------------------------------------------------------------------------- Ray + MLflow
 @pytest.mark.slow
+@pytest.mark.matrix  # suite time (~45 s each); the in-process resume tests stay fast
 def test_sync_fedavg_crash_then_cli_resume_continues_the_mlflow_run(ray_cluster, mlflow_uri):
     """(a) Sync FedAvg: a session closed after 3 of 5 rounds (the checkpoint is from after round
     1, so round 2 runs twice) resumes from the CLI into the same MLflow run: same weights and
@@ -254,6 +255,7 @@ FEDOA_SMALL = [
 
 
 @pytest.mark.slow
+@pytest.mark.matrix  # suite time (~45 s each); the in-process resume tests stay fast
 def test_fedoa_personal_adapters_resume_with_the_run(ray_cluster, tmp_path):
     """(d) FedOA on the tiny LLaMA, half-normal delays: personal adapters (those of clients in
     flight across the checkpoint included) are checkpointed with the run; a fresh run resumed from

@@ -340,3 +340,79 @@ def test_dp_runs_give_the_same_bits_on_1_2_and_4_workers_summed_where_they_are_a
     for r in (whole, one, four):
         assert r.metrics["dp_epsilon"] == ref.history[-1]["dp_epsilon"]
         assert r.metrics["dp_clip"] == ref.history[-1]["dp_clip"] != 1.0  # C moved
+
+
+# ----------------------------------------------------------------- secure aggregation, simulated
+SECAGG = ["privacy.mode=central", "privacy.secure_aggregation.enabled=true"]
+
+
+def test_a_modular_sum_that_could_wrap_is_refused_before_the_first_round():
+    from raysim.errors import PrivacyError
+
+    # 10 clients · rint(1·2^6) = 640 units > 2^7 − 1: an 8-bit sum could wrap
+    with pytest.raises(PrivacyError, match="modulus_bits") as err:
+        core_of(*SECAGG, "privacy.secure_aggregation.modulus_bits=8",
+                "privacy.secure_aggregation.scale_bits=6")  # fmt: skip
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.slow
+def test_the_server_learns_the_decoded_modular_sum_of_the_survivors():
+    from raysim.privacy import secagg
+
+    core = core_of(*SECAGG, "privacy.noise_multiplier=0", "privacy.clip=0.05")
+    seen: list[np.ndarray] = []
+    inner = core.strategy.base.on_arrival
+
+    def record(u):
+        seen.append(np.asarray(u.delta, np.float32).copy())
+        return inner(u)
+
+    core.strategy.base.on_arrival = record
+    before = core.strategy.weights.copy()
+    m = core.step()
+    cfg = secagg.SecAggConfig(modulus_bits=32, scale_bits=16, clip=0.05)
+    learned = secagg.secure_sum(seen, cfg)  # encoded, summed modulo 2^32, decoded
+    assert len(seen) == 10 and m["secagg_survivors"] == 10 and m["secagg_round_failed"] == 0
+    # each client's delta sits on the encoding's grid: the exact sum is the modular one
+    assert all(np.array_equal(np.rint(d * 2.0**16) / 2.0**16, d) for d in seen)
+    step = core.strategy.weights.astype(np.float64) - before
+    assert np.allclose(step, learned / 10, rtol=0, atol=1e-7)
+    assert m["secagg_bytes_up"] > m["bytes_up"]  # masked vectors of 32 bits, keys and shares
+
+
+@pytest.mark.slow
+def test_a_round_whose_survivors_fall_below_the_threshold_yields_no_update():
+    core = core_of(*SECAGG, "privacy.noise_multiplier=0", "privacy.clip=0.05", "rounds=6",
+                   "privacy.secure_aggregation.dropout=0.5",
+                   "privacy.secure_aggregation.threshold=0.6")  # fmt: skip
+    failed = changed = 0
+    while not core.done:
+        before = core.strategy.weights.copy()
+        m = core.step()
+        moved = not np.array_equal(before, core.strategy.weights)
+        assert moved == (m["secagg_round_failed"] == 0.0)
+        assert (m["secagg_survivors"] >= 6) == moved
+        failed += int(not moved)
+        changed += int(moved)
+    assert failed and changed  # both kinds of round happened
+    assert core.history[-1]["secagg_failed_rounds"] == failed
+    assert core.history[-1]["dp_aggregations"] == changed  # a failed round releases nothing
+
+
+def test_adaptive_clipping_releases_its_count_only_in_rounds_that_release_a_sum():
+    from raysim.algorithms.general.fedbuff import FedBuff
+    from raysim.algorithms.general.params import FedBuffParams
+    from raysim.privacy.accounting import Schedule
+
+    cfg = PrivacyConfig(mode="central", noise_multiplier=0.5, adaptive={"enabled": True})
+    inner = FedBuff(FedBuffParams(buffer_size=20), np.zeros(4, np.float32), 1000)
+    s = PrivateStrategy(inner, cfg, AccountedSampling(10, Schedule(1000, 10)), 1e-5, 100)
+    s.setup(ServerContext.minimal(0, 4, 1000))
+    assert s.denominator == 20  # FedBuff's K: its fixed denominator
+    for r in range(2):
+        for j in range(10):
+            s.on_arrival(update(10 * r + j, np.ones(4, np.float32), {WITHIN_METRIC: 1.0}))
+        s.on_round_end(r)
+        # round 0 filled half the buffer: no sum, so no count either (the accountant saw none)
+        assert (s.aggregations, s.clip == 1.0) == ((0, True) if r == 0 else (1, False))

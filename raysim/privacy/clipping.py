@@ -63,6 +63,9 @@ class ClientPrivacy:
             delta = self.canaries.update(client, delta, bound)
         clipped, norm = clip(delta, bound)
         out = {**metrics, WITHIN_METRIC: 1.0 if norm <= bound else 0.0}
+        if self.cfg.secure_aggregation.enabled:  # the encoding's grid: rint(x·2^f)·2^-f
+            scale = float(2**self.cfg.secure_aggregation.scale_bits)
+            clipped = (np.rint(clipped.astype(np.float64) * scale) / scale).astype(np.float32)
         if self.cfg.mode == "local" and self.cfg.noise_multiplier > 0:
             rng = np.random.default_rng([job_seed, LOCAL_NOISE_TAG])
             noise = rng.standard_normal(clipped.shape, dtype=np.float32)

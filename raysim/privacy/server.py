@@ -90,7 +90,9 @@ class PrivateStrategy(ComposedStrategy):
         self.clip = cfg.clip
         self.aggregations = 0
         self.participations: dict[int, int] = {}
+        #: the adaptive count's bits since the last round with a sum, and that round's sums
         self._within: list[float] = []
+        self._adapted_at = 0
         self._stop: str | None = None
         self.sum = GaussianSum(self)
 
@@ -127,6 +129,12 @@ class PrivateStrategy(ComposedStrategy):
 
             self.canaries = Canaries(cfg, ctx.seed, ctx.num_clients)
             self.initial = self.base.weights.copy()  # setup precedes a resume's state
+        self.secure = None
+        if cfg.secure_aggregation.enabled:
+            from .secure_rounds import SecureRounds, checked
+
+            checked(cfg.secure_aggregation, self.clip, self.schedule.per_round_expected)
+            self.secure = SecureRounds(cfg.secure_aggregation, ctx, self.base.weights.size)
 
     def _new_accountant(self) -> None:
         """The accountant, with the aggregations taken so far (a resumed run's too)."""
@@ -147,6 +155,8 @@ class PrivateStrategy(ComposedStrategy):
 
     # ----------------------------------------------------------------- the round
     def configure(self, round_index: int, clients: Sequence[int]) -> Downlink | None:
+        if self.secure is not None:
+            self.secure.start(round_index, clients)
         down = self.base.configure(round_index, clients)
         if not self.privacy.adaptive.enabled:
             return down
@@ -164,20 +174,34 @@ class PrivateStrategy(ComposedStrategy):
                 f"{', '.join(sorted(update.extras))} (ClientContext.upload), which no noise "
                 "covers: set privacy.mode none for it"
             )
-        self._within.append(float(update.metrics.get(WITHIN_METRIC, 1.0)))
-        c = update.client_id
-        self.participations[c] = self.participations.get(c, 0) + 1
+        if self.secure is not None:  # summed, if at all, when the round's protocol ends
+            self.secure.admit(update)
+            return False
+        return self._take(update)
+
+    def _take(self, update: Update) -> bool:
+        """An update the server sums: to the method, each client weighing the same (central)."""
+        if self.privacy.adaptive.enabled:
+            self._within.append(float(update.metrics.get(WITHIN_METRIC, 1.0)))
+        if self.privacy.mode == "local":  # each client's own ε counts its releases
+            c = update.client_id
+            self.participations[c] = self.participations.get(c, 0) + 1
         if self.privacy.mode == "central":
             update = replace(update, num_samples=1)  # DP-FedAvg's w_k = 1
         return self._guarded(super().on_arrival, update)
 
     def on_round_end(self, round_index: int) -> bool:
         changed = False
+        if self.secure is not None and self._stop is None:
+            for u in self.secure.finish(self.clip):
+                changed = self._take(u) or changed
         if self._stop is None:
-            changed = self._guarded(super().on_round_end, round_index)
-        if self.privacy.adaptive.enabled and self._within:
-            self._adapt(round_index)
-        self._within = []
+            changed = self._guarded(super().on_round_end, round_index) or changed
+        if self.aggregations > self._adapted_at:  # one count released per round with a sum
+            if self.privacy.adaptive.enabled and self._within:
+                self._adapt(round_index)
+            self._within = []
+            self._adapted_at = self.aggregations
         budget = self.privacy.epsilon_budget
         if self._stop is None and budget is not None and self.privacy.mode == "central":
             after = self.accountant.epsilon_after(self.accountant.steps + 1)
@@ -245,6 +269,8 @@ class PrivateStrategy(ComposedStrategy):
             dp_aggregations=float(self.aggregations),
         )
         out.update(self.audit_metrics)
+        if self.secure is not None:
+            out.update(self.secure.metrics())
         return out
 
     def state_dict(self) -> dict[str, Any]:
@@ -255,7 +281,10 @@ class PrivateStrategy(ComposedStrategy):
                 "aggregations": self.aggregations,
                 "participations": dict(self.participations),
                 "stop": self._stop,
+                "within": list(self._within),
+                "adapted_at": self._adapted_at,
                 "audit": dict(self.audit_metrics),
+                "secure": self.secure.state_dict() if self.secure is not None else {},
             },
         }
 
@@ -266,6 +295,10 @@ class PrivateStrategy(ComposedStrategy):
         self.aggregations = int(p["aggregations"])
         self.participations = {int(k): int(v) for k, v in p["participations"].items()}
         self._stop = p["stop"]
+        self._within = [float(b) for b in p.get("within", [])]
+        self._adapted_at = int(p.get("adapted_at", self.aggregations))
         self.audit_metrics = dict(p.get("audit", {}))
+        if self.secure is not None:
+            self.secure.load_state_dict(p.get("secure", {}))
         if self.privacy.mode == "central":
             self._new_accountant()

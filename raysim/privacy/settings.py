@@ -68,6 +68,40 @@ class PrivacyAudit(StrictModel):
         return r - r // 2, r // 2
 
 
+class SecureAggregation(StrictModel):
+    """Secure aggregation's effects, simulated (no cryptography; ``raysim.privacy.secagg``): each
+    client's clipped delta is encoded in fixed point (``scale_bits`` fraction bits) and the
+    server learns only the sum modulo 2^``modulus_bits`` of the clients that did not drop out;
+    a round whose survivors fall below ``threshold`` of its clients yields no update (SecAgg+).
+    A sum that could wrap is refused before the run starts. Its traffic is logged per round."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = False
+    modulus_bits: int = Field(32, ge=8, le=62, description="k: sums are taken modulo 2^k")
+    scale_bits: int = Field(16, ge=0, description="f: a value x is encoded as rint(x·2^f)")
+    threshold: float = Field(
+        0.5, gt=0, le=1, description="the fraction of a round's clients that must survive"
+    )
+    dropout: float = Field(
+        0.0, ge=0, lt=1, description="the chance that a client drops out of a round's protocol"
+    )
+    protocol: Literal["secagg", "secagg_plus"] = Field(
+        "secagg_plus",
+        description="the cost model: secagg (Bonawitz et al. 2017, every pair of clients) or "
+        "secagg_plus (Bell et al. 2020, O(log n) neighbours)",
+    )
+
+    @model_validator(mode="after")
+    def _fraction_fits(self) -> SecureAggregation:
+        if self.scale_bits >= self.modulus_bits:
+            raise ValueError(
+                f"privacy.secure_aggregation.scale_bits ({self.scale_bits}) must be below "
+                f"modulus_bits ({self.modulus_bits})"
+            )
+        return self
+
+
 class PrivacyConfig(StrictModel):
     """User-level differential privacy of a run; off by default (``mode: none``)."""
 
@@ -112,6 +146,7 @@ class PrivacyConfig(StrictModel):
     )
     adaptive: AdaptiveClipping = Field(default_factory=AdaptiveClipping)
     audit: PrivacyAudit = Field(default_factory=PrivacyAudit)
+    secure_aggregation: SecureAggregation = Field(default_factory=SecureAggregation)
 
     @model_validator(mode="after")
     def _consistent(self) -> PrivacyConfig:
@@ -120,10 +155,20 @@ class PrivacyConfig(StrictModel):
                 "privacy.target_epsilon calibrates central noise; with mode local set "
                 "privacy.noise_multiplier (each client's ε is reported per participation count)"
             )
+        if self.mode == "local" and self.epsilon_budget is not None:
+            raise ValueError(
+                "privacy.epsilon_budget counts the server's noised sums (central DP); with mode "
+                "local each client's ε is reported per participation: unset epsilon_budget"
+            )
         if self.mode == "local" and self.adaptive.enabled:
             raise ValueError(
                 "privacy.adaptive clips at a quantile the server estimates from all clients' "
                 "noised bits (central DP); with mode local set privacy.adaptive.enabled false"
+            )
+        if self.secure_aggregation.enabled and self.mode != "central":
+            raise ValueError(
+                "privacy.secure_aggregation simulates what a server learns of its clients' "
+                "clipped deltas, with central noise on the sum: set privacy.mode central"
             )
         a = self.audit
         if a.guesses is not None and a.guesses > a.canaries:

@@ -416,3 +416,25 @@ def test_adaptive_clipping_releases_its_count_only_in_rounds_that_release_a_sum(
         s.on_round_end(r)
         # round 0 filled half the buffer: no sum, so no count either (the accountant saw none)
         assert (s.aggregations, s.clip == 1.0) == ((0, True) if r == 0 else (1, False))
+
+
+@pytest.mark.matrix  # suite time (~30 s): the example end to end, shortened
+def test_the_privacy_example_runs_and_its_audit_stays_below_the_accountant(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    out = tmp_path / "table.md"
+    proc = subprocess.run(
+        [sys.executable, "examples/privacy/accuracy_vs_epsilon.py", "--rounds", "4",
+         "--noise", "0.5", "--audit-noise", "0.3", "--plot", str(tmp_path / "p.png"),
+         "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = out.read_text().splitlines()
+    assert rows[2].startswith("| no privacy |") and rows[3].startswith("| 0.5 |")
+    audit = rows[-1].split("|")  # | 0.3 | ε | bound | correct / guesses |
+    assert audit[1].strip() == "0.3" and float(audit[3]) <= float(audit[2])
+    assert (tmp_path / "p.png").stat().st_size > 10_000

@@ -102,8 +102,10 @@ class RunPlan:
         if self.sizes is not None:
             lines.append(f"sizes: {self.sizes.describe()}")
             lines += self.sizes.store_lines()  # clients.state.store: auto's choice
+        from raysim.privacy.settings import privacy_plan_line
         from raysim.security.policy import audit_plan_line
 
+        lines.append(f"privacy: {privacy_plan_line(cfg)}")
         lines.append(audit_plan_line(cfg))
         return "\n".join(lines)
 

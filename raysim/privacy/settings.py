@@ -18,7 +18,7 @@ deltas (``raysim methods NAME`` says ``updates: summed``):
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -185,3 +185,24 @@ class PrivacyConfig(StrictModel):
     def delta_for(self, num_clients: int) -> float:
         """δ: as set, else 1/N^1.1."""
         return self.delta if self.delta is not None else float(num_clients) ** -1.1
+
+
+def privacy_plan_line(cfg: Any) -> str:
+    """What a run's plan says of its privacy (``raysim run --dry-run``)."""
+    p: PrivacyConfig = cfg.privacy
+    if not p.enabled:
+        return "none"
+    z = f"ε = {p.target_epsilon:g} targeted" if p.target_epsilon else f"z = {p.noise_multiplier:g}"
+    clip = f"C = {p.clip:g}" + (" (adaptive)" if p.adaptive.enabled else "")
+    sampling = "Poisson" if cfg.clients.sampling == "poisson" else "fixed-size"
+    parts = [f"{p.mode} DP", clip, z, f"δ = {p.delta_for(cfg.clients.num):.3g}",
+             f"{p.accountant} accountant, {sampling} sampling"]  # fmt: skip
+    if cfg.delays.kind != "none":
+        parts.append("no amplification by sampling (delays)")
+    if p.epsilon_budget is not None:
+        parts.append(f"ends before ε > {p.epsilon_budget:g}")
+    if p.secure_aggregation.enabled:
+        parts.append("secure aggregation simulated")
+    if p.audit.canaries:
+        parts.append(f"audited with {p.audit.canaries} canaries")
+    return ", ".join(parts)

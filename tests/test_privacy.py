@@ -438,3 +438,25 @@ def test_the_privacy_example_runs_and_its_audit_stays_below_the_accountant(tmp_p
     audit = rows[-1].split("|")  # | 0.3 | ε | bound | correct / guesses |
     assert audit[1].strip() == "0.3" and float(audit[3]) <= float(audit[2])
     assert (tmp_path / "p.png").stat().st_size > 10_000
+
+
+def test_the_wrapper_keeps_the_secrets_and_private_artifacts_of_what_it_wraps():
+    from raysim.algorithms.base import Secret
+    from raysim.algorithms.hooks import ComposedStrategy, Mixer
+    from raysim.algorithms.spec import HookParams
+    from raysim.privacy.accounting import Schedule
+
+    class Keeper(Mixer):
+        def secrets(self):
+            return [Secret("s", np.arange(2), np.ones(2, np.float32))]
+
+        def private_artifacts(self):
+            return [Secret("a", np.arange(1), np.ones(1, np.float32))]
+
+    inner = ComposedStrategy(
+        FedAvg(MethodParams(), np.zeros(4, np.float32), 10), [Keeper(HookParams())]
+    )
+    s = PrivateStrategy(inner, PrivacyConfig(mode="central"), AccountedSampling(2, Schedule(10, 2)),
+                        1e-3, 10)  # fmt: skip
+    assert [x.name for x in s.secrets()] == ["s"]
+    assert [x.name for x in s.private_artifacts()] == ["a"]

@@ -67,6 +67,7 @@ def test_a_swept_key_or_value_the_run_refuses_fails_before_anything_starts(space
 
 # --------------------------------------------------------------------------- on Ray
 @pytest.mark.slow
+@pytest.mark.matrix  # suite time (~30 s); CI runs the matrix tier too
 def test_a_sweep_runs_trials_as_raysim_runs_and_resumes_after_ctrl_c(
     ray_cluster, mlflow_uri, tmp_path
 ):

@@ -96,6 +96,7 @@ def test_ray_already_up_in_the_process_keeps_an_auto_run_on_it(ray_cluster, monk
 
 
 @pytest.mark.slow
+@pytest.mark.matrix  # suite time (~30 s); CI runs the matrix tier too
 def test_a_run_without_ray_resumes_on_ray_bit_identically(ray_cluster, tmp_path):
     """A run stopped without Ray resumes on Ray (the session's) from its checkpoint
     (``runtime`` is free across a resume) to the weights of the same run without Ray; MLflow has

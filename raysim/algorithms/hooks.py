@@ -175,7 +175,11 @@ class ComposedStrategy(Strategy):
         return [*self.base.secrets(), *(s for m in self.mixers for s in m.secrets())]
 
     def private_artifacts(self) -> list[Secret]:
-        return [s for m in self.mixers for s in m.private_artifacts()]
+        """The base's and every mixer's (a wrapper of a composed strategy keeps them)."""
+        return [
+            *self.base.private_artifacts(),
+            *(s for m in self.mixers for s in m.private_artifacts()),
+        ]
 
     def _mixed(self, round_index: int, previous: np.ndarray, changed: bool) -> bool:
         if changed:

@@ -31,6 +31,7 @@ from raysim.errors import PrivacyError
 
 from .clipping import CLIP_KEY, WITHIN_METRIC
 from .settings import PrivacyConfig
+from .wrap import AccountedSampling
 
 #: the noise of aggregation i: default_rng([the server stream "privacy/noise", i])
 NOISE_STREAM = "privacy/noise"
@@ -66,7 +67,7 @@ class GaussianSum:
 class PrivateStrategy(ComposedStrategy):
     """A strategy (plain or composed) under ``privacy`` (``central`` or ``local``).
 
-    ``schedule`` is what the accountant assumes of the sampling (``raysim.privacy.plan``);
+    ``schedule`` is what the accountant assumes of the sampling (``wrap.sampling_of``);
     ``planned`` the aggregations a ``target_epsilon`` is calibrated for.
     """
 
@@ -74,7 +75,7 @@ class PrivateStrategy(ComposedStrategy):
         self,
         inner: Strategy,
         cfg: PrivacyConfig,
-        schedule: Any,
+        schedule: AccountedSampling,
         delta: float,
         planned: int,
         rounds: int = 0,

@@ -34,7 +34,7 @@ def round_walls(overrides: list[str], rounds: int, repeats: int) -> dict[str, li
     walls: dict[str, list[float]] = {k: [] for k in runs}
     for _ in range(repeats):
         cores = {k: local_core(load_config(QUICKSTART, [*base, *o])) for k, o in runs.items()}
-        for k, core in cores.items():  # a first round each: imports and warm-up, not timed
+        for core in cores.values():  # a first round each: imports and warm-up, not timed
             core.step()
         while not all(c.done for c in cores.values()):
             for k, core in cores.items():

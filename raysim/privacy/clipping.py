@@ -24,7 +24,8 @@ LOCAL_NOISE_TAG = 0x10CA
 def clip(delta: np.ndarray, bound: float) -> tuple[np.ndarray, float]:
     """``delta`` scaled down to L2 norm ``bound`` where it is longer (float32), and its norm
     before (computed in float64)."""
-    norm = float(np.sqrt(np.dot(delta.astype(np.float64), delta.astype(np.float64))))
+    wide = delta.astype(np.float64)
+    norm = float(np.sqrt(np.dot(wide, wide)))
     if norm <= bound:
         return delta, norm
     return (delta * np.float32(bound / norm)).astype(np.float32, copy=False), norm
@@ -64,8 +65,11 @@ class ClientPrivacy:
         clipped, norm = clip(delta, bound)
         out = {**metrics, WITHIN_METRIC: 1.0 if norm <= bound else 0.0}
         if self.cfg.secure_aggregation.enabled:  # the encoding's grid: rint(x·2^f)·2^-f
-            scale = float(2**self.cfg.secure_aggregation.scale_bits)
-            clipped = (np.rint(clipped.astype(np.float64) * scale) / scale).astype(np.float32)
+            from . import secagg
+            from .secure_rounds import secagg_config
+
+            grid = secagg_config(self.cfg.secure_aggregation, bound)
+            clipped = secagg.decode(secagg.encode(clipped, grid), grid).astype(np.float32)
         if self.cfg.mode == "local" and self.cfg.noise_multiplier > 0:
             rng = np.random.default_rng([job_seed, LOCAL_NOISE_TAG])
             noise = rng.standard_normal(clipped.shape, dtype=np.float32)

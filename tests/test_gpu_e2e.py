@@ -358,7 +358,10 @@ def figures_are_this_calls(figures: dict, out: Path) -> bool:
 
 @pytest.mark.e2e
 def test_part_two_runs_its_own_reference_and_the_rest(tmp_path):
-    result, _, _ = run_script(tmp_path, "--shape", "tiny", "--part", "2", timeout=540)
+    # the budget of a slow shared 2-vCPU machine (CI ran this part in 421 s, one step cut)
+    result, _, _ = run_script(
+        tmp_path, "--shape", "tiny", "--part", "2", "--budget", "720", timeout=800
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     figures = json.loads((tmp_path / "out" / "figures.json").read_text())
     wanted = ("deterministic_kernels_cost", "four_workers_lora2_vs_one", "deepspeed_zero3_vs_torch",

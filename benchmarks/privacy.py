@@ -8,6 +8,12 @@
 2. The accountant: the mean wall of one ``Accountant.step()`` over 1,000 aggregations, for fixed
    size sampling (RDP) and Poisson sampling (RDP, PLD), against the same run's median round wall
    (issue 59 asks for ≤ 5 ms a round).
+3. Sample-level DP-SGD in one client (``local.dp_sgd``): raysim's ``train_local`` (per-example
+   gradients by ``torch.func``) against Opacus's ``GradSampleModule`` with its ``DPOptimizer``
+   (per-example gradients by module hooks), the same model (the quickstart's MLP, 64-128-10), the
+   same client (500 examples), the same number of steps and batch sizes, clip and noise; the two
+   alternate, and the figure is the ratio of their median walls (issue 59 asks for ≤ 1, at least
+   as fast as Opacus).
 
     python benchmarks/privacy.py [--rounds 12] [--repeats 3]
 
@@ -56,11 +62,59 @@ def accountant_ms(sampling: str, method: str, steps: int) -> float:
     return (time.perf_counter() - t0) / steps * 1e3
 
 
+def dp_sgd_walls(batch: int, steps: int, repeats: int) -> dict[str, list[float]]:
+    """Walls of ``steps`` DP-SGD steps on one client: raysim's and Opacus's, alternating."""
+    import torch
+    from opacus import GradSampleModule
+    from opacus.optimizers import DPOptimizer
+    from torch import nn
+
+    from raysim.training.loop import train_local
+    from raysim.training.settings import LocalTrainingConfig
+    from raysim.training.tasks import ClassificationTask
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(500, 64, generator=g), torch.randint(0, 10, (500,), generator=g)
+
+    def mlp() -> nn.Module:
+        torch.manual_seed(1)
+        return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+
+    cfg = LocalTrainingConfig(sampling="independent", max_steps=steps, batch_size=batch, lr=0.05,
+                              dp_sgd={"clip": 1.0, "noise_multiplier": 1.0})  # fmt: skip
+
+    def ours() -> None:
+        model = mlp()
+        train_local(model, list(model.parameters()), ClassificationTask(), (x, y), cfg,
+                    torch.Generator().manual_seed(2))  # fmt: skip
+
+    def opacus() -> None:
+        model = GradSampleModule(mlp())
+        opt = DPOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), noise_multiplier=1.0,
+                          max_grad_norm=1.0, expected_batch_size=batch)  # fmt: skip
+        shuffle = torch.Generator().manual_seed(2)
+        for _ in range(steps):
+            idx = torch.randperm(500, generator=shuffle)[:batch]
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
+            opt.step()
+
+    walls: dict[str, list[float]] = {"raysim": [], "opacus": []}
+    ours(), opacus()  # warm-up: imports, first kernels
+    for _ in range(repeats):
+        for name, fn in (("raysim", ours), ("opacus", opacus)):
+            t0 = time.perf_counter()
+            fn()
+            walls[name].append(time.perf_counter() - t0)
+    return walls
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=1000, help="aggregations the accountant counts")
+    ap.add_argument("--dp-sgd-steps", type=int, default=100, help="DP-SGD steps of one client")
     args = ap.parse_args()
     report(machine=machine())
     dp = ["privacy.mode=central", "privacy.clip=0.5", "privacy.noise_multiplier=1.0"]
@@ -73,6 +127,11 @@ def main() -> None:
         ms = accountant_ms(sampling, method, args.steps)
         report(f"accountant.{sampling}.{method}", ms_per_round=ms,
                share_of_plain_round=ms / 1e3 / plain)  # fmt: skip
+    for batch in (10, 64):
+        walls = dp_sgd_walls(batch, args.dp_sgd_steps, max(args.repeats, 5))
+        ours, theirs = statistics.median(walls["raysim"]), statistics.median(walls["opacus"])
+        report(f"dp_sgd.batch{batch}", steps=args.dp_sgd_steps, raysim_median_s=ours,
+               opacus_median_s=theirs, raysim_over_opacus=ours / theirs)  # fmt: skip
 
 
 if __name__ == "__main__":

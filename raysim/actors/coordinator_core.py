@@ -41,7 +41,7 @@ from raysim.algorithms.context import ServerContext
 from raysim.algorithms.hooks import compose
 from raysim.algorithms.registry import MIXERS, get_method
 from raysim.config import RunConfig
-from raysim.errors import LeakError
+from raysim.errors import LeakError, PrivacyError
 from raysim.privacy.wrap import private
 from raysim.security.policy import audit_off_warning, audits_leaks
 from raysim.sim.clock import ArrivalQueue, PendingJob, Schedule
@@ -140,6 +140,13 @@ class CoordinatorCore(ModelVersions, ClientStates, Snapshot, RunReport):
     def _build_strategy(self, initial: np.ndarray) -> Strategy:
         """The method's strategy, composed with ``hooks.server`` mixers, set up on the server."""
         cfg = self.cfg
+        client = self.method.client
+        if cfg.local.dp_sgd is not None and not client.trains_privately():
+            raise PrivacyError(
+                f"local.dp_sgd: {cfg.algorithm.name}'s client trains its own way "
+                f"({client.__name__} overrides train), which DP-SGD does not cover; pick a "
+                "method that trains through the default local loop, or set local.dp_sgd null"
+            )
         base = self.method.strategy(cfg.algorithm.params, initial, cfg.clients.num)
         mixers = [MIXERS.get(h.name).build(h.params) for h in cfg.hooks.server]
         strategy = private(compose(base, mixers), cfg)

@@ -182,7 +182,8 @@ class RunReport:
         out["rejected_updates"] = self.totals["rejected_updates"]
         if self.auditor is not None and self.cfg.audit.on_leak == "report":
             out["leaks_reported"] = self.totals["leaks_reported"]
-        if self.history and "dp_epsilon" in self.history[-1]:  # privacy: what the run spent
+        last = self.history[-1] if self.history else {}
+        if "dp_epsilon" in last or "dp_sgd_epsilon" in last:  # privacy: what the run spent
             out.update({k: v for k, v in self.history[-1].items() if k.startswith("dp_")})
         if self.strategy.stop_reason is not None and self.round < self.cfg.rounds:
             out["stopped_early"] = 1.0

@@ -354,6 +354,16 @@ class ClientAlgorithm:
         return 0
 
     @classmethod
+    def trains_privately(cls) -> bool:
+        """Whether ``local.dp_sgd`` covers all of this client's training: it trains through
+        the default ``train`` only (``raysim.training``'s local loop, on the task's loss, whose
+        DP-SGD clips each example's gradient). A client with its own ``train`` that reaches its
+        data through ``train_local`` alone, with no ``objective``, may override this to say so."""
+        return cls.train is ClientAlgorithm.train and (
+            cls.train_together is ClientAlgorithm.train_together
+        )
+
+    @classmethod
     def may_batch(cls) -> bool:
         """Whether ``train_batched`` can train this client at all: the default ``train``, or
         its own ``train_batched``."""

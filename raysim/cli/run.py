@@ -69,6 +69,11 @@ def _summary_table(result: Any) -> Table:
         )
         rows.append(("noise multiplier z / clip C", f"{m['dp_noise_multiplier']:.4g} / "
                      f"{m['dp_clip']:.4g}"))  # fmt: skip
+    if "dp_sgd_epsilon" in m:  # local.dp_sgd: the worst client's, an example the unit
+        rows.append(
+            (f"DP-SGD ε per client, at most (δ = {m['dp_sgd_delta']:.2g})",
+             f"{m['dp_sgd_epsilon']:.4g} after {m['dp_sgd_max_steps']:.0f} steps"),
+        )  # fmt: skip
     if m.get("stopped_early"):
         rows.append(("ended early", f"after round {m['rounds']:.0f} of {result.config.rounds}"))
     rows += [

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -32,6 +32,9 @@ from raysim.errors import PrivacyError
 from .clipping import CLIP_KEY, WITHIN_METRIC
 from .settings import PrivacyConfig
 from .wrap import AccountedSampling
+
+if TYPE_CHECKING:
+    from .sample_level import SampleLevelLedger
 
 #: the noise of aggregation i: default_rng([the server stream "privacy/noise", i])
 NOISE_STREAM = "privacy/noise"
@@ -79,9 +82,12 @@ class PrivateStrategy(ComposedStrategy):
         delta: float,
         planned: int,
         rounds: int = 0,
+        sample_level: SampleLevelLedger | None = None,
     ) -> None:
-        """``rounds``: the run's planned rounds (its audit, if any, runs after the last)."""
+        """``rounds``: the run's planned rounds (its audit, if any, runs after the last);
+        ``sample_level``: the account of the clients' DP-SGD (``local.dp_sgd``), if they use it."""
         super().__init__(inner, [])
+        self.sample_level = sample_level
         self.rounds = rounds
         self.audit_metrics: dict[str, float] = {}
         self.privacy = cfg
@@ -169,6 +175,8 @@ class PrivateStrategy(ComposedStrategy):
     def on_arrival(self, update: Update) -> bool:
         if self._stop is not None:
             return False  # the budget is spent: nothing more is summed
+        if self.sample_level is not None:
+            self.sample_level.record(update.client_id, update.num_samples, update.metrics)
         if update.extras:
             raise PrivacyError(
                 f"privacy covers a client's delta only; this method's clients also send "
@@ -262,6 +270,10 @@ class PrivateStrategy(ComposedStrategy):
 
     def metrics(self) -> dict[str, float]:
         out = dict(self.base.metrics())
+        if self.sample_level is not None:
+            out.update(self.sample_level.metrics())
+        if not self.privacy.enabled:
+            return out
         out.update(
             dp_epsilon=self.epsilon(),
             dp_delta=self.delta,
@@ -286,6 +298,9 @@ class PrivateStrategy(ComposedStrategy):
                 "adapted_at": self._adapted_at,
                 "audit": dict(self.audit_metrics),
                 "secure": self.secure.state_dict() if self.secure is not None else {},
+                "sample_level": (
+                    self.sample_level.state_dict() if self.sample_level is not None else {}
+                ),
             },
         }
 
@@ -301,5 +316,7 @@ class PrivateStrategy(ComposedStrategy):
         self.audit_metrics = dict(p.get("audit", {}))
         if self.secure is not None:
             self.secure.load_state_dict(p.get("secure", {}))
+        if self.sample_level is not None:
+            self.sample_level.load_state_dict(p.get("sample_level", {}))
         if self.privacy.mode == "central":
             self._new_accountant()

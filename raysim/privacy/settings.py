@@ -190,8 +190,15 @@ class PrivacyConfig(StrictModel):
 def privacy_plan_line(cfg: Any) -> str:
     """What a run's plan says of its privacy (``raysim run --dry-run``)."""
     p: PrivacyConfig = cfg.privacy
+    sgd = cfg.local.dp_sgd
+    sample = ""
+    if sgd is not None:
+        sample = (
+            f"sample-level DP-SGD in every client (C_s = {sgd.clip:g}, "
+            f"z_s = {sgd.noise_multiplier:g}, δ = {sgd.delta:.3g}, ε per client accounted)"
+        )
     if not p.enabled:
-        return "none"
+        return sample or "none"
     z = f"ε = {p.target_epsilon:g} targeted" if p.target_epsilon else f"z = {p.noise_multiplier:g}"
     clip = f"C = {p.clip:g}" + (" (adaptive)" if p.adaptive.enabled else "")
     sampling = "Poisson" if cfg.clients.sampling == "poisson" else "fixed-size"
@@ -205,4 +212,4 @@ def privacy_plan_line(cfg: Any) -> str:
         parts.append("secure aggregation simulated")
     if p.audit.canaries:
         parts.append(f"audited with {p.audit.canaries} canaries")
-    return ", ".join(parts)
+    return "; ".join(x for x in (", ".join(parts), sample) if x)

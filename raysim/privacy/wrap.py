@@ -45,8 +45,10 @@ def sampling_of(cfg: RunConfig) -> AccountedSampling:
 
 
 def private(strategy: Strategy, cfg: RunConfig) -> Strategy:
-    """``strategy`` wrapped by ``PrivateStrategy`` where ``privacy.mode`` is not none."""
-    if not cfg.privacy.enabled:
+    """``strategy`` wrapped by ``PrivateStrategy`` where ``privacy.mode`` is not none or the
+    clients train with DP-SGD (``local.dp_sgd``, accounted at the server)."""
+    sgd = cfg.local.dp_sgd
+    if not cfg.privacy.enabled and sgd is None:
         return strategy
     from .server import PrivateStrategy
 
@@ -54,4 +56,11 @@ def private(strategy: Strategy, cfg: RunConfig) -> Strategy:
     per_sum = strategy.updates_per_aggregation(sampling.per_round_expected)
     planned = math.ceil(cfg.rounds * sampling.per_round_expected / per_sum)
     delta = cfg.privacy.delta_for(cfg.clients.num)
-    return PrivateStrategy(strategy, cfg.privacy, sampling, delta, planned, cfg.rounds)
+    ledger = None
+    if sgd is not None:
+        from .sample_level import SampleLevelLedger
+
+        ledger = SampleLevelLedger(cfg.local.batch_size, sgd.noise_multiplier, sgd.delta)
+    return PrivateStrategy(
+        strategy, cfg.privacy, sampling, delta, planned, cfg.rounds, sample_level=ledger
+    )

@@ -27,10 +27,18 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.func import functional_call, vmap
+from torch.func import functional_call, grad_and_value, vmap
 from torch.nn.utils.rnn import pad_sequence
 
 from raysim.training.backends import total_optimizer_steps
+from raysim.training.chain import chain_forward, linear_chain
+from raysim.training.dp_sgd import (
+    STEPS_METRIC,
+    chain_clipped_sum,
+    chain_of,
+    clip_factors,
+    noise_generator,
+)
 from raysim.training.loop import step_batches
 from raysim.training.settings import LocalTrainingConfig
 from raysim.training.tasks import CausalLMTask, ClassificationTask, Task
@@ -42,48 +50,19 @@ PenaltyFn = Callable[[Sequence[torch.Tensor]], torch.Tensor]
 #: the clients a step moves: all of them (a slice, so the stacks are updated through views) or
 #: some (their indices)
 Rows = slice | torch.Tensor
-#: layers whose batched form is the layer itself (they act elementwise)
-ELEMENTWISE = (nn.ReLU, nn.LeakyReLU, nn.Tanh, nn.GELU, nn.SiLU, nn.Sigmoid, nn.Identity)
 
 
 def stacked_forward(template: nn.Module) -> Callable[[dict, torch.Tensor], torch.Tensor] | None:
     """``forward(params, x)`` of k clients at once with batched matmuls, for a ``Sequential``
-    of ``Linear``, ``Flatten`` and elementwise layers: ``params`` maps names to stacks
-    (k, ...), ``x`` is (k, B, ...). None for any other module (``vmap`` then does the work)."""
-    layers: list[tuple] = []
-
-    def walk(module: nn.Module, prefix: str) -> bool:
-        for name, child in module.named_children():
-            if isinstance(child, nn.Sequential):
-                if not walk(child, f"{prefix}{name}."):
-                    return False
-            elif isinstance(child, nn.Linear):
-                layers.append(("linear", f"{prefix}{name}", child.bias is not None))
-            elif isinstance(child, nn.Flatten) and child.start_dim >= 1 and child.end_dim == -1:
-                layers.append(("flatten", child.start_dim + 1))
-            elif isinstance(child, ELEMENTWISE) or (isinstance(child, nn.Dropout) and not child.p):
-                layers.append(("apply", child))
-            else:
-                return False
-        return True
-
-    if type(template) is not nn.Sequential or not walk(template, ""):
+    of ``Linear``, ``Flatten`` and elementwise layers (``raysim.training.chain``): ``params``
+    maps names to stacks (k, ...), ``x`` is (k, B, ...). None for any other module (``vmap``
+    then does the work)."""
+    layers = linear_chain(template)
+    if layers is None:
         return None
 
     def forward(params: dict, x: torch.Tensor) -> torch.Tensor:
-        for kind, *rest in layers:
-            if kind == "linear":
-                name, bias = rest
-                wt = params[f"{name}.weight"].transpose(1, 2)
-                if bias:
-                    x = torch.baddbmm(params[f"{name}.bias"].unsqueeze(1), x, wt)
-                else:
-                    x = torch.bmm(x, wt)
-            elif kind == "flatten":
-                x = x.flatten(rest[0])
-            else:
-                x = rest[0](x)
-        return x
+        return chain_forward(layers, params, x, stacked=True)
 
     return forward
 
@@ -106,6 +85,12 @@ def unbatchable(
     module = model.module
     if type(task) is CausalLMTask:
         from raysim.models.multilora import lora_layers
+
+        if cfg.dp_sgd is not None:
+            return (
+                "local.dp_sgd takes a causal LM's per-example gradients example by example, "
+                "one client after another"
+            )
 
         layers = lora_layers(module, getattr(model, "global_adapter", ""))
         if not layers:
@@ -323,6 +308,14 @@ def train_batched(
     opt = _Optimiser(cfg, list(stacked.values()))
     module.train()
     streams = _Streams(task, datas, cfg, generators)
+    if cfg.dp_sgd is not None:
+        private = _PrivateGroup(module, trained_names, shared | buffers, task, cfg, generators)
+        for t in range(len(streams)):
+            active = streams.active(t)
+            grads = private.step(stacked, [datas[i] for i in active], streams, t, active, penalty)
+            opt.step(grads, streams.rate(t, active), t + 1)
+        finals = [[stacked[n][i].detach().clone() for n in trained_names] for i in range(k)]
+        return finals, [m | {STEPS_METRIC: m["local_steps"]} for m in streams.metrics()]
 
     def client_loss(params: dict, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         def forward(inputs: torch.Tensor) -> torch.Tensor:
@@ -420,3 +413,78 @@ def _train_multilora(model, starts, task, datas, cfg, generators, penalty):
         streams.record(active, picked)
         streams.step(opt, picked.sum(), t, active)
     return [multi.unstack(i) for i in range(k)], streams.metrics()
+
+
+class _PrivateGroup:
+    """DP-SGD (``raysim.training.dp_sgd``) for a batched group: per-example gradients by a
+    ``vmap`` over each client's examples nested in a ``vmap`` over the clients, each example
+    clipped over all of its client's trained tensors, each client's clipped sum noised from its
+    own stream (the draws it takes trained alone) and divided by its batch's size."""
+
+    def __init__(self, module, names, frozen, task, cfg, generators) -> None:
+        self.names, self.settings, self.task = names, cfg.dp_sgd, task
+        self.noise = [noise_generator(g) for g in generators]
+
+        def loss_one(trained: dict, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            def forward(inputs: torch.Tensor) -> torch.Tensor:
+                return functional_call(module, frozen | trained, (inputs,))
+
+            return task.loss(forward, (x.unsqueeze(0), y.unsqueeze(0)))
+
+        per_example = vmap(grad_and_value(loss_one), in_dims=(None, 0, 0), randomness="different")
+        self.per_client = vmap(per_example, randomness="different")
+        self.chain = chain_of(module, [p for n, p in module.named_parameters() if n in names],
+                              task)  # fmt: skip
+
+    def step(self, stacked, datas, streams, t, active, penalty) -> list[torch.Tensor]:
+        """Every client's noised gradient of step t (zero for a client that takes none)."""
+        task_batch = [
+            self.task.batch(d, streams.steps[i][t]) for d, i in zip(datas, active, strict=True)
+        ]
+        grads = {n: torch.zeros_like(stacked[n]) for n in self.names}
+        by_size: dict[int, list[int]] = {}
+        for j, b in enumerate(task_batch):
+            by_size.setdefault(len(b[1]), []).append(j)
+        std = self.settings.noise_multiplier * self.settings.clip
+        for size, members in by_size.items():
+            clients = [active[j] for j in members]
+            sub = torch.tensor(clients)
+            x = torch.stack([task_batch[j][0] for j in members])
+            y = torch.stack([task_batch[j][1] for j in members])
+            sums, losses = self._clipped_sums(stacked, sub, x, y, size)
+            for n in self.names:
+                summed = sums[n]
+                for row, client in enumerate(clients):
+                    g = summed[row]
+                    if std:
+                        z = torch.randn(g.shape, generator=self.noise[client], dtype=torch.float32)
+                        g = g + z.to(g.device, g.dtype) * std
+                    grads[n][client] = g / size
+            streams.record(clients, losses.mean(dim=1))
+        if penalty is not None:
+            rows = torch.tensor(active)
+            extra = vmap(torch.func.grad(lambda ps: penalty([ps[n] for n in self.names])))(
+                {n: stacked[n][rows].detach() for n in self.names}
+            )
+            for n in self.names:
+                grads[n][rows] += extra[n]
+        return [grads[n] for n in self.names]
+
+    def _clipped_sums(self, stacked, sub, x, y, size):
+        """Each of these clients' Σ_i clip_C(∇ℓ_i), (m, ...) per tensor, and losses (m, B):
+        by the outer-product rule on a linear chain, else by nested ``vmap``."""
+        if self.chain is not None:
+            params = {n: stacked[n][sub] for n in self.names}  # in the graph: stacked leaves
+            sums, losses = chain_clipped_sum(self.chain, params, (x, y), self.settings.clip,
+                                             stacked=True)  # fmt: skip
+            if sums is not None:
+                return sums, losses
+            self.chain = None
+        params = {n: stacked[n][sub].detach() for n in self.names}
+        per, losses = self.per_client(params, x, y)  # per[n]: (m, B, ...), losses (m, B)
+        m = len(sub)
+        norms = sum(per[n].reshape(m, size, -1).float().pow(2).sum(-1) for n in self.names)
+        factor = clip_factors(norms.sqrt(), self.settings.clip)
+        sums = {n: torch.einsum("mb,mb...->m...", factor.to(per[n].dtype), per[n])
+                for n in self.names}  # fmt: skip
+        return sums, losses

@@ -75,15 +75,32 @@ def train_local(
     """
     module.train()
     task = training_task(task, data, cfg)
+    private = None
+    if cfg.dp_sgd is not None:  # DP-SGD (raysim.training.dp_sgd)
+        from raysim.training.dp_sgd import STEPS_METRIC, PrivateSteps
+
+        if objective is not None:
+            raise ValueError(
+                "local.dp_sgd clips each example's gradient of the task loss; this method's "
+                "objective is not a sum over examples"
+            )
+        private = PrivateSteps(module, params, task, cfg.dp_sgd, generator)
     n = task.num_examples(data)
     total_steps = total_optimizer_steps(n, cfg)
     if total_steps == 0:
-        return {"train_loss": float("nan"), "local_steps": 0.0}
+        out = {"train_loss": float("nan"), "local_steps": 0.0}
+        return out | ({STEPS_METRIC: 0.0} if private is not None else {})
     stepper = get_backend(cfg.backend).prepare(module, params, cfg, total_steps)
     total, steps = 0.0, 0
     try:
         for idx in step_batches(n, cfg, generator):
             parts = list(micro_batches(idx, cfg))
+            if private is not None:
+                batches = [stepper.cast(task.batch(data, part)) for part in parts]
+                total += private.step(batches, stepper, penalty)
+                stepper.step()
+                steps += 1
+                continue
             step_loss = 0.0
             for i, part in enumerate(parts):
                 batch = stepper.cast(task.batch(data, part))
@@ -98,7 +115,8 @@ def train_local(
             steps += 1
     finally:
         stepper.finish()
-    return {"train_loss": total / steps if steps else float("nan"), "local_steps": float(steps)}
+    out = {"train_loss": total / steps if steps else float("nan"), "local_steps": float(steps)}
+    return out | ({STEPS_METRIC: float(steps)} if private is not None else {})
 
 
 @torch.no_grad()

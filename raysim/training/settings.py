@@ -28,6 +28,30 @@ class DeepSpeedSettings(StrictModel):
         return self
 
 
+class DpSgdSettings(StrictModel):
+    """Sample-level DP-SGD inside each client (Abadi et al. 2016, "Deep Learning with
+    Differential Privacy", https://arxiv.org/abs/1607.00133; ``raysim.training.dp_sgd``): every
+    example's gradient clipped to L2 norm ``clip``, the clipped sum noised with N(0, (z·clip)²)
+    and divided by the batch's size, each step. The privacy unit is one example of a client's
+    data; ε is accounted per client (``raysim.privacy.sample_level``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    clip: float = Field(
+        1.0, gt=0, description="C_s, the L2 norm each example's gradient is clipped to"
+    )
+    noise_multiplier: float = Field(
+        1.0, ge=0, description="z_s: the noise on a step's clipped sum has std z_s·C_s"
+    )
+    delta: float = Field(
+        1e-5,
+        gt=0,
+        lt=1,
+        description="δ of the per-client (ε, δ) guarantee (meaningful below 1/n for a client "
+        "of n examples)",
+    )
+
+
 class LocalTrainingConfig(StrictModel):
     """How a client trains locally (identical for every method of a run)."""
 
@@ -58,6 +82,11 @@ class LocalTrainingConfig(StrictModel):
         "in its loss (fedbaf.md §4.2; zero is the paper's literal reading)",
     )
     deepspeed: DeepSpeedSettings = Field(default_factory=DeepSpeedSettings)
+    dp_sgd: DpSgdSettings | None = Field(
+        None,
+        description="sample-level DP-SGD in every client's local training (None: off); needs "
+        "sampling independent, backend torch, no fp16 and no max_grad_norm",
+    )
 
     @model_validator(mode="after")
     def _micro_batch_divides(self) -> LocalTrainingConfig:
@@ -66,6 +95,25 @@ class LocalTrainingConfig(StrictModel):
                 f"batch_size {self.batch_size} is not divisible by grad_accumulation "
                 f"{self.grad_accumulation} (micro-batch = batch_size // grad_accumulation)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _dp_sgd_fits(self) -> LocalTrainingConfig:
+        if self.dp_sgd is None:
+            return self
+        wrong = [
+            (self.sampling != "independent", "local.sampling independent (each step samples "
+             "batch_size examples afresh, the sampling its accountant analyses; shuffled epochs "
+             "have no amplification analysis)"),
+            (self.backend != "torch", "local.backend torch (it sets each step's gradient itself)"),
+            (self.mixed_precision == "fp16", "local.mixed_precision no or bf16 (fp16's loss "
+             "scaling rescales gradients after the clip)"),
+            (self.max_grad_norm is not None, "no local.max_grad_norm (each example's gradient "
+             "is clipped to local.dp_sgd.clip already)"),
+        ]  # fmt: skip
+        for bad, want in wrong:
+            if bad:
+                raise ValueError(f"local.dp_sgd needs {want}")
         return self
 
     @property

@@ -17,9 +17,9 @@ from raysim.algorithms.general.fedavg import FedAvg
 from raysim.algorithms.spec import MethodParams
 from raysim.config import ConfigError, load_config
 from raysim.privacy.clipping import CLIP_KEY, WITHIN_METRIC, ClientPrivacy, clip
+from raysim.privacy.sampling import AccountedSampling
 from raysim.privacy.server import PrivacyError, PrivateStrategy
 from raysim.privacy.settings import PrivacyConfig
-from raysim.privacy.wrap import AccountedSampling
 from tests.conftest import EXAMPLES
 
 QUICK = ["rounds=3", "eval.every=3", "tracking.enabled=false"]
@@ -303,7 +303,7 @@ def test_poisson_sampling_draws_a_size_that_varies_around_per_round():
 
 
 def test_delays_turn_off_amplification_by_sampling_and_say_so():
-    from raysim.privacy.wrap import NO_AMPLIFICATION, sampling_of
+    from raysim.privacy.sampling import NO_AMPLIFICATION, sampling_of
 
     sync = sampling_of(load_config(EXAMPLES / "quickstart.yaml", ["privacy.mode=central"]))
     assert sync.accounted.per_round == 10 and not sync.notices

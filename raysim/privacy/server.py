@@ -30,8 +30,8 @@ from raysim.algorithms.hooks import ComposedStrategy
 from raysim.errors import PrivacyError
 
 from .clipping import CLIP_KEY, WITHIN_METRIC
+from .sampling import AccountedSampling
 from .settings import PrivacyConfig
-from .wrap import AccountedSampling
 
 if TYPE_CHECKING:
     from .sample_level import SampleLevelLedger
@@ -70,7 +70,7 @@ class GaussianSum:
 class PrivateStrategy(ComposedStrategy):
     """A strategy (plain or composed) under ``privacy`` (``central`` or ``local``).
 
-    ``schedule`` is what the accountant assumes of the sampling (``wrap.sampling_of``);
+    ``schedule`` is what the accountant assumes of the sampling (``sampling.sampling_of``);
     ``planned`` the aggregations a ``target_epsilon`` is calibrated for.
     """
 

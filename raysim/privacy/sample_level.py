@@ -11,21 +11,16 @@ calls compose (each call starts from a model that is post-processing of earlier 
 The run reports the worst client's ε as an upper bound: the RDP of the smallest n_k seen (the
 largest sampling rate) times the most steps any client has taken. ε grows with both, so no
 client's own ε exceeds it; it needs one RDP curve per new smallest n_k instead of one per client
-(a curve costs about half a second). numpy and dp-accounting; no Ray, no torch.
+(a curve costs about half a second; ``accounting.epsilon`` caches them). No Ray, no torch.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
 from raysim.errors import PrivacyError
-
-from .accounting import Schedule, _rdp_curve, _rdp_epsilon
-
-#: the train metric that counts a job's DP-SGD steps (``raysim.training.dp_sgd.STEPS_METRIC``)
-STEPS_METRIC = "dp_sgd_steps"
+from raysim.training.settings import DP_SGD_STEPS_METRIC as STEPS_METRIC
 
 
 class SampleLevelLedger:
@@ -52,14 +47,14 @@ class SampleLevelLedger:
 
     def epsilon(self) -> float:
         """An upper bound on every client's ε(δ) so far: 0 before any step, inf with z = 0."""
+        from .accounting import Schedule, epsilon
+
         most = max(self.steps.values(), default=0)
-        if most == 0 or self.smallest is None:
+        if self.smallest is None:
             return 0.0
-        if self.noise_multiplier == 0:
-            return math.inf
         n = max(self.smallest, 1)
         schedule = Schedule(n, min(self.batch_size, n), "without_replacement")
-        return _rdp_epsilon(_rdp_curve(schedule, self.noise_multiplier), most, self.delta)
+        return epsilon(schedule, self.noise_multiplier, most, self.delta)
 
     def metrics(self) -> dict[str, float]:
         return {

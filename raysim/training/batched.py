@@ -33,14 +33,15 @@ from torch.nn.utils.rnn import pad_sequence
 from raysim.training.backends import total_optimizer_steps
 from raysim.training.chain import chain_forward, linear_chain
 from raysim.training.dp_sgd import (
-    STEPS_METRIC,
     chain_clipped_sum,
     chain_of,
-    clip_factors,
+    clipped_sum,
+    has_transformer,
     noise_generator,
+    noised_mean,
 )
 from raysim.training.loop import step_batches
-from raysim.training.settings import LocalTrainingConfig
+from raysim.training.settings import DP_SGD_STEPS_METRIC, LocalTrainingConfig
 from raysim.training.tasks import CausalLMTask, ClassificationTask, Task
 
 #: torch.optim's Adam/AdamW defaults
@@ -104,7 +105,7 @@ def unbatchable(
         return f"its task ({type(task).__name__}) has no batched loss yet"
     if cfg.absent_logits != "keep":
         return "local.absent_logits masks each client's own classes"
-    if stacked_forward(module) is None and _has_transformer(module):
+    if stacked_forward(module) is None and has_transformer(module):
         return "a transformers model does not run under vmap (causal LMs batch through multi-LoRA)"
     for m in module.modules():
         if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
@@ -112,10 +113,6 @@ def unbatchable(
         if isinstance(m, torch.nn.Dropout) and m.p > 0:
             return "dropout draws from torch's global stream, per client when sequential"
     return ""
-
-
-def _has_transformer(module: nn.Module) -> bool:
-    return any(type(m).__module__.startswith("transformers.") for m in module.modules())
 
 
 @dataclass
@@ -315,7 +312,7 @@ def train_batched(
             grads = private.step(stacked, [datas[i] for i in active], streams, t, active, penalty)
             opt.step(grads, streams.rate(t, active), t + 1)
         finals = [[stacked[n][i].detach().clone() for n in trained_names] for i in range(k)]
-        return finals, [m | {STEPS_METRIC: m["local_steps"]} for m in streams.metrics()]
+        return finals, [m | {DP_SGD_STEPS_METRIC: m["local_steps"]} for m in streams.metrics()]
 
     def client_loss(params: dict, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         def forward(inputs: torch.Tensor) -> torch.Tensor:
@@ -349,11 +346,8 @@ def train_batched(
             groups = [(active, out)]
         else:  # vmap over the clients whose batches have the same size
             batch = [task.batch(datas[i], streams.steps[i][t]) for i in active]
-            by_size: dict[int, list[int]] = {}
-            for j, b in enumerate(batch):
-                by_size.setdefault(len(b[1]), []).append(j)
             groups = []
-            for members in by_size.values():
+            for members in _same_size(batch).values():
                 sub = torch.tensor([active[j] for j in members])
                 x = torch.stack([batch[j][0] for j in members])
                 y = torch.stack([batch[j][1] for j in members])
@@ -415,11 +409,20 @@ def _train_multilora(model, starts, task, datas, cfg, generators, penalty):
     return [multi.unstack(i) for i in range(k)], streams.metrics()
 
 
+def _same_size(batches: Sequence[Any]) -> dict[int, list[int]]:
+    """The positions of ``batches`` (classification (x, y) pairs) by their number of rows."""
+    out: dict[int, list[int]] = {}
+    for j, b in enumerate(batches):
+        out.setdefault(len(b[1]), []).append(j)
+    return out
+
+
 class _PrivateGroup:
-    """DP-SGD (``raysim.training.dp_sgd``) for a batched group: per-example gradients by a
-    ``vmap`` over each client's examples nested in a ``vmap`` over the clients, each example
-    clipped over all of its client's trained tensors, each client's clipped sum noised from its
-    own stream (the draws it takes trained alone) and divided by its batch's size."""
+    """DP-SGD (``raysim.training.dp_sgd``) for a batched group: each client's clipped sum by the
+    outer-product rule on a stacked linear chain, else by a ``vmap`` over its examples nested in
+    a ``vmap`` over the clients; each example clipped over all of its client's trained tensors,
+    each client's sum noised from its own stream (the draws it takes trained alone) and divided
+    by its batch's size (``dp_sgd.noised_mean``, as alone)."""
 
     def __init__(self, module, names, frozen, task, cfg, generators) -> None:
         self.names, self.settings, self.task = names, cfg.dp_sgd, task
@@ -442,24 +445,16 @@ class _PrivateGroup:
             self.task.batch(d, streams.steps[i][t]) for d, i in zip(datas, active, strict=True)
         ]
         grads = {n: torch.zeros_like(stacked[n]) for n in self.names}
-        by_size: dict[int, list[int]] = {}
-        for j, b in enumerate(task_batch):
-            by_size.setdefault(len(b[1]), []).append(j)
-        std = self.settings.noise_multiplier * self.settings.clip
-        for size, members in by_size.items():
+        for size, members in _same_size(task_batch).items():
             clients = [active[j] for j in members]
-            sub = torch.tensor(clients)
             x = torch.stack([task_batch[j][0] for j in members])
             y = torch.stack([task_batch[j][1] for j in members])
-            sums, losses = self._clipped_sums(stacked, sub, x, y, size)
-            for n in self.names:
-                summed = sums[n]
-                for row, client in enumerate(clients):
-                    g = summed[row]
-                    if std:
-                        z = torch.randn(g.shape, generator=self.noise[client], dtype=torch.float32)
-                        g = g + z.to(g.device, g.dtype) * std
-                    grads[n][client] = g / size
+            sums, losses = self._clipped_sums(stacked, torch.tensor(clients), x, y)
+            for row, client in enumerate(clients):
+                own = [sums[n][row] for n in self.names]
+                noised = noised_mean(own, size, self.settings, self.noise[client])
+                for n, g in zip(self.names, noised, strict=True):
+                    grads[n][client] = g
             streams.record(clients, losses.mean(dim=1))
         if penalty is not None:
             rows = torch.tensor(active)
@@ -470,7 +465,7 @@ class _PrivateGroup:
                 grads[n][rows] += extra[n]
         return [grads[n] for n in self.names]
 
-    def _clipped_sums(self, stacked, sub, x, y, size):
+    def _clipped_sums(self, stacked, sub, x, y):
         """Each of these clients' Σ_i clip_C(∇ℓ_i), (m, ...) per tensor, and losses (m, B):
         by the outer-product rule on a linear chain, else by nested ``vmap``."""
         if self.chain is not None:
@@ -482,9 +477,5 @@ class _PrivateGroup:
             self.chain = None
         params = {n: stacked[n][sub].detach() for n in self.names}
         per, losses = self.per_client(params, x, y)  # per[n]: (m, B, ...), losses (m, B)
-        m = len(sub)
-        norms = sum(per[n].reshape(m, size, -1).float().pow(2).sum(-1) for n in self.names)
-        factor = clip_factors(norms.sqrt(), self.settings.clip)
-        sums = {n: torch.einsum("mb,mb...->m...", factor.to(per[n].dtype), per[n])
-                for n in self.names}  # fmt: skip
-        return sums, losses
+        sums = clipped_sum([per[n] for n in self.names], self.settings.clip, axes=2)
+        return dict(zip(self.names, sums, strict=True)), losses

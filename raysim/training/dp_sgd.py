@@ -40,8 +40,6 @@ from raysim.training.chain import Layer, chain_forward, linear_chain
 from raysim.training.settings import DpSgdSettings
 from raysim.training.tasks import ClassificationTask, Task
 
-#: the job's train metric counting its DP-SGD steps (the server's accountant reads it)
-STEPS_METRIC = "dp_sgd_steps"
 #: mixed with the job's seed for its noise stream
 NOISE_TAG = 0xD95D
 #: clip's guard against a zero norm, as Opacus writes it
@@ -112,6 +110,12 @@ class PerExampleClip:
             self._grads = vmap(
                 grad_and_value(self._loss_one), in_dims=(None, None, 0), randomness="different"
             )
+            # views of the tensors (the optimiser steps them in place), made once per call
+            self._trained = {n: p.detach() for n, p in zip(self.names, self.params, strict=True)}
+            self._frozen = {
+                n: p.detach() for n, p in module.named_parameters() if n not in self._trained
+            }
+            self._frozen.update(module.named_buffers())
 
     def _loss_one(self, trained: dict, frozen: dict, example: Any) -> torch.Tensor:
         def forward(*args: Any, **kwargs: Any) -> Any:
@@ -134,10 +138,7 @@ class PerExampleClip:
         """Each example's gradient (one tensor (B, ...) per param) and loss (B,)."""
         if self.by_example:
             return self._one_by_one(batch)
-        trained = {n: p.detach() for n, p in zip(self.names, self.params, strict=True)}
-        frozen = {n: p.detach() for n, p in self.module.named_parameters() if n not in trained}
-        frozen.update(self.module.named_buffers())
-        grads, losses = self._grads(trained, frozen, batch)
+        grads, losses = self._grads(self._trained, self._frozen, batch)
         return [grads[n] for n in self.names], losses.detach()
 
     def _one_by_one(self, batch: Any) -> tuple[list[torch.Tensor], torch.Tensor]:
@@ -198,13 +199,18 @@ def chain_clipped_sum(
     return sums, losses.detach()
 
 
-def clipped_sum(per_example: Sequence[torch.Tensor], clip: float) -> list[torch.Tensor]:
-    """Σ_i clip_C(g_i) of per-example gradients (each tensor (B, ...)), the norm of g_i taken
-    over all of them together."""
-    b = per_example[0].shape[0]
-    norms = torch.stack([g.reshape(b, -1).float().pow(2).sum(1) for g in per_example]).sum(0)
+def clipped_sum(
+    per_example: Sequence[torch.Tensor], clip: float, axes: int = 1
+) -> list[torch.Tensor]:
+    """Σ_i clip_C(g_i) of per-example gradients, each tensor (B, ...), or (k, B, ...) for k
+    clients (``axes`` 2); the norm of g_i is taken over all the tensors together."""
+    lead = per_example[0].shape[:axes]
+    norms = sum(g.reshape(*lead, -1).float().pow(2).sum(-1) for g in per_example)
     factor = clip_factors(norms.sqrt(), clip)
-    return [torch.einsum("b,b...->...", factor.to(g.dtype), g) for g in per_example]
+    return [
+        (g * factor.to(g.dtype).view(*lead, *[1] * (g.ndim - axes))).sum(axes - 1)
+        for g in per_example
+    ]
 
 
 def noised_mean(

@@ -10,8 +10,8 @@ import torch
 
 from raysim.training.backends import get_backend, micro_batches, total_optimizer_steps
 from raysim.training.backends import make_optimizer as make_optimizer  # re-exported
+from raysim.training.settings import DP_SGD_STEPS_METRIC, LocalTrainingConfig
 from raysim.training.settings import DeepSpeedSettings as DeepSpeedSettings  # re-exported
-from raysim.training.settings import LocalTrainingConfig
 from raysim.training.tasks import AbsentClassTask, ClassificationTask, Task, mask_absent
 
 
@@ -77,7 +77,7 @@ def train_local(
     task = training_task(task, data, cfg)
     private = None
     if cfg.dp_sgd is not None:  # DP-SGD (raysim.training.dp_sgd)
-        from raysim.training.dp_sgd import STEPS_METRIC, PrivateSteps
+        from raysim.training.dp_sgd import PrivateSteps
 
         if objective is not None:
             raise ValueError(
@@ -89,7 +89,7 @@ def train_local(
     total_steps = total_optimizer_steps(n, cfg)
     if total_steps == 0:
         out = {"train_loss": float("nan"), "local_steps": 0.0}
-        return out | ({STEPS_METRIC: 0.0} if private is not None else {})
+        return out | ({DP_SGD_STEPS_METRIC: 0.0} if private is not None else {})
     stepper = get_backend(cfg.backend).prepare(module, params, cfg, total_steps)
     total, steps = 0.0, 0
     try:
@@ -116,7 +116,7 @@ def train_local(
     finally:
         stepper.finish()
     out = {"train_loss": total / steps if steps else float("nan"), "local_steps": float(steps)}
-    return out | ({STEPS_METRIC: float(steps)} if private is not None else {})
+    return out | ({DP_SGD_STEPS_METRIC: float(steps)} if private is not None else {})
 
 
 @torch.no_grad()

@@ -28,6 +28,10 @@ class DeepSpeedSettings(StrictModel):
         return self
 
 
+#: the train metric counting a job's DP-SGD steps (the workers report it, the server accounts it)
+DP_SGD_STEPS_METRIC = "dp_sgd_steps"
+
+
 class DpSgdSettings(StrictModel):
     """Sample-level DP-SGD inside each client (Abadi et al. 2016, "Deep Learning with
     Differential Privacy", https://arxiv.org/abs/1607.00133; ``raysim.training.dp_sgd``): every

@@ -636,6 +636,13 @@ class RunConfig(StrictModel):
 
     def _check_privacy(self) -> None:
         p = self.privacy
+        if self.local.dp_sgd is not None and method_spec(self.algorithm.name).own_training:
+            raise ValueError(
+                f"local.dp_sgd: {self.algorithm.name}'s client trains its own way (outside the "
+                "default local loop), which DP-SGD does not cover; pick a method that trains "
+                "through it (fedavg, fedprox, fedit, fedadam, fedbuff, ...) or set local.dp_sgd "
+                "null"
+            )
         if p.accountant == "pld" and p.enabled and self.clients.sampling != "poisson":
             raise ValueError(
                 "privacy.accountant pld analyses Poisson sampling only: set clients.sampling "

@@ -443,8 +443,9 @@ def test_every_builtin_implementation_agrees_with_its_torch_free_spec():
 
 
 def test_a_spec_that_misstates_its_client_is_refused():
-    """``Method.of`` checks the spec's ``batchable`` against the client class, so a config never
-    plans batched training for a client that trains its own way."""
+    """``Method.of`` checks the spec's ``batchable`` and ``own_training`` against the client
+    class, so a config never plans batched training, or allows DP-SGD, for a client that trains
+    its own way."""
     from raysim.algorithms import Method
     from raysim.algorithms.fedoa.personal import FedOAClient
     from raysim.algorithms.general.fedavg import FedAvg
@@ -452,9 +453,12 @@ def test_a_spec_that_misstates_its_client_is_refused():
 
     with pytest.raises(ValueError, match="batchable=True"):
         Method.of(MethodSpec("mine", "m", batchable=True, sums=True), FedAvg, client=FedOAClient)
+    with pytest.raises(ValueError, match="own_training=False"):  # DP-SGD would be allowed
+        Method.of(MethodSpec("mine", "m", batchable=False, sums=True), FedAvg, client=FedOAClient)
     assert Method.of(
-        MethodSpec("mine", "m", batchable=False, sums=True), FedAvg, client=FedOAClient
-    )
+        MethodSpec("mine", "m", batchable=False, sums=True, own_training=True), FedAvg,
+        client=FedOAClient,
+    )  # fmt: skip
 
 
 def test_a_client_that_says_trains_together_itself_is_refused():

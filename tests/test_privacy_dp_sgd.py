@@ -257,8 +257,14 @@ def test_a_run_reports_the_worst_clients_epsilon_and_is_deterministic():
 
 
 def test_a_method_that_trains_its_own_way_is_refused_in_one_line():
-    with pytest.raises(PrivacyError, match="ditto's client trains its own way"):
-        run(DP, "algorithm.name=ditto")
+    """Before Ray starts (the config: a dry run and a sweep see it too), from the method's spec,
+    which registration holds to its client's ``trains_privately``."""
+    with pytest.raises(ConfigError, match="ditto's client trains its own way"):
+        load_config(EXAMPLES / "quickstart.yaml", [*QUICK, DP, "algorithm.name=ditto"])
+    from raysim.algorithms.registry import ALGORITHMS, get_method, method_spec
+
+    for name in ALGORITHMS.names():  # every built-in spec agrees with its client
+        assert method_spec(name).own_training != get_method(name).client.trains_privately()
 
 
 @pytest.mark.parametrize(

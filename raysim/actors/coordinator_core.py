@@ -41,7 +41,7 @@ from raysim.algorithms.context import ServerContext
 from raysim.algorithms.hooks import compose
 from raysim.algorithms.registry import MIXERS, get_method
 from raysim.config import RunConfig
-from raysim.errors import LeakError, PrivacyError
+from raysim.errors import LeakError
 from raysim.privacy.wrap import private
 from raysim.security.policy import audit_off_warning, audits_leaks
 from raysim.sim.clock import ArrivalQueue, PendingJob, Schedule
@@ -140,13 +140,6 @@ class CoordinatorCore(ModelVersions, ClientStates, Snapshot, RunReport):
     def _build_strategy(self, initial: np.ndarray) -> Strategy:
         """The method's strategy, composed with ``hooks.server`` mixers, set up on the server."""
         cfg = self.cfg
-        client = self.method.client
-        if cfg.local.dp_sgd is not None and not client.trains_privately():
-            raise PrivacyError(
-                f"local.dp_sgd: {cfg.algorithm.name}'s client trains its own way "
-                f"({client.__name__} overrides train), which DP-SGD does not cover; pick a "
-                "method that trains through the default local loop, or set local.dp_sgd null"
-            )
         base = self.method.strategy(cfg.algorithm.params, initial, cfg.clients.num)
         mixers = [MIXERS.get(h.name).build(h.params) for h in cfg.hooks.server]
         strategy = private(compose(base, mixers), cfg)
@@ -222,7 +215,8 @@ class CoordinatorCore(ModelVersions, ClientStates, Snapshot, RunReport):
         with timeline.span("round end (server)", k):
             self._bump(self._timed(self.strategy.on_round_end, k))
         self.round += 1
-        if self.stop_reason is not None and self.round < self.cfg.rounds:
+        early = self.stop_reason is not None and self.round < self.cfg.rounds
+        if early:
             self.warn(f"round {k}: {self.stop_reason}; the run ends here, finished")
         if len(self._submissions) > 64:
             self._live_submissions()
@@ -233,7 +227,7 @@ class CoordinatorCore(ModelVersions, ClientStates, Snapshot, RunReport):
                 self._release_broadcast(job.dispatch_round)
         with timeline.span("metrics, evaluation sent", k):
             metrics = self._round_metrics(k, log, time.perf_counter() - t0)
-        if self.stop_reason is not None and self.round < self.cfg.rounds:
+        if early:
             metrics[STOPPED_EARLY] = 1.0  # the driver's loop ends on it
         self.history.append(metrics)
         if self._pending is None:  # no evaluation this round: logged now

@@ -358,7 +358,8 @@ class ClientAlgorithm:
         """Whether ``local.dp_sgd`` covers all of this client's training: it trains through
         the default ``train`` only (``raysim.training``'s local loop, on the task's loss, whose
         DP-SGD clips each example's gradient). A client with its own ``train`` that reaches its
-        data through ``train_local`` alone, with no ``objective``, may override this to say so."""
+        data through ``train_local`` alone, with no ``objective``, may override this to say so.
+        A built-in method's spec says the same (``MethodSpec.own_training``), for the config."""
         return cls.train is ClientAlgorithm.train and (
             cls.train_together is ClientAlgorithm.train_together
         )
@@ -454,6 +455,11 @@ class Method:
                 f"{strategy.__name__} {'does not override' if spec.secrets else 'overrides'} "
                 "secrets()"
             )
+        if method.client.trains_privately() == spec.own_training:
+            raise ValueError(
+                f"{spec.name}: its spec says own_training={spec.own_training}, its client "
+                f"{method.client.__name__}.trains_privately() says {not spec.own_training}"
+            )
         if _sums(strategy) != spec.sums:
             raise ValueError(
                 f"{spec.name}: its spec says sums={spec.sums}, its strategy {strategy.__name__} "
@@ -480,6 +486,7 @@ class Method:
             secrets=self.declares_secrets,
             sums=_sums(self.strategy),
             each_because=self.each_because,
+            own_training=not self.client.trains_privately(),
         )
 
     def __post_init__(self) -> None:

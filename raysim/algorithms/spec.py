@@ -136,7 +136,8 @@ class MethodSpec:
     as a weighted sum (``Strategy.sums_updates``, checked when it registers), which lets the
     workers sum them where they are (``workers.partial_sums``); ``each_because``: where it does
     not, why it needs each delta (``raysim methods`` and the refusal of ``partial_sums: on``
-    say it).
+    say it); ``own_training``: whether its client trains outside the default local loop, so
+    that ``local.dp_sgd`` is refused for it before Ray starts.
     """
 
     kind: ClassVar[str] = "algorithm"  # the registry's word for a method, as in its errors
@@ -149,6 +150,9 @@ class MethodSpec:
     secrets: bool = False
     sums: bool = False
     each_because: str = "its strategy does not declare sums_updates"
+    #: its client trains its own way (``ClientAlgorithm.trains_privately`` is False), which
+    #: sample-level DP-SGD (``local.dp_sgd``) does not cover; checked when it registers
+    own_training: bool = False
 
     @property
     def updates(self) -> str:

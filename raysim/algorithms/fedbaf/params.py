@@ -120,6 +120,7 @@ SPECS = (
         "FedBaF (Park et al. 2024) over FedAvg, FedProx or FedAdam; fedbaf.md §2",
         secrets=True,
         sums=True,
+        own_training=True,
     ),
     HookSpec(
         "client behaviour",

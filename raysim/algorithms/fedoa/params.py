@@ -94,6 +94,7 @@ SPECS = (
         "FedOA (seeds 000/001); fedoa.md §2",
         False,
         sums=True,
+        own_training=True,
     ),
     MethodSpec(
         "local_only",
@@ -102,6 +103,7 @@ SPECS = (
         reference="Local-only personal models = FedOA with λ = 0; fedoa.md §3.7",
         batchable=False,
         sums=True,
+        own_training=True,
     ),
     MethodSpec(
         "ditto",
@@ -109,6 +111,7 @@ SPECS = (
         DittoParams,
         reference="Li et al. 2021 (Ditto); fedoa.md §3.7",
         sums=True,
+        own_training=True,
     ),
     MethodSpec(
         "perada",
@@ -118,6 +121,7 @@ SPECS = (
         "Xie et al. 2024 (PerAda), without distillation; fedoa.md §3.5",
         False,
         sums=True,
+        own_training=True,
     ),
     MethodSpec(
         "pfedme",
@@ -126,6 +130,7 @@ SPECS = (
         reference="T. Dinh et al. 2020 (pFedMe); fedoa.md §3.3",
         batchable=False,
         sums=True,
+        own_training=True,
     ),
     MethodSpec(
         "fedlora",
@@ -135,6 +140,7 @@ SPECS = (
         "Yi et al. 2023 (FedLoRA) as adapted by FedOA; fedoa.md §3.4",
         False,
         sums=True,
+        own_training=True,
     ),
     MethodSpec(
         "fedsdr",
@@ -144,6 +150,7 @@ SPECS = (
         "Tang et al. 2024 (FedSDR), the FedOA authors' surrogate; fedoa.md §3.6",
         False,
         sums=True,
+        own_training=True,
     ),
     MethodSpec(
         "centralized",

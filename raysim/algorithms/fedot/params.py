@@ -165,6 +165,7 @@ SPECS = (
         PLAIN_SGD,
         "FedOT-GDA (seed 004, Farnia et al.); fedot.md §3",
         sums=True,
+        own_training=True,
     ),
     MethodSpec(
         "l_fedavg",
@@ -181,6 +182,7 @@ SPECS = (
         "Fallah et al. 2020 (Per-FedAvg, first order); fedot.md §5",
         batchable=False,
         sums=True,
+        own_training=True,
     ),
     MethodSpec(
         "fedmi",
@@ -189,6 +191,7 @@ SPECS = (
         reference="Mansour et al. 2020 (model interpolation); fedot.md §5",
         batchable=False,
         sums=True,
+        own_training=True,
     ),
 )
 #: by name, for the implementation modules (``Method.of(METHODS["fedot"], ...)``)

@@ -437,6 +437,33 @@ def test_the_privacy_example_runs_and_its_audit_stays_below_the_accountant(tmp_p
     assert (tmp_path / "p.png").stat().st_size > 10_000
 
 
+@pytest.mark.matrix  # suite time: a tiny foundation pre-trained for 3 steps, then 4 short runs
+def test_the_privacy_example_runs_fedit_on_a_tiny_llama(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    found = tmp_path / "tiny"
+    pre = subprocess.run([sys.executable, "-m", "raysim.cli", "pretrain", "tiny-llama", "--out",
+                          str(found), "--steps", "3"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600)  # fmt: skip
+    assert pre.returncode == 0, pre.stderr[-3000:]
+    out = tmp_path / "table.md"
+    proc = subprocess.run(
+        [sys.executable, "examples/privacy/accuracy_vs_epsilon.py", "--workload", "fedit",
+         "--rounds", "2", "--noise", "0,1", "--foundation", str(found),
+         "--plot", str(tmp_path / "p.png"), "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = out.read_text().splitlines()
+    assert rows[0] == "| z | ID loss | ID ROUGE-1 | OOD loss | ε (accountant) |"
+    assert rows[2].startswith("| no privacy |") and rows[3].startswith("| 0 |")
+    assert rows[4].startswith("| 1 |") and float(rows[4].split("|")[-2]) > 0
+    assert (tmp_path / "p.png").stat().st_size > 10_000
+
+
 def test_the_wrapper_keeps_the_secrets_and_private_artifacts_of_what_it_wraps():
     from raysim.algorithms.base import Secret
     from raysim.algorithms.hooks import ComposedStrategy, Mixer

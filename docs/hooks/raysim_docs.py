@@ -38,6 +38,7 @@ INCLUDED = {
     "examples/feddle/RESULTS.md": "papers/feddle/results.md",
     "examples/fedbaf/RESULTS.md": "papers/fedbaf/results.md",
     "examples/fedot/RESULTS.md": "papers/fedot/results.md",
+    "examples/privacy/RESULTS.md": "privacy/results.md",
     "benchmarks/RESULTS.md": "benchmarks/results.md",
     "cluster/README.md": "clusters/guide.md",
     "CHANGELOG.md": "changelog.md",

@@ -149,6 +149,55 @@ def test_an_update_that_carries_more_than_its_delta_is_refused():
 
 
 # ----------------------------------------------------------------- whole runs, in-process
+def private_poisson(inner, per_round: int = 4, notices=(), **privacy) -> PrivateStrategy:
+    from raysim.privacy.accounting import Schedule
+
+    cfg = PrivacyConfig(mode="central", **privacy)
+    sampling = AccountedSampling(per_round, Schedule(1000, per_round, "poisson"), notices)
+    s = PrivateStrategy(inner, cfg, sampling, 1e-5, planned=100)
+    s.setup(ServerContext.minimal(0, inner.weights.size, 1000))
+    return s
+
+
+def test_an_empty_poisson_round_releases_noise_alone_and_is_counted():
+    z, c, size, s = 1.5, 0.2, 200_000, 4
+    strategy = private_poisson(FedAvg(MethodParams(), np.zeros(size, np.float32), 1000), s,
+                               clip=c, noise_multiplier=z)  # fmt: skip
+    strategy.on_round_end(0)  # nobody sampled
+    noise = strategy.weights.astype(np.float64)
+    assert strategy.aggregations == 1 and strategy.epsilon() > 0
+    expected = z * c / s  # (0 + N(0, z²C²)) / D
+    se = math.sqrt(2 / noise.size)
+    assert abs(np.var(noise) / expected**2 - 1) < 4 * se
+    # the next round, with a client, draws other noise (aggregation 2's stream)
+    strategy.on_arrival(update(0, np.zeros(size, np.float32)))
+    strategy.on_round_end(1)
+    assert strategy.aggregations == 2
+    assert not np.allclose(strategy.weights, 2 * noise)
+
+
+def test_an_empty_round_releases_nothing_where_the_analysis_does_not_count_it():
+    from raysim.algorithms.general.fedbuff import FedBuff
+    from raysim.algorithms.general.params import FedBuffParams
+    from raysim.privacy.sampling import NO_AMPLIFICATION
+
+    zeros = np.zeros(8, np.float32)
+    cases = {
+        "fixed-size sampling": private_fedavg(8, 4, noise_multiplier=1.0),
+        "delays (no amplification)": private_poisson(
+            FedAvg(MethodParams(), zeros, 1000), notices=(NO_AMPLIFICATION,)
+        ),
+        "FedBuff's buffer": private_poisson(FedBuff(FedBuffParams(buffer_size=1), zeros, 1000)),
+    }
+    for why, strategy in cases.items():
+        strategy.on_round_end(0)
+        assert strategy.aggregations == 0, why
+        assert not strategy.weights.any(), why
+    per_round = private_poisson(FedBuff(FedBuffParams(per_round=True), zeros, 1000))
+    per_round.on_round_end(0)
+    assert per_round.aggregations == 1 and per_round.weights.any()
+
+
 @pytest.mark.slow
 def test_no_noise_and_no_clip_leave_the_runs_bits_as_they_are():
     plain = run(*BUFFER).digest()

@@ -99,20 +99,22 @@ def test_pld_poisson_equals_dp_accounting(steps):
     event = poisson_event(0.02, z)
     expected = pld_reference(event, steps)
     assert epsilon(POISSON, z, steps, DELTA, "pld") == expected
-    # the per-round accountant composes one aggregation at a time: the same maths, other rounding
-    assert Accountant(POISSON, z, DELTA, "pld").epsilon_after(steps) == pytest.approx(
-        expected, rel=1e-6
-    )
+    # the per-round accountant composes one aggregation at a time and truncates pessimistically:
+    # never below dp-accounting's, and close to it
+    per_round = Accountant(POISSON, z, DELTA, "pld").epsilon_after(steps)
+    assert expected <= per_round <= expected * (1 + 1e-5)
     # PLD is tighter than RDP's conversion
     assert expected < epsilon(POISSON, z, steps, DELTA, "rdp")
 
 
-def test_pld_accountant_equals_dp_accounting_composed_one_event_at_a_time():
+def test_pld_accountant_bounds_dp_accounting_composed_one_event_at_a_time():
     z = 0.9
     event = poisson_event(0.02, z)
     acc = Accountant(POISSON, z, DELTA, "pld")
-    got = [acc.step() for _ in range(4)]
-    assert got == [pld_reference(event, k, one_at_a_time=True) for k in range(1, 5)]
+    got = [acc.step() for _ in range(40)]
+    want = [pld_reference(event, k, one_at_a_time=True) for k in (1, 2, 3, 40)]
+    for ours, theirs in zip([*got[:3], got[39]], want, strict=True):
+        assert theirs <= ours <= theirs * (1 + 1e-5)
 
 
 # ----------------------------------------------------------------------------- shape of ε

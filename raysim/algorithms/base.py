@@ -165,6 +165,10 @@ class Strategy(Stateful):
     #: ``Update.delta`` is then a ``HeldDelta``). False: each delta reaches the server whole.
     #: A method's spec says the same (``MethodSpec.sums``), checked when it registers
     sums_updates: bool = False
+    #: True: one sum a round, over that round's arrivals, taken at ``on_round_end`` (what
+    #: differential privacy's Poisson analysis assumes: a round that sampled no client then
+    #: releases noise alone); False: sums at other times (FedBuff's full buffer)
+    sums_each_round: bool = True
     #: why the run ends before its planned rounds, as a finished run, where the strategy says
     #: so (a privacy budget spent); None: it runs them all
     stop_reason: str | None = None

@@ -140,6 +140,10 @@ class ComposedStrategy(Strategy):
         return self.base.sums_updates
 
     @property
+    def sums_each_round(self) -> bool:
+        return self.base.sums_each_round
+
+    @property
     def reads_client_states(self) -> bool:
         return self.base.reads_client_states
 

@@ -100,6 +100,8 @@ class PrivateStrategy(ComposedStrategy):
         #: the adaptive count's bits since the last round with a sum, and that round's sums
         self._within: list[float] = []
         self._adapted_at = 0
+        #: updates given to the method this round (none: an empty Poisson round, see below)
+        self._taken = 0
         self._stop: str | None = None
         self.sum = GaussianSum(self)
 
@@ -197,6 +199,7 @@ class PrivateStrategy(ComposedStrategy):
             self.participations[c] = self.participations.get(c, 0) + 1
         if self.privacy.mode == "central":
             update = replace(update, num_samples=1)  # DP-FedAvg's w_k = 1
+        self._taken += 1
         return self._guarded(super().on_arrival, update)
 
     def on_round_end(self, round_index: int) -> bool:
@@ -204,10 +207,13 @@ class PrivateStrategy(ComposedStrategy):
         if self.secure is not None and self._stop is None:
             for u in self.secure.finish(self.clip):
                 changed = self._take(u) or changed
+        if self._stop is None and self._releases_empty_round():
+            changed = self._guarded(super().on_arrival, self._nobody(round_index)) or changed
+        self._taken = 0
         if self._stop is None:
             changed = self._guarded(super().on_round_end, round_index) or changed
         if self.aggregations > self._adapted_at:  # one count released per round with a sum
-            if self.privacy.adaptive.enabled and self._within:
+            if self.privacy.adaptive.enabled:
                 self._adapt(round_index)
             self._within = []
             self._adapted_at = self.aggregations
@@ -225,6 +231,37 @@ class PrivateStrategy(ComposedStrategy):
             found = self.canaries.audit(self.weights - self.initial, self.delta)
             self.audit_metrics = found.as_metrics()
         return changed
+
+    def _releases_empty_round(self) -> bool:
+        """Whether this round gave the method no update (it sampled no client, or they all
+        failed or dropped out of secure aggregation) and must still release noise alone: central
+        DP with Poisson sampling amplified (no delays) and a method that sums once a round. The
+        Poisson analysis counts every round as one mechanism whatever it sampled; a round that
+        released nothing would tell whoever watches the model that nobody was sampled."""
+        return (
+            self._taken == 0
+            and self.privacy.mode == "central"
+            and self.schedule.accounted.sampling == "poisson"
+            and not self.schedule.notices
+            and self.base.uses_clients
+            and self.base.sums_each_round
+        )
+
+    def _nobody(self, round_index: int) -> Update:
+        """The update that stands for no client: a zero delta of weight 1, so the method's sum
+        is ``0 + N(0, (z·C·a')²)``, the noise alone, and its server step runs on it."""
+        w = self.base.weights
+        return Update(
+            client_id=-1,
+            delta=np.zeros(w.size, dtype=np.float32),
+            num_samples=1,
+            dispatch_round=round_index,
+            dispatch_version=0,
+            arrival_time=float(round_index),
+            arrival_round=round_index,
+            tau_versions=0,
+            base=w,
+        )
 
     def _guarded(self, hook: Any, arg: Any) -> bool:
         with mechanism(self.sum if self.privacy.mode == "central" else None):

@@ -52,6 +52,11 @@ class FedBuff(Strategy):
             return True
         return False
 
+    @property
+    def sums_each_round(self) -> bool:
+        """Only where it flushes every round (``per_round``)."""
+        return bool(self.params.per_round)
+
     def updates_per_aggregation(self, clients_per_round: int) -> int:
         """K, or the round's clients where it flushes every round."""
         return clients_per_round if self.params.per_round else self.params.buffer_size

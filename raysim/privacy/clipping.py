@@ -19,6 +19,13 @@ CLIP_KEY = "privacy/clip"
 WITHIN_METRIC = "dp_within_clip"
 #: a local-DP job's noise stream: default_rng([job seed, LOCAL_NOISE_TAG])
 LOCAL_NOISE_TAG = 0x10CA
+#: the downlink tensor that carries each client's share of distributed noise (its std, real units)
+SHARE_KEY = "privacy/noise_share"
+#: a distributed-DP job's noise stream: default_rng([job seed, SHARE_NOISE_TAG])
+SHARE_NOISE_TAG = 0xD15D
+#: a client's metric under secure aggregation: the largest |value| it sends (real units), which
+#: the server's check that the modular sum cannot wrap reads (the simulator's view, not a release)
+PEAK_METRIC = "secagg_peak"
 
 
 def clip(delta: np.ndarray, bound: float) -> tuple[np.ndarray, float]:
@@ -65,13 +72,30 @@ class ClientPrivacy:
         clipped, norm = clip(delta, bound)
         out = {**metrics, WITHIN_METRIC: 1.0 if norm <= bound else 0.0}
         if self.cfg.secure_aggregation.enabled:  # the encoding's grid: rint(x·2^f)·2^-f
-            from . import secagg
-            from .secure_rounds import secagg_config
-
-            grid = secagg_config(self.cfg.secure_aggregation, bound)
-            clipped = secagg.decode(secagg.encode(clipped, grid), grid).astype(np.float32)
+            clipped = self._encoded(clipped, bound, downlink, job_seed)
+            out[PEAK_METRIC] = float(np.abs(clipped).max()) if clipped.size else 0.0
         if self.cfg.mode == "local" and self.cfg.noise_multiplier > 0:
             rng = np.random.default_rng([job_seed, LOCAL_NOISE_TAG])
             noise = rng.standard_normal(clipped.shape, dtype=np.float32)
             clipped = clipped + noise * np.float32(self.cfg.noise_multiplier * bound)
         return clipped, out
+
+    def _encoded(
+        self, clipped: np.ndarray, bound: float, downlink: Mapping[str, np.ndarray], seed: int
+    ) -> np.ndarray:
+        """The clipped delta on the encoding's grid, plus this client's share of distributed
+        noise where the server asked for it (``SHARE_KEY``: integer noise of std share·2^f
+        units, Skellam or discrete Gaussian, from the job's seeded stream)."""
+        from . import secagg
+        from .secure_rounds import secagg_config
+
+        s = self.cfg.secure_aggregation
+        grid = secagg_config(s, bound)
+        units = secagg.decode(secagg.encode(clipped, grid), grid)
+        share = downlink.get(SHARE_KEY)
+        if s.noise != "server" and share is not None:
+            std = float(np.asarray(share).reshape(-1)[0])
+            rng = np.random.default_rng([seed, SHARE_NOISE_TAG])
+            noise = secagg.integer_noise(s.noise, units.shape, std, grid, rng)
+            units = units + np.ldexp(noise.astype(np.float64), -s.scale_bits)
+        return units.astype(np.float32)

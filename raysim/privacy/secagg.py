@@ -369,6 +369,27 @@ def discrete_gaussian_noise(
     return out.reshape(shape)
 
 
+def integer_noise(
+    kind: Literal["skellam", "discrete_gaussian"],
+    shape: int | tuple[int, ...],
+    stddev: float,
+    cfg: SecAggConfig,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """int64 noise in the encoded domain (units of 2^-f) of standard deviation ``stddev`` in real
+    units: Skellam of variance (stddev·2^f)², or the discrete Gaussian of σ = stddev·2^f."""
+    if not (math.isfinite(stddev) and stddev >= 0):
+        raise ValueError(f"stddev must be a finite number >= 0, got {stddev!r}")
+    sigma = math.ldexp(float(stddev), cfg.scale_bits)
+    if kind == "skellam":
+        return skellam_noise(shape, sigma * sigma, rng)
+    if kind == "discrete_gaussian":
+        return discrete_gaussian_noise(shape, sigma, rng)
+    raise ValueError(
+        f"distributed noise kind must be 'skellam' or 'discrete_gaussian', got {kind!r}"
+    )
+
+
 def distributed_noise(
     kind: Literal["skellam", "discrete_gaussian"],
     shape: int | tuple[int, ...],
@@ -390,11 +411,4 @@ def distributed_noise(
         raise ValueError(f"distributed noise needs a client count >= 1, got {clients!r}")
     if not (math.isfinite(total_stddev) and total_stddev >= 0):
         raise ValueError(f"total_stddev must be a finite number >= 0, got {total_stddev!r}")
-    variance = math.ldexp(float(total_stddev), cfg.scale_bits) ** 2 / clients
-    if kind == "skellam":
-        return skellam_noise(shape, variance, rng)
-    if kind == "discrete_gaussian":
-        return discrete_gaussian_noise(shape, math.sqrt(variance), rng)
-    raise ValueError(
-        f"distributed noise kind must be 'skellam' or 'discrete_gaussian', got {kind!r}"
-    )
+    return integer_noise(kind, shape, total_stddev / math.sqrt(clients), cfg, rng)

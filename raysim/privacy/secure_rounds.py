@@ -22,6 +22,7 @@ from raysim.algorithms.context import ServerContext
 from raysim.errors import PrivacyError
 
 from . import secagg
+from .clipping import PEAK_METRIC
 from .settings import SecureAggregation
 
 #: a round's dropouts: default_rng([the server stream "privacy/dropout", round])
@@ -34,10 +35,11 @@ def secagg_config(s: SecureAggregation, clip: float) -> secagg.SecAggConfig:
     )
 
 
-def checked(s: SecureAggregation, clip: float, clients: int) -> None:
-    """Refuse, in one line, a round of ``clients`` whose modular sum could wrap."""
+def checked(s: SecureAggregation, clip: float, clients: int, noise_bound: float = 0.0) -> None:
+    """Refuse, in one line, a round of ``clients`` whose modular sum could wrap (each value
+    within C plus ``noise_bound``: distributed DP's noise)."""
     try:
-        secagg.check_headroom(secagg_config(s, clip), clients)
+        secagg.check_headroom(secagg_config(s, clip), clients, noise_bound)
     except secagg.SecAggOverflow as e:
         raise PrivacyError(
             f"privacy.secure_aggregation: {e} (raise modulus_bits or lower scale_bits)"
@@ -54,6 +56,8 @@ class SecureRounds:
         self.started = 0
         self.dropped: set[int] = set()
         self.held: list[Update] = []
+        #: the largest |value| a survivor sent this round (its clipped delta plus its noise)
+        self.peak = 0.0
         self.failed_rounds = 0
         self._last: dict[str, float] = {}
 
@@ -61,6 +65,7 @@ class SecureRounds:
         """A round's protocol begins with its dispatched ``clients``; some will drop out."""
         self.started = len(clients)
         self.held = []
+        self.peak = 0.0
         rng = np.random.default_rng([self.ctx.stream_seed(DROPOUT_STREAM), round_index])
         drops = rng.random(len(clients)) < self.cfg.dropout
         self.dropped = {int(c) for c, d in zip(clients, drops, strict=True) if d}
@@ -69,6 +74,7 @@ class SecureRounds:
         """An arrival: held for the round's end, unless its client dropped out."""
         if update.client_id not in self.dropped:
             self.held.append(update)
+            self.peak = max(self.peak, float(update.metrics.get(PEAK_METRIC, 0.0)))
 
     def finish(self, clip: float) -> list[Update]:
         """The round's survivors, whose sum the server learns; [] where they are too few."""
@@ -77,7 +83,7 @@ class SecureRounds:
         if not n:
             self._last = {}
             return []
-        checked(self.cfg, clip, n)
+        checked(self.cfg, clip, n, max(0.0, self.peak - clip))
         cfg = secagg_config(self.cfg, clip)
         need = secagg.required_survivors(cfg, n)
         enough = len(survivors) >= need

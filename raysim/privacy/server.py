@@ -29,7 +29,7 @@ from raysim.algorithms.exact_sum import mechanism
 from raysim.algorithms.hooks import ComposedStrategy
 from raysim.errors import PrivacyError
 
-from .clipping import CLIP_KEY, WITHIN_METRIC
+from .clipping import CLIP_KEY, SHARE_KEY, WITHIN_METRIC
 from .sampling import AccountedSampling
 from .settings import PrivacyConfig
 
@@ -59,12 +59,40 @@ class GaussianSum:
     def release(self, total: np.ndarray, weights: Sequence[float]) -> np.ndarray:
         o = self.owner
         o.spend()
-        std = o.delta_multiplier * o.clip * max((abs(w) for w in weights), default=0.0)
+        top = max((abs(w) for w in weights), default=0.0)
+        rng = np.random.default_rng([o.ctx.stream_seed(NOISE_STREAM), o.aggregations - 1])
+        if o.distributed:
+            return self._distributed(total, weights, top, rng)
+        std = o.delta_multiplier * o.clip * top
         if std == 0.0:
             return total
-        rng = np.random.default_rng([o.ctx.stream_seed(NOISE_STREAM), o.aggregations - 1])
         noise = rng.standard_normal(total.shape, dtype=np.float32)
         return (total + noise * np.float32(std)).astype(np.float32, copy=False)
+
+    def _distributed(
+        self, total: np.ndarray, weights: Sequence[float], top: float, rng: np.random.Generator
+    ) -> np.ndarray:
+        """Distributed DP: the clients' noise is in ``total`` already; secure aggregation gives
+        the server their plain sum, so each must weigh the same. A round that gave the method
+        no update (``PrivateStrategy._nobody``) has no share in it: the noise its sum would
+        carry, N_Z of variance (z·C·2^f)² units, is drawn here."""
+        o = self.owner
+        if any(abs(w - top) > 1e-12 * top for w in weights):
+            raise PrivacyError(
+                "privacy.secure_aggregation.noise: secure aggregation gives the server the plain "
+                "sum of the clients' noised deltas, but this method weighs them unequally; use "
+                "secure_aggregation.noise server"
+            )
+        if not o.empty_release:
+            return total
+        from . import secagg
+        from .secure_rounds import secagg_config
+
+        s = o.privacy.secure_aggregation
+        grid = secagg_config(s, o.clip)
+        units = secagg.integer_noise(s.noise, total.shape, o.noise_multiplier * o.clip, grid, rng)
+        noise = np.ldexp(units.astype(np.float64), -s.scale_bits) * top
+        return (total + noise).astype(np.float32)
 
 
 class PrivateStrategy(ComposedStrategy):
@@ -103,6 +131,10 @@ class PrivateStrategy(ComposedStrategy):
         #: updates given to the method this round (none: an empty Poisson round, see below)
         self._taken = 0
         self._stop: str | None = None
+        #: distributed DP: the clients add the noise (``secure_aggregation.noise``)
+        self.distributed = cfg.secure_aggregation.noise != "server"
+        #: a round that gave the method no update is being released (noise alone)
+        self.empty_release = False
         self.sum = GaussianSum(self)
 
     # ----------------------------------------------------------------- set up
@@ -114,7 +146,18 @@ class PrivateStrategy(ComposedStrategy):
         cfg = self.privacy
         self.denominator = self.base.updates_per_aggregation(self.schedule.per_round_expected)
         self.noise_multiplier = cfg.noise_multiplier
-        if cfg.mode == "central" and cfg.target_epsilon is not None:
+        if self.distributed and cfg.target_epsilon is not None:
+            from . import distributed
+
+            self.noise_multiplier = distributed.calibrate(
+                cfg.target_epsilon,
+                self.delta,
+                self.planned,
+                self.schedule.accounted,
+                self._integer_noise(),
+                cfg.max_noise_multiplier,
+            )
+        elif cfg.mode == "central" and cfg.target_epsilon is not None:
             self.noise_multiplier = accounting.calibrate(
                 cfg.target_epsilon,
                 self.delta,
@@ -142,16 +185,50 @@ class PrivateStrategy(ComposedStrategy):
         if cfg.secure_aggregation.enabled:
             from .secure_rounds import SecureRounds, checked
 
-            checked(cfg.secure_aggregation, self.clip, self.schedule.per_round_expected)
+            s = self.schedule.per_round_expected
+            bound = 8 * self._share(s) if self.distributed else 0.0  # 8 std: P ≈ 1e-15 a value
+            checked(cfg.secure_aggregation, self.clip, s, bound)
             self.secure = SecureRounds(cfg.secure_aggregation, ctx, self.base.weights.size)
+
+    def _share(self, clients: int) -> float:
+        """Distributed DP: each client's noise std (real units) in a round of ``clients``, so
+        that the fewest survivors secure aggregation unmasks, ⌈threshold·n⌉, carry z·C."""
+        from .secagg import required_survivors
+        from .secure_rounds import secagg_config
+
+        grid = secagg_config(self.privacy.secure_aggregation, self.clip)
+        need = required_survivors(grid, max(1, clients))
+        return self.noise_multiplier * self.clip / math.sqrt(need)
+
+    def _integer_noise(self) -> Any:
+        """Distributed DP's noise as its accountant sees it (``distributed.IntegerNoise``)."""
+        from .distributed import IntegerNoise
+
+        s = self.privacy.secure_aggregation
+        sched = self.schedule.accounted
+        most = sched.per_round if sched.sampling == "without_replacement" else sched.population
+        return IntegerNoise(
+            kind=s.noise,
+            dim=int(self.base.weights.size),
+            clip_units=math.ldexp(self.clip, s.scale_bits),
+            noise_multiplier=self.noise_multiplier,
+            max_shares=int(most),
+        )
 
     def _new_accountant(self) -> None:
         """The accountant, with the aggregations taken so far (a resumed run's too)."""
         from . import accounting
 
-        self.accountant = accounting.Accountant(
-            self.schedule.accounted, self.noise_multiplier, self.delta, self.privacy.accountant
-        )
+        if self.distributed:
+            from .distributed import DistributedAccountant
+
+            self.accountant = DistributedAccountant(
+                self._integer_noise(), self.schedule.accounted, self.delta
+            )
+        else:
+            self.accountant = accounting.Accountant(
+                self.schedule.accounted, self.noise_multiplier, self.delta, self.privacy.accountant
+            )
         if self.aggregations:
             self.accountant.step(self.aggregations)
 
@@ -167,12 +244,16 @@ class PrivateStrategy(ComposedStrategy):
         if self.secure is not None:
             self.secure.start(round_index, clients)
         down = self.base.configure(round_index, clients)
-        if not self.privacy.adaptive.enabled:
+        extra = {}
+        if self.privacy.adaptive.enabled:
+            extra[CLIP_KEY] = np.array([self.clip], dtype=np.float64)
+        if self.distributed:
+            extra[SHARE_KEY] = np.array([self._share(len(clients))], dtype=np.float64)
+        if not extra:
             return down
-        clip = {CLIP_KEY: np.array([self.clip], dtype=np.float64)}
         if down is None:
-            return Downlink(tensors=clip)
-        return Downlink(tensors={**down.tensors, **clip}, per_client=down.per_client)
+            return Downlink(tensors=extra)
+        return Downlink(tensors={**down.tensors, **extra}, per_client=down.per_client)
 
     def on_arrival(self, update: Update) -> bool:
         if self._stop is not None:
@@ -207,11 +288,16 @@ class PrivateStrategy(ComposedStrategy):
         if self.secure is not None and self._stop is None:
             for u in self.secure.finish(self.clip):
                 changed = self._take(u) or changed
-        if self._stop is None and self._releases_empty_round():
-            changed = self._guarded(super().on_arrival, self._nobody(round_index)) or changed
+        empty = self._stop is None and self._releases_empty_round()
         self._taken = 0
         if self._stop is None:
-            changed = self._guarded(super().on_round_end, round_index) or changed
+            self.empty_release = empty
+            try:
+                if empty:
+                    changed = self._guarded(super().on_arrival, self._nobody(round_index))
+                changed = self._guarded(super().on_round_end, round_index) or changed
+            finally:
+                self.empty_release = False
         if self.aggregations > self._adapted_at:  # one count released per round with a sum
             if self.privacy.adaptive.enabled:
                 self._adapt(round_index)

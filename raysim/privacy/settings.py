@@ -91,6 +91,12 @@ class SecureAggregation(StrictModel):
         description="the cost model: secagg (Bonawitz et al. 2017, every pair of clients) or "
         "secagg_plus (Bell et al. 2020, O(log n) neighbours)",
     )
+    noise: Literal["server", "skellam", "discrete_gaussian"] = Field(
+        "server",
+        description="who adds the noise: server (the central Gaussian on the unmasked sum), or "
+        "distributed DP: each client adds integer noise of this kind to its encoded delta, "
+        "sized so that a round's surviving shares carry z·C (the server adds none)",
+    )
 
     @model_validator(mode="after")
     def _fraction_fits(self) -> SecureAggregation:
@@ -170,6 +176,24 @@ class PrivacyConfig(StrictModel):
                 "privacy.secure_aggregation simulates what a server learns of its clients' "
                 "clipped deltas, with central noise on the sum: set privacy.mode central"
             )
+        if self.secure_aggregation.noise != "server":
+            kind = self.secure_aggregation.noise
+            if not self.secure_aggregation.enabled:
+                raise ValueError(
+                    f"privacy.secure_aggregation.noise {kind} is added inside secure "
+                    "aggregation: set privacy.secure_aggregation.enabled true"
+                )
+            if self.accountant != "rdp":
+                raise ValueError(
+                    f"privacy.secure_aggregation.noise {kind} is accounted by its Rényi-DP "
+                    "curve (dp-accounting's PLD has no such event): set privacy.accountant rdp"
+                )
+            if self.adaptive.enabled:
+                raise ValueError(
+                    "privacy.adaptive's count is noised by the server, which distributed DP "
+                    f"(secure_aggregation.noise {kind}) leaves without noise to add: set "
+                    "privacy.adaptive.enabled false"
+                )
         a = self.audit
         if a.guesses is not None and a.guesses > a.canaries:
             raise ValueError(
@@ -209,7 +233,9 @@ def privacy_plan_line(cfg: Any) -> str:
     if p.epsilon_budget is not None:
         parts.append(f"ends before ε > {p.epsilon_budget:g}")
     if p.secure_aggregation.enabled:
-        parts.append("secure aggregation simulated")
+        noise = p.secure_aggregation.noise
+        by = "" if noise == "server" else f", {noise.replace('_', ' ')} noise from the clients"
+        parts.append("secure aggregation simulated" + by)
     if p.audit.canaries:
         parts.append(f"audited with {p.audit.canaries} canaries")
     return "; ".join(x for x in (", ".join(parts), sample) if x)

@@ -17,6 +17,9 @@ and writes:
     python examples/privacy/accuracy_vs_epsilon.py                       # about 5 min on 2 CPUs
     python examples/privacy/accuracy_vs_epsilon.py --noise 0.5,1,2 --rounds 50
     python examples/privacy/accuracy_vs_epsilon.py --workload fedit      # about 6 min
+    python examples/privacy/accuracy_vs_epsilon.py --part trained --noise 1,2 \
+        --set privacy.secure_aggregation.enabled=true \
+        --set privacy.secure_aggregation.noise=skellam            # distributed DP
 """
 
 from __future__ import annotations
@@ -177,6 +180,8 @@ def main() -> None:
         help="the trained runs, the audit of the mechanism alone, or both",
     )
     ap.add_argument("--audit-noise", default="0.3,1,2", help="z of the mechanism-only audits")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override for every private run (repeatable)")  # fmt: skip
     args = ap.parse_args()
     work = WORKLOADS[args.workload]
     extra: tuple[str, ...] = ()
@@ -208,7 +213,8 @@ def trained(args: argparse.Namespace, work: Workload, extra: tuple[str, ...] = (
     zs: list[float | None] = [None, *(float(z) for z in args.noise.split(","))]
     runs = []
     for z in zs:
-        r = run_one(z, args.rounds, 0, args.seed, extra, work.config)
+        private = () if z is None else tuple(args.set)
+        r = run_one(z, args.rounds, 0, args.seed, (*extra, *private), work.config)
         runs.append(r)
         label = "no privacy" if z is None else f"z={z:g}"
         print(f"{label}: {work.metric} {r['final'][work.metric]:.4f}, {r['seconds']:.0f} s",

@@ -11,7 +11,8 @@
 3. Sample-level DP-SGD in one client (``local.dp_sgd``): raysim's ``train_local`` (per-example
    gradients by ``torch.func``) against Opacus's ``GradSampleModule`` with its ``DPOptimizer``
    (per-example gradients by module hooks), the same model (the quickstart's MLP, 64-128-10, which
-   raysim clips by the outer-product rule; and a small CNN, which takes raysim's ``vmap`` path),
+   raysim clips by the outer-product rule; and a small CNN, whose convolution raysim takes from its
+   unfolded input),
    the same client (500 examples), the same number of steps and batch sizes, clip and noise; the
    two alternate, and the figure is the ratio of their median walls (issue 59 asks for ≤ 1, at
    least as fast as Opacus).
@@ -68,7 +69,7 @@ def dp_sgd_walls(
 ) -> dict[str, list[float]]:
     """Walls of ``steps`` DP-SGD steps on one client: raysim's and Opacus's, alternating.
     ``model``: the quickstart's MLP (raysim's outer-product rule) or a small CNN on the same
-    64 features as 8×8 images (raysim's ``vmap`` path)."""
+    64 features as 8×8 images (raysim's unfolded-convolution rule)."""
     import torch
     from opacus import GradSampleModule
     from opacus.optimizers import DPOptimizer

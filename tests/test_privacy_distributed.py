@@ -17,9 +17,10 @@ from raysim.algorithms.general.fedavg import FedAvg
 from raysim.config import ConfigError, load_config
 from raysim.privacy import distributed
 from raysim.privacy.accounting import Schedule
-from raysim.privacy.clipping import PEAK_METRIC, SHARE_KEY, ClientPrivacy
+from raysim.privacy.clipping import SHARE_KEY, ClientPrivacy
 from raysim.privacy.distributed import IntegerNoise
 from raysim.privacy.sampling import AccountedSampling
+from raysim.privacy.secagg import PEAK_METRIC
 from raysim.privacy.server import PrivacyError, PrivateStrategy
 from raysim.privacy.settings import PrivacyConfig
 from tests.conftest import EXAMPLES

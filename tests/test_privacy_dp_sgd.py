@@ -16,7 +16,8 @@ from torch import nn
 from raysim.config import ConfigError, load_config
 from raysim.errors import PrivacyError
 from raysim.privacy.sample_level import SampleLevelLedger
-from raysim.training.dp_sgd import PerExampleClip
+from raysim.training.chain import linear_chain
+from raysim.training.dp_sgd import PerExampleClip, chain_of, clipped_sum
 from raysim.training.loop import train_local
 from raysim.training.settings import LocalTrainingConfig
 from raysim.training.tasks import ClassificationTask
@@ -32,6 +33,21 @@ def mlp(seed: int = 1) -> nn.Module:
     return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 3))
 
 
+def cnn(seed: int = 1) -> nn.Module:
+    """Convolutions with and without a bias, stride 2, padding 1, dilation 2, a pool."""
+    torch.manual_seed(seed)
+    return nn.Sequential(
+        nn.Conv2d(2, 4, 3, stride=2, padding=1), nn.ReLU(),
+        nn.Conv2d(4, 6, 3, padding=1, dilation=2, bias=False), nn.MaxPool2d(2), nn.Tanh(),
+        nn.Flatten(), nn.Linear(6 * 2 * 2, 3),
+    )  # fmt: skip
+
+
+IMAGES = torch.randn(60, 2, 12, 12, generator=torch.Generator().manual_seed(2))
+#: model, its inputs, a clip some examples' gradients are over and some under
+MODELS = {"mlp": (mlp, X, 2.0), "cnn": (cnn, IMAGES, 1.7)}
+
+
 def flat(module: nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().flatten() for p in module.parameters()])
 
@@ -44,32 +60,43 @@ def trained(cfg: LocalTrainingConfig, data=(X, Y), seed: int = 3, penalty=None):
 
 
 # ----------------------------------------------------------------- per-example gradients
-def test_per_example_gradients_equal_opacus_grad_sample():
+@pytest.mark.parametrize("name", MODELS)
+def test_per_example_gradients_equal_opacus_grad_sample(name):
+    """``vmap``'s per-example gradients, and the clipped sum of the layers' rule (outer
+    products; unfolded convolutions), against Opacus's ``GradSampleModule``."""
     from opacus import GradSampleModule
 
-    model = mlp()
-    ours, losses = PerExampleClip(model, list(model.parameters()), ClassificationTask(), 1.0)\
-        .per_example((X[:12], Y[:12]))  # fmt: skip
-    reference = GradSampleModule(mlp(), loss_reduction="sum")
-    loss = nn.functional.cross_entropy(reference(X[:12]), Y[:12], reduction="sum")
+    make, x, clip = MODELS[name]
+    model = make()
+    clipper = PerExampleClip(model, list(model.parameters()), ClassificationTask(), clip)
+    ours, losses = clipper.per_example((x[:12], Y[:12]))
+    reference = GradSampleModule(make(), loss_reduction="sum")
+    loss = nn.functional.cross_entropy(reference(x[:12]), Y[:12], reduction="sum")
     loss.backward()
-    for mine, p in zip(ours, reference._module.parameters(), strict=True):
-        torch.testing.assert_close(mine, p.grad_sample, rtol=1e-5, atol=1e-6)
-    full = nn.functional.cross_entropy(mlp()(X[:12]), Y[:12], reduction="none")
+    theirs = [p.grad_sample for p in reference._module.parameters()]
+    for mine, other in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(mine, other, rtol=1e-5, atol=1e-6)
+    full = nn.functional.cross_entropy(make()(x[:12]), Y[:12], reduction="none")
     torch.testing.assert_close(losses, full.detach())
-
-
-def test_the_three_ways_to_a_clipped_sum_give_the_same_numbers():
-    """The outer-product rule of a linear chain (this MLP's default), per-example gradients by
-    ``vmap``, and example by example (a transformers model's way) agree."""
-    model = mlp()
-    clipper = PerExampleClip(model, list(model.parameters()), ClassificationTask(), 2.0)
     assert clipper.chain is not None
-    chain, chain_loss = clipper((X[:10], Y[:10]))
+    rule, _ = clipper((x[:12], Y[:12]))
+    for mine, other in zip(rule, clipped_sum(theirs, clip), strict=True):
+        torch.testing.assert_close(mine, other, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_the_three_ways_to_a_clipped_sum_give_the_same_numbers(name):
+    """The layers' rule of a chain (this MLP's and this CNN's default), per-example gradients by
+    ``vmap``, and example by example (a transformers model's way) agree."""
+    make, x, clip = MODELS[name]
+    model = make()
+    clipper = PerExampleClip(model, list(model.parameters()), ClassificationTask(), clip)
+    assert clipper.chain is not None
+    chain, chain_loss = clipper((x[:10], Y[:10]))
     clipper.chain = None  # the vmap path
-    fast, fast_loss = clipper((X[:10], Y[:10]))
+    fast, fast_loss = clipper((x[:10], Y[:10]))
     clipper.by_example = True  # the path a transformers model takes
-    slow, slow_loss = clipper((X[:10], Y[:10]))
+    slow, slow_loss = clipper((x[:10], Y[:10]))
     for a, b, c in zip(chain, fast, slow, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(b, c, rtol=1e-5, atol=1e-6)
@@ -77,8 +104,31 @@ def test_the_three_ways_to_a_clipped_sum_give_the_same_numbers():
     torch.testing.assert_close(fast_loss, slow_loss)
     # some examples are clipped, some not: the rule is exercised on both sides of C
     norms = torch.stack([g.reshape(10, -1).pow(2).sum(1) for g in clipper.per_example(
-        (X[:10], Y[:10]))[0]]).sum(0).sqrt()  # fmt: skip
-    assert bool((norms > 2.0).any()) and bool((norms < 2.0).any())
+        (x[:10], Y[:10]))[0]]).sum(0).sqrt()  # fmt: skip
+    assert bool((norms > clip).any()) and bool((norms < clip).any())
+
+
+def test_which_convolutional_models_take_the_layers_rule():
+    """One client's CNN takes the unfold rule (a batched group's stacked chain takes no
+    convolution); grouped or reflect-padded convolutions, or "same" padding that pads one side
+    more, take ``vmap``, with the same numbers as the rule where both apply."""
+    params = list(cnn().parameters())
+    assert linear_chain(cnn()) is None  # batched.stacked_forward's walk
+    assert linear_chain(nn.Sequential(nn.MaxPool2d(2), nn.Flatten())) is None
+    assert chain_of(cnn(), params, ClassificationTask()) is None  # batched._PrivateGroup's
+    assert [k for k, *_ in linear_chain(cnn(), convolutions=True)].count("conv") == 2
+    same = nn.Sequential(nn.Conv2d(2, 3, 3, padding="same"), nn.AdaptiveAvgPool2d(2),
+                         nn.Flatten(), nn.Linear(12, 3))  # fmt: skip
+    assert linear_chain(same, convolutions=True)[0][4] == (1, 1)
+    for odd in (nn.Conv2d(2, 4, 3, groups=2), nn.Conv2d(2, 4, 3, padding_mode="reflect"),
+                nn.Conv2d(2, 4, 2, padding="same")):  # fmt: skip
+        assert linear_chain(nn.Sequential(odd, nn.Flatten()), convolutions=True) is None
+    clipper = PerExampleClip(same, list(same.parameters()), ClassificationTask(), 0.1)
+    assert clipper.chain is not None
+    rule, _ = clipper((IMAGES[:10], Y[:10]))
+    clipper.chain = None
+    for a, b in zip(rule, clipper((IMAGES[:10], Y[:10]))[0], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_batchnorm_is_refused_naming_it():

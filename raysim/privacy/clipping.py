@@ -23,9 +23,6 @@ LOCAL_NOISE_TAG = 0x10CA
 SHARE_KEY = "privacy/noise_share"
 #: a distributed-DP job's noise stream: default_rng([job seed, SHARE_NOISE_TAG])
 SHARE_NOISE_TAG = 0xD15D
-#: a client's metric under secure aggregation: the largest |value| it sends (real units), which
-#: the server's check that the modular sum cannot wrap reads (the simulator's view, not a release)
-PEAK_METRIC = "secagg_peak"
 
 
 def clip(delta: np.ndarray, bound: float) -> tuple[np.ndarray, float]:
@@ -72,6 +69,8 @@ class ClientPrivacy:
         clipped, norm = clip(delta, bound)
         out = {**metrics, WITHIN_METRIC: 1.0 if norm <= bound else 0.0}
         if self.cfg.secure_aggregation.enabled:  # the encoding's grid: rint(x·2^f)·2^-f
+            from .secagg import PEAK_METRIC
+
             clipped = self._encoded(clipped, bound, downlink, job_seed)
             out[PEAK_METRIC] = float(np.abs(clipped).max()) if clipped.size else 0.0
         if self.cfg.mode == "local" and self.cfg.noise_multiplier > 0:

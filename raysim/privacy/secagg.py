@@ -51,6 +51,11 @@ PLUS_DEGREE_PER_LOG2 = 23.0
 PROTOCOL_ROUNDS = 4
 
 
+#: a client's metric under secure aggregation: the largest |value| it sends (real units), which
+#: the server's check that the modular sum cannot wrap reads (the simulator's view, not a release)
+PEAK_METRIC = "secagg_peak"
+
+
 class SecAggOverflow(ValueError):
     """A secure sum could wrap modulo 2^k: too many clients for the bits, or a vector above its
     clip bound. A ``ValueError`` (a configuration or clipping fault, found before any sum is

@@ -22,7 +22,6 @@ from raysim.algorithms.context import ServerContext
 from raysim.errors import PrivacyError
 
 from . import secagg
-from .clipping import PEAK_METRIC
 from .settings import SecureAggregation
 
 #: a round's dropouts: default_rng([the server stream "privacy/dropout", round])
@@ -74,7 +73,7 @@ class SecureRounds:
         """An arrival: held for the round's end, unless its client dropped out."""
         if update.client_id not in self.dropped:
             self.held.append(update)
-            self.peak = max(self.peak, float(update.metrics.get(PEAK_METRIC, 0.0)))
+            self.peak = max(self.peak, float(update.metrics.get(secagg.PEAK_METRIC, 0.0)))
 
     def finish(self, clip: float) -> list[Update]:
         """The round's survivors, whose sum the server learns; [] where they are too few."""

@@ -7,19 +7,26 @@ gradients are summed, Gaussian noise N(0, (z·C)²) is added to the sum once, an
 divided by ``b``: g̃ = (Σ_i clip_C(g_i) + N(0, z²C²·I)) / b. A ``penalty`` (FedProx's proximal
 term) reads no data, so its gradient is added unclipped and un-noised.
 
-Per-example gradients come from ``torch.func`` (``functional_call`` + ``vmap(grad)``), not from
-Opacus's ``GradSampleModule``: the batched pass (``raysim.training.batched``) already stacks k
-clients' parameters on a leading axis and ``vmap``s over them, and per-example gradients are one
-more ``vmap`` inside it; Opacus's module hooks see one module's activations and cannot be
-nested in a stacked functional call. A model that does not run under ``vmap`` (a transformers
-model) takes its per-example gradients example by example (one backward each): the same
-numbers, more time. A classifier that is a chain of linear layers (``raysim.training.chain``:
-the quickstart's MLP) needs no per-example gradient at all: a linear layer's is the outer
-product δ_i a_iᵀ of its output's gradient and its input (Goodfellow 2015, "Efficient
-Per-Example Gradient Computations", https://arxiv.org/abs/1510.01799), so its norm is
-‖δ_i‖·‖a_i‖ and the clipped sum is Σ_i c_i δ_i a_iᵀ: one forward, one backward and an einsum
-per layer, for one client or k stacked ones. ``benchmarks/privacy.py`` measures ours against
-Opacus on one client.
+Per-example gradients, by model:
+
+- A plain classifier that is a ``Sequential`` chain (``raysim.training.chain``) of ``Linear``,
+  ``Conv2d``, pooling, ``Flatten`` and elementwise layers, trained whole (the quickstart's MLP,
+  a small CNN): one forward, one backward to the layers' outputs, and per layer an einsum. A
+  linear layer's gradient is the outer product δ_i a_iᵀ of its output's gradient and its input
+  (Goodfellow 2015, "Efficient Per-Example Gradient Computations",
+  https://arxiv.org/abs/1510.01799): its norm is ‖δ_i‖·‖a_i‖ and the clipped sum Σ_i c_i δ_i
+  a_iᵀ, never formed per example. A convolution's is δ_i times its unfolded input (Opacus's rule),
+  formed per example (b copies of its weight). This skips Opacus's module hooks and
+  ``torch.func``'s ``vmap`` overhead, and is faster than Opacus's ``GradSampleModule`` on one
+  client (``benchmarks/privacy.py``). A batched group takes it for k stacked clients on linear
+  chains only (``conv2d`` and the pools take no clients' axis); a linear layer that sees a
+  sequence (more than one row per example), where the norm rule fails, falls to the next path.
+- Any other model: ``torch.func`` (``functional_call`` + ``vmap(grad)``), not Opacus's hooks: the
+  batched pass (``raysim.training.batched``) already stacks k clients' parameters on a leading
+  axis and ``vmap``s over them, and per-example gradients are one more ``vmap`` inside it;
+  Opacus's hooks see one module's activations and cannot be nested in a stacked functional call.
+- A model that does not run under ``vmap`` (a transformers model): example by example (one
+  backward each), the same numbers, more time.
 
 The noise comes from a generator of its own, seeded from the job's seed (``noise_generator``):
 the batches are those the client would draw without DP, and one client's noise is the same
@@ -105,7 +112,7 @@ class PerExampleClip:
         self.names = [index[id(p)] for p in self.params]
         self.by_example = has_transformer(module)
         #: the linear chain's layers where the outer-product rule applies (all of it trained)
-        self.chain = chain_of(module, self.params, task)
+        self.chain = chain_of(module, self.params, task, convolutions=True)
         if not self.by_example:
             self._grads = vmap(
                 grad_and_value(self._loss_one), in_dims=(None, None, 0), randomness="different"
@@ -153,10 +160,13 @@ class PerExampleClip:
         return [torch.stack(g) for g in grads], torch.stack(losses)
 
 
-def chain_of(module: nn.Module, params: Sequence[torch.Tensor], task: Task) -> list[Layer] | None:
+def chain_of(
+    module: nn.Module, params: Sequence[torch.Tensor], task: Task, convolutions: bool = False
+) -> list[Layer] | None:
     """``module``'s linear chain where DP-SGD may take the outer-product rule: a plain
-    classifier (cross-entropy per example) whose every parameter is trained."""
-    layers = linear_chain(module)
+    classifier (cross-entropy per example) whose every parameter is trained; ``convolutions``:
+    with ``Conv2d`` and pooling layers (one client's, not a batched group's)."""
+    layers = linear_chain(module, convolutions)
     if layers is None or type(task) is not ClassificationTask:
         return None
     if {id(p) for p in module.parameters()} != {id(p) for p in params}:
@@ -174,28 +184,47 @@ def chain_clipped_sum(
     """Σ_i clip_C(∇ℓ_i) of a linear chain by the outer-product rule, and the examples' losses;
     ``stacked``: k clients at once (params (k, ...), inputs (k, B, ...)). The sums are None
     where a linear layer sees more than one row per example (a sequence), where the rule's norm
-    does not hold. ``params`` must be in the autograd graph (parameters, or stacked leaves)."""
+    does not hold. ``params`` must be in the autograd graph (parameters, or stacked leaves).
+
+    A linear layer's gradient δ_i a_iᵀ has norm ‖δ_i‖·‖a_i‖ and is never formed. A convolution's
+    is δ_i (O, L) times its unfolded input (C·kh·kw, L) transposed, over the L output positions,
+    formed per example ((B, O, C·kh·kw): B copies of its weight); its bias's, δ_i summed over L."""
     x, y = batch
     record: list = []
     logits = chain_forward(layers, params, x, stacked, record)
     losses = nn.functional.cross_entropy(logits.flatten(0, -2), y.flatten(), reduction="none").view(
         y.shape
     )
-    rows = 3 if stacked else 2
-    if any(a.ndim != rows for _, _, a, _ in record):
+    rows = {"linear": 3 if stacked else 2, "conv": 4}  # a conv's input is (B, C, H, W)
+    if any(a.ndim != rows[layer[0]] for layer, a, _ in record):
         return None, losses.detach()
     deltas = torch.autograd.grad(losses.sum(), [out for *_, out in record])
     square = torch.zeros_like(losses, dtype=torch.float32)
-    for (_, bias, a, _), d in zip(record, deltas, strict=True):
-        inputs = a.float().pow(2).sum(-1) + (1.0 if bias else 0.0)
-        square = square + d.float().pow(2).sum(-1) * inputs
-    factor = clip_factors(square.sqrt(), clip)
-    sums: dict[str, torch.Tensor] = {}
-    for (name, bias, a, _), d in zip(record, deltas, strict=True):
-        scaled = d * factor.to(d.dtype).unsqueeze(-1)
-        sums[f"{name}.weight"] = torch.einsum("...bo,...bi->...oi", scaled, a.detach())
+    own: dict[str, torch.Tensor] = {}  # the convolutions' per-example gradients, (B, ...)
+    for (layer, a, _), d in zip(record, deltas, strict=True):
+        kind, name, bias, *geometry = layer
+        if kind == "linear":
+            inputs = a.float().pow(2).sum(-1) + (1.0 if bias else 0.0)
+            square = square + d.float().pow(2).sum(-1) * inputs
+            continue
+        stride, padding, dilation = geometry
+        w = params[f"{name}.weight"]
+        unfolded = nn.functional.unfold(a.detach(), w.shape[-2:], dilation, padding, stride)
+        d = d.flatten(2)  # (B, O, L)
+        own[f"{name}.weight"] = torch.bmm(d, unfolded.transpose(1, 2)).view(-1, *w.shape)
         if bias:
-            sums[f"{name}.bias"] = scaled.sum(-2)
+            own[f"{name}.bias"] = d.sum(2)
+    for g in own.values():
+        square = square + g.flatten(1).float().pow(2).sum(1)
+    factor = clip_factors(square.sqrt(), clip)
+    sums = {n: torch.tensordot(factor.to(g.dtype), g, dims=1) for n, g in own.items()}
+    for (layer, a, _), d in zip(record, deltas, strict=True):
+        kind, name, bias, *_ = layer
+        if kind == "linear":
+            scaled = d * factor.to(d.dtype).unsqueeze(-1)
+            sums[f"{name}.weight"] = torch.einsum("...bo,...bi->...oi", scaled, a.detach())
+            if bias:
+                sums[f"{name}.bias"] = scaled.sum(-2)
     return sums, losses.detach()
 
 

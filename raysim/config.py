@@ -36,6 +36,7 @@ from raysim.algorithms.registry import (
 )
 from raysim.algorithms.spec import HookParams, MethodParams
 from raysim.data.federated import DataSection, DigitsData
+from raysim.devices.settings import DevicesConfig
 from raysim.models.registry import ModelConfig, model_names, model_traits
 from raysim.privacy.settings import PrivacyConfig
 from raysim.schema import StrictModel, did_you_mean
@@ -384,6 +385,12 @@ class EvalConfig(StrictModel):
         description="each job scores its trained model on the test images of its own classes "
         "before aggregation (client_local_accuracy; fedbaf.md §4.5, non-IID)",
     )
+    train: bool = Field(
+        False,
+        description="also score the global model on every client's training rows together "
+        "(global_train_loss, global_train_accuracy: the training loss over all devices that "
+        "FedAvg's and FedProx's papers plot); classification data of at most 10^6 rows",
+    )
 
 
 class TrackingConfig(StrictModel):
@@ -483,6 +490,7 @@ class RunConfig(StrictModel):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     hooks: HooksConfig = Field(default_factory=HooksConfig)
     delays: SerializeAsAny[DelayParams] = Field(default_factory=NoDelayParams)
+    devices: DevicesConfig = Field(default_factory=DevicesConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     workers: WorkersConfig = Field(default_factory=WorkersConfig)
     coordinator: CoordinatorConfig = Field(default_factory=CoordinatorConfig)
@@ -544,6 +552,7 @@ class RunConfig(StrictModel):
         self._check_together()
         self._check_partial_sums()
         self._check_privacy()
+        self._check_devices()
         for f in self.faults.corrupt_updates:
             if f.client >= self.clients.num:
                 raise ValueError(
@@ -632,6 +641,40 @@ class RunConfig(StrictModel):
             raise ValueError(
                 f"workers.partial_sums true: {self.algorithm.name} needs each update whole "
                 f"({spec.each_because}); set workers.partial_sums to auto or false"
+            )
+
+    def _check_devices(self) -> None:
+        d = self.devices
+        if not d.enabled:
+            return
+        if self.delays.kind != "none":
+            raise ValueError(
+                "devices set how long each client takes (its speed, bandwidth and hours): set "
+                "delays.kind none, or devices.enabled false"
+            )
+        if self.clients.sampling != "uniform":
+            raise ValueError(
+                "devices sample among the clients available at a round's start; Poisson "
+                "sampling over them is not built: set clients.sampling uniform"
+            )
+        spec = method_spec(self.algorithm.name)
+        late = d.late if d.late != "auto" else ("deliver" if spec.asynchronous else "drop")
+        if late == "deliver" and (d.close_after or d.overcommit > 1):
+            raise ValueError(
+                f"{self.algorithm.name} delivers late updates in later rounds (devices.late "
+                "auto), whose lengths must be known: rounds that close early (close_after, "
+                "overcommit) cannot; set devices.late drop"
+            )
+        if late == "deliver" and d.stragglers:
+            raise ValueError(
+                "devices.stragglers cut a round's jobs at its deadline (FedProx's synchronous "
+                f"rounds), but {self.algorithm.name} lets late jobs finish (devices.late auto): "
+                "set devices.late drop"
+            )
+        if late == "deliver" and self.privacy.secure_aggregation.enabled:
+            raise ValueError(
+                "privacy.secure_aggregation runs one protocol over a round's clients, but "
+                "devices.late deliver lets updates arrive in later rounds: set devices.late drop"
             )
 
     def _check_privacy(self) -> None:

@@ -111,10 +111,15 @@ class CoordinatorCore(ModelVersions, ClientStates, Snapshot, RunReport):
                 cfg.audit.windows,
                 transposes=cfg.audit.transposes,
             )
-        delay_model = build_delay_model(cfg.delays, cfg.clients.num, cfg.seed)
-        self.schedule = Schedule(
-            cfg.clients.num, cfg.clients.per_round, delay_model, cfg.seed, cfg.clients.sampling
-        )
+        if cfg.devices.enabled:
+            from raysim.devices.build import device_schedule
+
+            self.schedule = device_schedule(cfg, client_sizes, initial.nbytes)
+        else:
+            delay_model = build_delay_model(cfg.delays, cfg.clients.num, cfg.seed)
+            self.schedule = Schedule(
+                cfg.clients.num, cfg.clients.per_round, delay_model, cfg.seed, cfg.clients.sampling
+            )
         self.queue = ArrivalQueue()
         self.client_sizes = client_sizes
         self.round = 0
@@ -267,16 +272,27 @@ class CoordinatorCore(ModelVersions, ClientStates, Snapshot, RunReport):
             self._publish_downlink(k, downlink, len(d))
             log.bytes_down += sum(downlink.nbytes(c) for c in d.clients.tolist())
         jobs = []
-        for client, t_arr, r_arr in zip(
-            d.clients.tolist(), d.arrival_times.tolist(), d.arrival_rounds.tolist(), strict=True
+        n = len(d)
+        lost = getattr(d, "lost", None)  # devices: a job that will not arrive (raysim.devices)
+        caps = getattr(d, "max_steps", None)
+        for j, client, t_arr, r_arr in zip(
+            range(n),
+            d.clients.tolist(),
+            d.arrival_times.tolist(),
+            d.arrival_rounds.tolist(),
+            strict=True,
         ):
             self._job_ids += 1
             st = self.stats[client]
             st.dispatched += 1
+            if lost is not None and lost[j]:
+                st.dropped_device += 1
+                continue
             v.refs += 1
             self.queue.push(PendingJob(client, k, self.version, t_arr, r_arr, self._job_ids))
             if r_arr < self.cfg.rounds:
-                jobs.append(self._client_job(self._job_ids, client, k))
+                cap = int(caps[j]) if caps is not None and caps[j] >= 0 else None
+                jobs.append(self._client_job(self._job_ids, client, k, cap))
                 if self._jobs_wait:
                     self._waiting.append((jobs[-1], self.version, r_arr))
         log.bytes_down += len(d) * v.weights.nbytes
@@ -284,13 +300,22 @@ class CoordinatorCore(ModelVersions, ClientStates, Snapshot, RunReport):
             self._submissions[k] = [(j.job_id, j.client, k) for j in jobs]
             self.executor.submit(v.handle, jobs)
 
-    def _client_job(self, job_id: int, client: int, dispatch_round: int) -> ClientJob:
-        """The job a dispatched client runs: its stored personal state and its downlink."""
+    def _client_job(
+        self, job_id: int, client: int, dispatch_round: int, max_steps: int | None = None
+    ) -> ClientJob:
+        """The job a dispatched client runs: its stored personal state and its downlink
+        (``max_steps``: partial work, the local steps its device has time for)."""
         state = self._state_for_job(job_id, client)
         b = self._broadcasts.get(dispatch_round)
         if b is None:
             return ClientJob(
-                job_id, client, dispatch_round, self.cfg.seed, state, store=self._job_store()
+                job_id,
+                client,
+                dispatch_round,
+                self.cfg.seed,
+                state,
+                store=self._job_store(),
+                max_steps=max_steps,
             )
         own = b.downlink.per_client.get(client)
         return ClientJob(
@@ -302,6 +327,7 @@ class CoordinatorCore(ModelVersions, ClientStates, Snapshot, RunReport):
             b.handle,
             dict(own or {}) or None,
             store=self._job_store(),
+            max_steps=max_steps,
         )
 
     def _send_due(self, k: int) -> None:

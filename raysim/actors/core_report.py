@@ -28,6 +28,7 @@ CLIENT_COLUMNS = (
     "arrived",
     "rejected",
     "dropped_late",
+    "dropped_device",
     "mean_train_loss",
     "mean_staleness_rounds",
     "last_round",
@@ -50,6 +51,9 @@ class ClientStats:
     arrived: int = 0
     rejected: int = 0
     dropped_late: int = 0
+    #: devices: dispatched but lost (its device left, it was a dropped straggler, or its round
+    #: closed before it was done)
+    dropped_device: int = 0
     num_samples: int = 0
     train_loss_sum: float = 0.0
     staleness_sum: int = 0
@@ -128,6 +132,7 @@ class RunReport:
             "coordinator_bytes_in": float(log.bytes_in),
             "model_version": float(self.version),
         }
+        m.update(getattr(self.schedule, "last", {}))  # devices: the round's virtual seconds
         if reduce_s:  # the busiest node's reducer: its sums ran in parallel with the others'
             m["reduce_wall_s"] = max(reduce_s.values())
         events = self.executor.events()
@@ -201,6 +206,7 @@ class RunReport:
                 "arrived": s.arrived,
                 "rejected": s.rejected,
                 "dropped_late": s.dropped_late,
+                "dropped_device": s.dropped_device,
                 "mean_train_loss": s.train_loss_sum / s.arrived if s.arrived else float("nan"),
                 "mean_staleness_rounds": s.staleness_sum / s.arrived if s.arrived else float("nan"),
                 "last_round": s.last_round,

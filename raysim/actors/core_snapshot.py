@@ -234,5 +234,10 @@ def stats_from_columns(state: Mapping[str, Any]) -> dict[int, ClientStats]:
         return {int(j): ClientStats(**s) for j, s in state["stats"].items()}
     cols = state["client_stats"]
     names = ClientStats.__slots__
-    rows = zip(*(cols[n].tolist() for n in names), strict=True)
+    count = len(cols["client"])
+    zero = ClientStats()  # a counter added since the checkpoint was written starts at its default
+    rows = zip(
+        *(cols[n].tolist() if n in cols else [getattr(zero, n)] * count for n in names),
+        strict=True,
+    )
     return {c: ClientStats(*row) for c, row in zip(cols["client"].tolist(), rows, strict=True)}

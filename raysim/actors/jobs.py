@@ -77,6 +77,8 @@ class ClientJob:
     own: dict[str, np.ndarray] | None = None  # tensors for this client only
     #: ``clients.state.store: disk``: the store the job's new state is written to
     store: str | None = None
+    #: devices' partial work: at most this many local steps (None: the job's full work)
+    max_steps: int | None = None
 
     @cached_property
     def seed(self) -> int:

@@ -223,7 +223,7 @@ class RayWorkerPool:
         takes, so that ``max_steps`` or one epoch of unequal data both balance."""
         if self._sizes is None:
             return len(jobs)
-        from raysim.training.backends import total_optimizer_steps
+        from raysim.training.settings import total_optimizer_steps
 
         return sum(
             max(1, total_optimizer_steps(int(self._sizes[j.client]), self._local)) for j in jobs

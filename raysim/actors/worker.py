@@ -297,6 +297,10 @@ class ClientRunner:
         for b in active:
             ctx.data = b.on_data(ctx, ctx.data)
             ctx.config = b.on_local(ctx, ctx.config)
+        if job.max_steps is not None:  # devices' partial work: the steps its time allowed
+            cap = ctx.config.max_steps
+            steps = job.max_steps if cap is None else min(cap, job.max_steps)
+            ctx.config = ctx.config.model_copy(update={"max_steps": steps})
         return ctx, active
 
     def _result(

@@ -434,6 +434,9 @@ class Method:
     needs: Needs = Needs()
     #: where its strategy does not sum its updates, why it needs each (``MethodSpec``)
     each_because: str = MethodSpec.each_because
+    #: devices: it accepts a client's partial work / delivers late updates (``MethodSpec``)
+    partial_work: bool = False
+    asynchronous: bool = False
 
     @classmethod
     def of(cls, spec: MethodSpec, strategy: type[Strategy], **implementation: Any) -> Method:
@@ -446,6 +449,8 @@ class Method:
             reference=spec.reference,
             needs=spec.needs,
             each_because=spec.each_because,
+            partial_work=spec.partial_work,
+            asynchronous=spec.asynchronous,
             **implementation,
         )
         if method.client.may_batch() != spec.batchable:
@@ -491,6 +496,8 @@ class Method:
             sums=_sums(self.strategy),
             each_because=self.each_because,
             own_training=not self.client.trains_privately(),
+            partial_work=self.partial_work,
+            asynchronous=self.asynchronous,
         )
 
     def __post_init__(self) -> None:

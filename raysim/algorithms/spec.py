@@ -153,6 +153,13 @@ class MethodSpec:
     #: its client trains its own way (``ClientAlgorithm.trains_privately`` is False), which
     #: sample-level DP-SGD (``local.dp_sgd``) does not cover; checked when it registers
     own_training: bool = False
+    #: with devices (``devices.partial_work: auto``): a client that cannot finish its local work
+    #: by a round's deadline sends the steps it did (FedProx, Li et al. 2020 §3: "variable
+    #: amount of work") instead of being dropped
+    partial_work: bool = False
+    #: with devices (``devices.late: auto``): an update done after its round closed arrives in a
+    #: later round, stale (an asynchronous method), instead of being dropped
+    asynchronous: bool = False
 
     @property
     def updates(self) -> str:

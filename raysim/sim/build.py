@@ -102,11 +102,35 @@ def run_dataset(cfg: RunConfig) -> Any:
     extra: dict = {}
     for name, params in cfg.client_hooks():
         extra.update(BEHAVIOURS.get(name).build(params).eval_sets(dataset))
+    if cfg.eval.train:
+        extra["global_train"] = training_rows(dataset)
     if extra:
         if not isinstance(dataset, FederatedDataset):
             raise ValueError(f"client behaviours adding {sorted(extra)} need a labelled dataset")
         dataset.extra_eval = extra
     return dataset
+
+
+#: ``eval.train``'s limit: the rows of every client, held on every worker
+MAX_TRAIN_EVAL_ROWS = 1_000_000
+
+
+def training_rows(dataset: Any) -> Any:
+    """Every client's training rows as one labelled set (``eval.train``), refused in one line
+    where they are not labelled rows or too many to hold."""
+    from raysim.data import LabelledSet
+
+    if not isinstance(dataset, FederatedDataset):
+        raise ValueError("eval.train scores a classification dataset's training rows; this "
+                         "dataset has none: set eval.train false")  # fmt: skip
+    rows = int(dataset.client_sizes().sum())
+    if rows > MAX_TRAIN_EVAL_ROWS:
+        raise ValueError(
+            f"eval.train would hold all {rows} training rows on every worker (at most "
+            f"{MAX_TRAIN_EVAL_ROWS}): set eval.train false, or use fewer clients"
+        )
+    parts = [dataset.client_data(j) for j in range(dataset.num_clients)]
+    return LabelledSet(np.concatenate([x for x, _ in parts]), np.concatenate([y for _, y in parts]))
 
 
 def attacking_clients(cfg: RunConfig) -> list[dict[str, Any]]:

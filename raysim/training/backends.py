@@ -17,7 +17,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
-import math
 import os
 import shutil
 import socket
@@ -641,15 +640,6 @@ def get_backend(name: str) -> Backend:
         return _BACKENDS[name]()
     except KeyError:
         raise ValueError(f"unknown training backend {name!r}; choose one of {BACKENDS}") from None
-
-
-def total_optimizer_steps(n: int, cfg: LocalTrainingConfig) -> int:
-    """Optimizer steps of one local call: epochs × ⌈n / batch_size⌉, at most ``max_steps``
-    (with ``sampling: independent``, ``max_steps`` when set)."""
-    if cfg.sampling == "independent" and cfg.max_steps is not None:
-        return cfg.max_steps if n else 0
-    steps = cfg.epochs * math.ceil(n / cfg.batch_size)
-    return steps if cfg.max_steps is None else min(steps, cfg.max_steps)
 
 
 def micro_batches(index: torch.Tensor, cfg: LocalTrainingConfig) -> Iterator[torch.Tensor]:

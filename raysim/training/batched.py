@@ -30,7 +30,6 @@ from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 from torch.nn.utils.rnn import pad_sequence
 
-from raysim.training.backends import total_optimizer_steps
 from raysim.training.chain import chain_forward, linear_chain
 from raysim.training.dp_sgd import (
     chain_clipped_sum,
@@ -41,7 +40,7 @@ from raysim.training.dp_sgd import (
     noised_mean,
 )
 from raysim.training.loop import step_batches
-from raysim.training.settings import DP_SGD_STEPS_METRIC, LocalTrainingConfig
+from raysim.training.settings import DP_SGD_STEPS_METRIC, LocalTrainingConfig, total_optimizer_steps
 from raysim.training.tasks import CausalLMTask, ClassificationTask, Task
 
 #: torch.optim's Adam/AdamW defaults

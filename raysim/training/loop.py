@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
-from raysim.training.backends import get_backend, micro_batches, total_optimizer_steps
+from raysim.training.backends import get_backend, micro_batches
 from raysim.training.backends import make_optimizer as make_optimizer  # re-exported
-from raysim.training.settings import DP_SGD_STEPS_METRIC, LocalTrainingConfig
+from raysim.training.settings import DP_SGD_STEPS_METRIC, LocalTrainingConfig, total_optimizer_steps
 from raysim.training.settings import DeepSpeedSettings as DeepSpeedSettings  # re-exported
 from raysim.training.tasks import AbsentClassTask, ClassificationTask, Task, mask_absent
 

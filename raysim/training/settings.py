@@ -3,8 +3,10 @@ and the backends both read, so neither imports the other for it)."""
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
+import numpy as np
 from pydantic import ConfigDict, Field, model_validator
 
 from raysim.schema import StrictModel
@@ -123,3 +125,21 @@ class LocalTrainingConfig(StrictModel):
     @property
     def micro_batch_size(self) -> int:
         return self.batch_size // self.grad_accumulation
+
+
+def total_optimizer_steps(n: int, cfg: LocalTrainingConfig) -> int:
+    """Optimizer steps of one local call: epochs × ⌈n / batch_size⌉, at most ``max_steps``
+    (with ``sampling: independent``, ``max_steps`` when set)."""
+    if cfg.sampling == "independent" and cfg.max_steps is not None:
+        return cfg.max_steps if n else 0
+    steps = cfg.epochs * math.ceil(n / cfg.batch_size)
+    return steps if cfg.max_steps is None else min(steps, cfg.max_steps)
+
+
+def optimizer_steps(sizes: np.ndarray, cfg: LocalTrainingConfig) -> np.ndarray:
+    """``total_optimizer_steps`` of every client at once (int64, one per size)."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    if cfg.sampling == "independent" and cfg.max_steps is not None:
+        return np.where(sizes > 0, cfg.max_steps, 0).astype(np.int64)
+    steps = cfg.epochs * (-(-sizes // cfg.batch_size))
+    return steps if cfg.max_steps is None else np.minimum(steps, cfg.max_steps)

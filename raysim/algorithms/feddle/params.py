@@ -177,6 +177,7 @@ SPECS = (
         FeddleParams,
         ID_DATA,
         "Feddle (federated dual learning), in-domain server data; feddle.md §3",
+        asynchronous=True,
         each_because="each arrival may become an anchor of the atlas the server searches",
     ),
     MethodSpec(
@@ -185,6 +186,7 @@ SPECS = (
         FeddleOODParams,
         OOD_CLASSIFIER,
         "Feddle with out-of-domain server data (a probe surrogate); feddle.md §3.5",
+        asynchronous=True,
         each_because="each arrival may become an anchor of the atlas the server searches",
     ),
 )

@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 
 from ...models.layout import ParamGroup
-from ...training.backends import total_optimizer_steps
 from ...training.loop import step_batches, train_local, training_task
+from ...training.settings import total_optimizer_steps
 from ..base import ClientAlgorithm, ClientContext, Method
 from ..general.fedavg import FedAvg
 from ..registry import register

@@ -73,7 +73,12 @@ M = "raysim.algorithms.general."
 SPECS = (
     MethodSpec("fedavg", M + "fedavg", reference="McMahan et al. 2017; feddle.md §4.2", sums=True),
     MethodSpec(
-        "fedprox", M + "fedprox", FedProxParams, reference="Li et al. 2020 (FedProx)", sums=True
+        "fedprox",
+        M + "fedprox",
+        FedProxParams,
+        reference="Li et al. 2020 (FedProx)",
+        sums=True,
+        partial_work=True,
     ),
     MethodSpec("fedadam", M + "fedadam", FedOptParams, reference="Reddi et al. 2021", sums=True),
     MethodSpec("fedyogi", M + "fedyogi", FedOptParams, reference="Reddi et al. 2021", sums=True),
@@ -82,6 +87,7 @@ SPECS = (
         M + "fedasync",
         FedAsyncParams,
         reference="Xie et al. 2019; feddle.md §4.3",
+        asynchronous=True,
         each_because="each arrival is mixed into the model on its own, at a weight that its "
         "staleness sets, before the next one arrives",
     ),
@@ -91,6 +97,7 @@ SPECS = (
         FedBuffParams,
         reference="Nguyen et al. 2022; feddle.md §4.4",
         sums=True,
+        asynchronous=True,
     ),
     MethodSpec(
         "fedbuff_per_round",
@@ -104,6 +111,7 @@ SPECS = (
         M + "ca2fl",
         CA2FLParams,
         reference="Wang et al. 2024 (CA2FL); feddle.md §4.5",
+        asynchronous=True,
         each_because="it keeps each client's latest update as that client's calibration",
     ),
     HookSpec(

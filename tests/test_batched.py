@@ -122,6 +122,28 @@ def test_a_penalty_is_each_clients_own(wrapped):
     assert_same(*both([6, 10, 3], penalty=prox, wrapped=wrapped))
 
 
+@pytest.mark.parametrize("local", [{}, {"lr_schedule": "linear"}], ids=["constant", "linear"])
+def test_clients_whose_steps_are_capped_apart_batch_and_end_where_each_alone_does(local):
+    """Devices' partial work gives each job its own max_steps: the group still trains in one
+    pass, each client stopping at its own cap (its schedule over its own steps)."""
+    base = LocalTrainingConfig(batch_size=4, epochs=3, lr=0.05, **local)
+    caps = [None, 2, 5]
+    configs = [base.model_copy(update={"max_steps": c}) for c in caps]
+    modules, datas = clients([12, 12, 12])
+    assert unbatchable(ModelHandle(modules[0]), ClassificationTask(), configs) == ""
+    alone = [copy.deepcopy(m) for m in modules]
+    task = ClassificationTask()
+    seq = [train_local(m, list(m.parameters()), task, d, c, torch.Generator().manual_seed(i))
+           for i, (m, d, c) in enumerate(zip(alone, datas, configs, strict=True))]  # fmt: skip
+    gens = [torch.Generator().manual_seed(i) for i in range(3)]
+    starts = [list(m.parameters()) for m in modules]
+    finals, bat = train_batched(ModelHandle(modules[0]), starts, task, datas, configs, gens)
+    assert [b["local_steps"] for b in bat] == [9.0, 2.0, 5.0]
+    assert_same(alone, finals, seq, bat)
+    other = configs[:2] + [base.model_copy(update={"lr": 0.1})]
+    assert "differ" in unbatchable(ModelHandle(modules[0]), task, other)
+
+
 def test_what_cannot_be_batched_says_why():
     model = ModelHandle(clients([3])[0][0])
     cfg = LocalTrainingConfig()

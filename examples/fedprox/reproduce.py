@@ -54,7 +54,7 @@ def run_one(overrides: list[str]) -> dict[str, Any]:
     from raysim.actors.local import local_core
     from raysim.config import load_config
 
-    core = local_core(load_config(CONFIG, overrides))
+    core = local_core(load_config(CONFIG, overrides), evaluate=True)
     t0 = time.perf_counter()
     while not core.done:
         core.step()

@@ -343,7 +343,7 @@ class ClientAlgorithm:
             [s[group] for s in starts],
             c.task,
             [x.data for x in ctxs],
-            c.config,
+            [x.config for x in ctxs],  # they may differ in max_steps (devices' partial work)
             [x.generator for x in ctxs],
             penalty,
         )

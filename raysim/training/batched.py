@@ -73,7 +73,7 @@ def unbatchable(
     """Why these clients of ``model`` (a ``ModelHandle``) cannot train in one batched pass
     ("" when they can); ``personal``: the caller stacks the personal groups itself."""
     cfg = configs[0]
-    if any(c != cfg for c in configs[1:]):
+    if any(c.model_copy(update={"max_steps": cfg.max_steps}) != cfg for c in configs[1:]):
         return "the clients' local settings differ (a client behaviour changed them)"
     if cfg.backend != "torch" or cfg.mixed_precision != "no" or cfg.grad_accumulation != 1:
         return (
@@ -224,11 +224,15 @@ class _Padded:
 class _Streams:
     """Each client's own batch stream (``step_batches`` on its generator) walked in lockstep."""
 
-    def __init__(self, task: Task, datas: Sequence[Any], cfg: LocalTrainingConfig, generators):
+    def __init__(
+        self, task: Task, datas: Sequence[Any], configs: Sequence[LocalTrainingConfig], generators
+    ):
+        """``configs``: each client's (they differ in ``max_steps`` at most: partial work)."""
         sizes = [task.num_examples(d) for d in datas]
-        self.cfg, self.k = cfg, len(datas)
-        self.steps = [list(step_batches(n, cfg, g)) for n, g in zip(sizes, generators, strict=True)]
-        self.totals = [total_optimizer_steps(n, cfg) for n in sizes]
+        self.cfg, self.k = configs[0], len(datas)
+        triples = list(zip(sizes, configs, generators, strict=True))
+        self.steps = [list(step_batches(n, c, g)) for n, c, g in triples]
+        self.totals = [total_optimizer_steps(n, c) for n, c, _ in triples]
         self.losses: list[list[float]] = [[] for _ in datas]
 
     def __len__(self) -> int:
@@ -277,7 +281,7 @@ def train_batched(
     starts: Sequence[Sequence[torch.Tensor]],
     task: Task,
     datas: Sequence[Any],
-    cfg: LocalTrainingConfig,
+    cfg: LocalTrainingConfig | Sequence[LocalTrainingConfig],
     generators: Sequence[torch.Generator],
     penalty: PenaltyFn | None = None,
     params: Sequence[torch.nn.Parameter] | None = None,
@@ -287,9 +291,13 @@ def train_batched(
     ``starts[i]`` on ``datas[i]``, as ``train_local`` would one client at a time; returns each
     client's trained tensors and metrics. Everything else of the model is shared by the clients
     and left as it is; ``penalty`` (FedProx's, Ditto's) applies to each client's own tensors. A
-    causal LM with LoRA trains its global adapter through ``MultiLoRA``."""
+    causal LM with LoRA trains its global adapter through ``MultiLoRA``. ``cfg``: the clients'
+    settings, or one per client where they differ in ``max_steps`` (devices' partial work): a
+    client whose steps end sooner sits out the rest of the group's steps."""
+    configs = [cfg] * len(starts) if isinstance(cfg, LocalTrainingConfig) else list(cfg)
+    cfg = configs[0]
     if type(task) is CausalLMTask:
-        return _train_multilora(model, starts, task, datas, cfg, generators, penalty)
+        return _train_multilora(model, starts, task, datas, configs, generators, penalty)
     module = model.module
     trained = list(params) if params is not None else model.global_parameters()
     index = {id(p): n for n, p in module.named_parameters()}
@@ -303,7 +311,7 @@ def train_batched(
     buffers = dict(module.named_buffers())
     opt = _Optimiser(cfg, list(stacked.values()))
     module.train()
-    streams = _Streams(task, datas, cfg, generators)
+    streams = _Streams(task, datas, configs, generators)
     if cfg.dp_sgd is not None:
         private = _PrivateGroup(module, trained_names, shared | buffers, task, cfg, generators)
         for t in range(len(streams)):
@@ -368,12 +376,13 @@ def _pad_rows(batch: dict[str, torch.Tensor], length: int) -> dict[str, torch.Te
     return {k: nn.functional.pad(v, (0, extra), value=fill.get(k, 0)) for k, v in batch.items()}
 
 
-def _train_multilora(model, starts, task, datas, cfg, generators, penalty):
+def _train_multilora(model, starts, task, datas, configs, generators, penalty):
     """``train_batched`` for a causal LM: each step, the active clients' batches concatenated
     (padded to the longest), one forward and backward through ``MultiLoRA``, each client's
     mean token loss its own."""
     from raysim.models.multilora import MultiLoRA, client_losses
 
+    cfg = configs[0]
     k = len(starts)
     multi = MultiLoRA(model.module, model.global_adapter, k)
     if multi.names() != [n for n, _ in model._global]:
@@ -383,7 +392,7 @@ def _train_multilora(model, starts, task, datas, cfg, generators, penalty):
     leaves = multi.parameters()
     opt = _Optimiser(cfg, leaves)
     model.module.train()
-    streams = _Streams(task, datas, cfg, generators)
+    streams = _Streams(task, datas, configs, generators)
     penalties = vmap(lambda *ps: penalty(list(ps))) if penalty is not None else None
     for t in range(len(streams)):
         active = streams.active(t)

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from raysim.sim.clock import SCHEDULE_STREAM, Dispatches, idle_by_rank
+from raysim.sim.clock import Dispatches, InFlight, idle_by_rank
 
 from .traces import DeviceTraces
 
@@ -65,7 +65,7 @@ class Work:
     epochs: int = 1
 
 
-class DeviceSchedule:
+class DeviceSchedule(InFlight):
     """``raysim.sim.clock.Schedule``'s interface on a clock of virtual seconds (module
     docstring). ``late``: ``drop`` or ``deliver``; ``partial``: accept partial work."""
 
@@ -86,8 +86,8 @@ class DeviceSchedule:
         availability: bool = True,
         stragglers: float = 0.0,
     ) -> None:
+        super().__init__(len(work.steps), seed)
         self.traces, self.work = traces, work
-        self.num_clients = len(work.steps)
         self.per_round = per_round
         self.sample_size = math.ceil(overcommit * per_round - 1e-9)
         self.close_after = close_after
@@ -95,10 +95,6 @@ class DeviceSchedule:
         self.partial, self.min_steps, self.late = partial, min_steps, late
         self.availability = availability and not traces.always_available
         self.stragglers = stragglers
-        self.rng = np.random.default_rng([seed, SCHEDULE_STREAM])
-        self.busy = np.zeros(0, dtype=np.int64)
-        self.busy_until = np.zeros(0, dtype=np.int64)
-        self.next_round = 0
         self.time = float(start_s)
         #: the last round's figures, for its metrics
         self.last: dict[str, float] = {}
@@ -154,11 +150,7 @@ class DeviceSchedule:
     # ----------------------------------------------------------------- a round
     def dispatch(self, k: int) -> DeviceDispatches:
         """Round ``k``'s dispatches; rounds must be requested in order 0, 1, 2, …"""
-        if k != self.next_round:
-            raise ValueError(f"schedule asked for round {k}, expected {self.next_round}")
-        self.next_round += 1
-        still = self.busy_until > k
-        self.busy, self.busy_until = self.busy[still], self.busy_until[still]
+        self._begin(k)
         clients = self._sample(k)
         t0, w = self.time, self.work
         e = self.traces.entries(clients)
@@ -201,8 +193,7 @@ class DeviceSchedule:
         delays = arrival_times - k
         # a lost job frees its client at the round's end; the others once delivered
         until_round = np.where(lost > 0, k, arrival_rounds) + 1
-        self.busy = np.concatenate([self.busy, clients])
-        self.busy_until = np.concatenate([self.busy_until, until_round])
+        self._occupy(clients, until_round)
         self.time = t0 + duration
         self.last = {
             "devices_sampled": float(len(clients)),
@@ -221,23 +212,8 @@ class DeviceSchedule:
 
     # ----------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
-        order = np.argsort(self.busy)
-        return {
-            "rng": self.rng.bit_generator.state,
-            "num_clients": self.num_clients,
-            "busy": np.stack([self.busy[order], self.busy_until[order]], axis=1),
-            "next_round": self.next_round,
-            "time": self.time,
-        }
+        return {**self._state(), "time": self.time}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if int(state["num_clients"]) != self.num_clients:
-            raise ValueError(f"schedule state is for {state['num_clients']} clients")
-        busy = np.asarray(state["busy"], dtype=np.int64).reshape(-1, 2)
-        self.rng.bit_generator.state = state["rng"]
-        self.busy, self.busy_until = busy[:, 0].copy(), busy[:, 1].copy()
-        self.next_round = int(state["next_round"])
+        self._load(int(state["num_clients"]), state["busy"], state)
         self.time = float(state["time"])
-
-    def in_flight(self, k: int) -> int:
-        return int(np.count_nonzero(self.busy_until > k))

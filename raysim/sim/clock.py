@@ -34,7 +34,57 @@ class Dispatches:
         return len(self.clients)
 
 
-class Schedule:
+class InFlight:
+    """What every schedule keeps: its RNG stream ``(seed, SCHEDULE_STREAM)``, the clients in
+    flight and the round from which each is idle again (never an array over the population),
+    and the next round it will be asked for."""
+
+    def __init__(self, num_clients: int, seed: int) -> None:
+        self.num_clients = num_clients
+        self.rng = np.random.default_rng([seed, SCHEDULE_STREAM])
+        #: clients in flight, and the round from which each is idle again
+        self.busy = np.zeros(0, dtype=np.int64)
+        self.busy_until = np.zeros(0, dtype=np.int64)
+        self.next_round = 0
+
+    def _begin(self, k: int) -> int:
+        """Round ``k`` begins (rounds come in order 0, 1, 2, …): the clients idle again leave
+        the busy list; returns how many clients are idle."""
+        if k != self.next_round:
+            raise ValueError(f"schedule asked for round {k}, expected {self.next_round}")
+        self.next_round += 1
+        still = self.busy_until > k
+        self.busy, self.busy_until = self.busy[still], self.busy_until[still]
+        return self.num_clients - len(self.busy)
+
+    def _occupy(self, clients: np.ndarray, idle_from: np.ndarray) -> None:
+        """``clients`` are busy until round ``idle_from`` (each)."""
+        self.busy = np.concatenate([self.busy, clients])
+        self.busy_until = np.concatenate([self.busy_until, idle_from])
+
+    def _state(self) -> dict[str, Any]:
+        order = np.argsort(self.busy)
+        return {
+            "rng": self.rng.bit_generator.state,
+            "num_clients": self.num_clients,
+            "busy": np.stack([self.busy[order], self.busy_until[order]], axis=1),
+            "next_round": self.next_round,
+        }
+
+    def _load(self, n: int, busy: np.ndarray, state: dict[str, Any]) -> None:
+        if n != self.num_clients:
+            raise ValueError(f"schedule state is for {n} clients, not {self.num_clients}")
+        busy = np.asarray(busy, dtype=np.int64).reshape(-1, 2)
+        self.rng.bit_generator.state = state["rng"]
+        self.busy, self.busy_until = busy[:, 0].copy(), busy[:, 1].copy()
+        self.next_round = int(state["next_round"])
+
+    def in_flight(self, k: int) -> int:
+        """Clients dispatched and not yet delivered before the end of round ``k``'s dispatch."""
+        return int(np.count_nonzero(self.busy_until > k))
+
+
+class Schedule(InFlight):
     """Generates dispatches round by round from its own RNG stream ``(seed, SCHEDULE_STREAM)``.
 
     It keeps only the clients in flight (``in flight`` ≤ clients per round × the longest delay),
@@ -57,24 +107,14 @@ class Schedule:
             raise ValueError("need at least one client and one client per round")
         if sampling not in ("uniform", "poisson"):
             raise ValueError(f"sampling {sampling!r}: uniform or poisson")
-        self.num_clients = num_clients
+        super().__init__(num_clients, seed)
         self.per_round = per_round
         self.sampling = sampling
         self.delay_model = delay_model
-        self.rng = np.random.default_rng([seed, SCHEDULE_STREAM])
-        #: clients in flight, and the round from which each is idle again
-        self.busy = np.zeros(0, dtype=np.int64)
-        self.busy_until = np.zeros(0, dtype=np.int64)
-        self.next_round = 0
 
     def dispatch(self, k: int) -> Dispatches:
         """Dispatches of round ``k``; rounds must be requested in order 0, 1, 2, …"""
-        if k != self.next_round:
-            raise ValueError(f"schedule asked for round {k}, expected {self.next_round}")
-        self.next_round += 1
-        still = self.busy_until > k
-        self.busy, self.busy_until = self.busy[still], self.busy_until[still]
-        idle = self.num_clients - len(self.busy)
+        idle = self._begin(k)
         if self.sampling == "poisson":
             size = int(self.rng.binomial(idle, self.per_round / self.num_clients))
         else:
@@ -83,20 +123,12 @@ class Schedule:
         chosen = idle_by_rank(ranks, np.sort(self.busy))
         delays = self.delay_model.sample(self.rng, chosen)
         arrival_rounds = self.delay_model.delivery_round(k, delays)
-        self.busy = np.concatenate([self.busy, chosen])
-        self.busy_until = np.concatenate([self.busy_until, arrival_rounds + 1])
+        self._occupy(chosen, arrival_rounds + 1)
         return Dispatches(k, chosen, delays, k + delays, arrival_rounds)
 
     def state_dict(self) -> dict[str, Any]:
         """RNG position, clients in flight, next round and the delay model's state."""
-        order = np.argsort(self.busy)
-        return {
-            "rng": self.rng.bit_generator.state,
-            "num_clients": self.num_clients,
-            "busy": np.stack([self.busy[order], self.busy_until[order]], axis=1),
-            "next_round": self.next_round,
-            "delay_model": self.delay_model.state_dict(),
-        }
+        return {**self._state(), "delay_model": self.delay_model.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "busy_until" in state:  # a checkpoint of an earlier version: one entry per client
@@ -105,16 +137,8 @@ class Schedule:
             busy = np.stack([clients, dense[clients]], axis=1)
         else:
             n, busy = int(state["num_clients"]), np.asarray(state["busy"], dtype=np.int64)
-        if n != self.num_clients:
-            raise ValueError(f"schedule state is for {n} clients, not {self.num_clients}")
-        self.rng.bit_generator.state = state["rng"]
-        self.busy, self.busy_until = busy[:, 0].copy(), busy[:, 1].copy()
-        self.next_round = int(state["next_round"])
+        self._load(n, busy, state)
         self.delay_model.load_state_dict(state["delay_model"])
-
-    def in_flight(self, k: int) -> int:
-        """Clients dispatched and not yet delivered before the end of round ``k``'s dispatch."""
-        return int(np.count_nonzero(self.busy_until > k))
 
 
 def idle_by_rank(ranks: np.ndarray, busy: np.ndarray) -> np.ndarray:

@@ -289,3 +289,15 @@ def test_a_run_with_devices_gives_the_same_bits_on_1_and_2_ray_workers(ray_clust
         r = raysim.run(EXAMPLES / "quickstart.yaml", [*on_ray, f"workers.count={count}"])
         assert r.weights_digest == ref.digest()
         assert sum(h["devices_partial"] for h in r.history) > 0
+
+
+def test_the_plan_says_what_the_devices_do():
+    from raysim.devices.build import plan_line
+
+    base = EXAMPLES / "fedprox" / "systems.yaml"
+    prox = plan_line(load_config(base))
+    assert "50% stragglers" in prox and "partial work accepted" in prox
+    avg = plan_line(load_config(base, ["algorithm={name: fedavg}"]))
+    assert "partial work dropped" in avg
+    buff = plan_line(load_config(base, ["algorithm={name: fedbuff}", "devices.stragglers=0"]))
+    assert "late updates delivered" in buff

@@ -81,3 +81,26 @@ def device_schedule(
         availability=d.availability,
         stragglers=d.stragglers,
     )
+
+
+def plan_line(cfg: RunConfig) -> str:
+    """What a run's plan says of its devices (``raysim run --dry-run``)."""
+    d = cfg.devices
+    partial, late = policies(cfg)
+    source = {
+        "synthetic": "synthetic traces (seeded)",
+        "fedscale": f"FedScale's traces at {d.path}",
+        "files": f"traces in {d.path}",
+    }[d.traces]
+    parts = [source, f"rounds of at most {d.deadline_s:g} s from {d.start_s:g} s"]
+    parts.append("availability respected" if d.availability else "availability ignored")
+    if d.overcommit > 1 or d.close_after:
+        k = d.close_after or cfg.clients.per_round
+        parts.append(f"sample {d.overcommit:g}×, close at {k} reports")
+    if d.stragglers:
+        parts.append(f"{d.stragglers:.0%} stragglers a round (FedProx §5.2)")
+    if late == "deliver":
+        parts.append("late updates delivered in later rounds")
+    else:
+        parts.append("partial work " + ("accepted" if partial else "dropped"))
+    return ", ".join(parts)

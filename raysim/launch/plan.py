@@ -106,6 +106,10 @@ class RunPlan:
         from raysim.security.policy import audit_plan_line
 
         lines.append(f"privacy: {privacy_plan_line(cfg)}")
+        if cfg.devices.enabled:
+            from raysim.devices.build import plan_line
+
+            lines.append(f"devices: {plan_line(cfg)}")
         lines.append(audit_plan_line(cfg))
         return "\n".join(lines)
 

@@ -301,3 +301,19 @@ def test_the_plan_says_what_the_devices_do():
     assert "partial work dropped" in avg
     buff = plan_line(load_config(base, ["algorithm={name: fedbuff}", "devices.stragglers=0"]))
     assert "late updates delivered" in buff
+
+
+def test_raysim_traces_converts_fedscales_files_to_ours(tmp_path, capsys):
+    from raysim.cli import main
+
+    made = synthetic_traces(200, seed=7)
+    capacity, behave = fedscale_files(made, tmp_path)
+    out = tmp_path / "ours"
+    code = main(["traces", "--fedscale", str(capacity), "--availability", str(behave),
+                 "--out", str(out), "--format", "parquet"])  # fmt: skip
+    assert code == 0 and "wrote 200 devices" in capsys.readouterr().out
+    back = read_traces(out)
+    assert np.array_equal(back.starts, made.starts) and np.allclose(
+        back.compute_ms, made.compute_ms
+    )
+    assert main(["traces", "--folder", str(tmp_path / "none")]) == 2

@@ -9,6 +9,7 @@ from raysim.cli.leave_one_out import cmd_leave_one_out
 from raysim.cli.methods import cmd_methods
 from raysim.cli.pretrain import PRETRAIN, cmd_foundation, cmd_pretrain
 from raysim.cli.run import cmd_run
+from raysim.cli.traces import cmd_traces
 from raysim.cli.tune import cmd_tune
 from raysim.cli.ui import cmd_ui
 
@@ -81,6 +82,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--storage", default="tune", help="where Tune keeps its state (default ./tune)")
     p.add_argument("--dry-run", action="store_true", help="check the sweep; start nothing")
     p.set_defaults(func=cmd_tune)
+    p = sub.add_parser(
+        "traces",
+        help="device traces (devices:) in raysim's CSV/Parquet format: convert FedScale's, "
+        "generate synthetic ones, or summarise a folder",
+    )
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--fedscale", default=None, help="FedScale's client_device_capacity file")
+    src.add_argument("--synthetic", type=int, default=None, help="this many synthetic devices")
+    src.add_argument("--folder", default=None, help="a folder in raysim's format, to summarise")
+    p.add_argument("--availability", default=None, help="FedScale's client_behave_trace file")
+    p.add_argument("--seed", type=int, default=0, help="--synthetic: the generator's seed")
+    p.add_argument("--out", default=None, help="write the traces to this folder")
+    p.add_argument("--format", choices=("csv", "parquet"), default="csv")
+    p.set_defaults(func=cmd_traces)
     p = sub.add_parser("methods", help="list registered methods and their parameters")
     p.add_argument("name", nargs="?", help="one method: its parameters' defaults and meaning")
     p.set_defaults(func=cmd_methods)

@@ -276,19 +276,23 @@ def test_a_run_with_devices_does_partial_work_and_resumes_to_the_same_bits():
 
 
 @pytest.mark.matrix  # suite time: two runs on a Ray pool
-def test_a_run_with_devices_gives_the_same_bits_on_1_and_2_ray_workers(ray_cluster):
+def test_a_run_with_devices_gives_the_same_bits_on_1_and_2_ray_workers_and_a_kill(ray_cluster):
     """The device clock is the coordinator's: which worker trains a job, and how jobs are
-    grouped, change nothing; partial work travels with the job."""
+    grouped, change nothing; partial work travels with the job, and with it when a killed
+    worker's jobs are sent again."""
     import raysim
 
     over = ["algorithm.name=fedprox", "devices.deadline_s=60", "devices.start_s=7200",
-            "devices.synthetic.always_available=0.5"]  # fmt: skip
+            "devices.synthetic.always_available=0.5",
+            "workers.group_size=2"]  # groups of two: every worker has jobs to lose  # fmt: skip
     ref = run(*over)
     on_ray = [*QUICK, *over, "runtime=ray", "workers.transport=calls"]
-    for count in (1, 2):
-        r = raysim.run(EXAMPLES / "quickstart.yaml", [*on_ray, f"workers.count={count}"])
-        assert r.weights_digest == ref.digest()
+    kill = ["faults.kill_worker.round=1", "faults.kill_worker.worker=1"]
+    for extra in (["workers.count=1"], ["workers.count=2", *kill]):
+        r = raysim.run(EXAMPLES / "quickstart.yaml", [*on_ray, *extra])
+        assert r.weights_digest == ref.digest()  # a killed worker's jobs keep their caps
         assert sum(h["devices_partial"] for h in r.history) > 0
+    assert sum(h["worker_restarts"] for h in r.history) == 1
 
 
 def test_the_plan_says_what_the_devices_do():

@@ -291,6 +291,8 @@ class CoordinatorCore(ModelVersions, ClientStates, Snapshot, RunReport):
             v.refs += 1
             self.queue.push(PendingJob(client, k, self.version, t_arr, r_arr, self._job_ids))
             if r_arr < self.cfg.rounds:
+                # partial work arrives in its round (devices.late drop), so no checkpoint holds
+                # a capped job in flight for a resume to send again without its cap
                 cap = int(caps[j]) if caps is not None and caps[j] >= 0 else None
                 jobs.append(self._client_job(self._job_ids, client, k, cap))
                 if self._jobs_wait:

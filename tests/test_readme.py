@@ -59,6 +59,12 @@ ELSEWHERE = {
     "bash benchmarks/gpu_e2e.sh --shape tiny": "make gpu-check (a CI step, .ci/run)",
     "make gpu-check": "a CI step (.ci/run)",
     "make docs": "a CI step (.ci/run); tests/test_docs.py checks the configuration reference",
+    "raysim traces --fedscale CAPACITY --availability BEHAVE --out my": "FedScale's files; "
+    "tests/test_devices.py runs the CLI on files in FedScale's format",
+    "raysim traces --fedscale client_device_capacity --availability client_behave_trace --out "
+    "my-traces": "FedScale's files; tests/test_devices.py runs the CLI on files in their format",
+    "raysim traces --folder my-traces": "the folder the command before makes; "
+    "tests/test_devices.py reads one back",
     "make bench": "the benchmarks (minutes); benchmarks/RESULTS.md",
     "python examples/feddle/reproduce.py --out runs/feddle-mini": "about 50 minutes; "
     "examples/feddle/RESULTS.md",
@@ -92,9 +98,11 @@ def test_every_readme_command_is_checked_somewhere():
 
 
 @pytest.mark.parametrize("command", DRY)
-def test_readme_command_runs_as_written_on_two_cores(command, monkeypatch, capsys):
+def test_readme_command_runs_as_written_on_two_cores(command, monkeypatch, capsys, tmp_path):
     import ray
 
+    if command.startswith("raysim traces"):  # it writes a folder: here, not in the checkout
+        monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr("raysim.launch.resources.local_resources", lambda: {"CPU": 2.0, "GPU": 0.0})
     monkeypatch.setattr("raysim.launch.resources.cpu_count", lambda: 2)

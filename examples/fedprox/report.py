@@ -138,7 +138,7 @@ FMT = {"loss": (1.0, 3), "rise": (1.0, 2), "acc": (100.0, 1)}
 
 def paired_levels(g: Grid, data: str, hi: float, lo: float, method: str, fn) -> Paired | None:
     x, y = g.values(data, hi, method, fn), g.values(data, lo, method, fn)
-    return None if x is None or y is None else Paired.of(x, y)
+    return None if x is None or y is None or len(x) < 2 else Paired.of(x, y)
 
 
 def identical_at_zero(g: Grid, out: list[str]) -> None:

@@ -273,8 +273,7 @@ class CoordinatorCore(ModelVersions, ClientStates, Snapshot, RunReport):
             log.bytes_down += sum(downlink.nbytes(c) for c in d.clients.tolist())
         jobs = []
         n = len(d)
-        lost = getattr(d, "lost", None)  # devices: a job that will not arrive (raysim.devices)
-        caps = getattr(d, "max_steps", None)
+        lost, caps = d.lost, d.max_steps  # devices: jobs that will not arrive, step caps
         for j, client, t_arr, r_arr in zip(
             range(n),
             d.clients.tolist(),

@@ -132,7 +132,7 @@ class RunReport:
             "coordinator_bytes_in": float(log.bytes_in),
             "model_version": float(self.version),
         }
-        m.update(getattr(self.schedule, "last", {}))  # devices: the round's virtual seconds
+        m.update(self.schedule.last)  # devices: the round's virtual seconds, jobs lost
         if reduce_s:  # the busiest node's reducer: its sums ran in parallel with the others'
             m["reduce_wall_s"] = max(reduce_s.values())
         events = self.executor.events()

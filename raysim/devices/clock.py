@@ -40,13 +40,9 @@ LEFT, STRAGGLER, CLOSED = 1, 2, 3
 
 @dataclass(frozen=True)
 class DeviceDispatches(Dispatches):
-    """A round's dispatches with devices: ``max_steps`` caps each job's local steps (-1: its
-    full work; partial work otherwise), ``lost`` says why a job will not arrive (0: it will;
-    ``LEFT``, ``STRAGGLER``, ``CLOSED``); ``seconds`` is each job's virtual duration, ``start``
-    and ``end`` the round's virtual seconds."""
+    """A round's dispatches with devices (``lost``: ``LEFT``, ``STRAGGLER``, ``CLOSED``):
+    ``seconds`` is each job's virtual duration, ``start`` and ``end`` the round's seconds."""
 
-    max_steps: np.ndarray | None = None
-    lost: np.ndarray | None = None
     seconds: np.ndarray | None = None
     start: float = 0.0
     end: float = 0.0
@@ -96,27 +92,26 @@ class DeviceSchedule(InFlight):
         self.availability = availability and not traces.always_available
         self.stragglers = stragglers
         self.time = float(start_s)
-        #: the last round's figures, for its metrics
-        self.last: dict[str, float] = {}
 
     # ----------------------------------------------------------------- sampling
-    def _sample(self, k: int) -> np.ndarray:
-        """Up to ``sample_size`` idle clients available at the round's start, uniformly among
-        them: candidates drawn without replacement among the idle, in batches."""
-        idle = self.num_clients - len(self.busy)
+    def _sample(self, idle: int) -> tuple[np.ndarray, np.ndarray]:
+        """Up to ``sample_size`` of the ``idle`` clients available at the round's start,
+        uniformly among them (candidates drawn without replacement among the idle, in batches),
+        and the second each one's availability window closes."""
         want = min(self.sample_size, idle)
+        none = np.zeros(0, np.int64), np.zeros(0)
         if want == 0:
-            return np.zeros(0, np.int64)
+            return none
         busy = np.sort(self.busy)
         if not self.availability:
-            ranks = self.rng.choice(idle, size=want, replace=False)
-            return idle_by_rank(ranks, busy)
+            clients = idle_by_rank(self.rng.choice(idle, size=want, replace=False), busy)
+            return clients, np.full(want, math.inf)
         limit = min(idle, 64 * want)  # at most 64 candidates per client wanted
         if limit == idle:  # a small population: look at every idle client, in random order
             clients = idle_by_rank(self.rng.permutation(idle), busy)
-            ok, _ = self.traces.availability(clients, self.time)
-            return clients[ok][:want]
-        chosen: list[np.ndarray] = []
+            ok, until = self.traces.availability(clients, self.time)
+            return clients[ok][:want], until[ok][:want]
+        chosen: list[tuple[np.ndarray, np.ndarray]] = []
         seen: set[int] = set()
         found = drawn = 0
         while found < want and drawn < limit:
@@ -126,11 +121,12 @@ class DeviceSchedule(InFlight):
             fresh = [r for r in ranks.tolist() if r not in seen]
             seen.update(fresh)
             clients = idle_by_rank(np.array(fresh, dtype=np.int64), busy)
-            ok, _ = self.traces.availability(clients, self.time)
-            keep = clients[ok][: want - found]
-            chosen.append(keep)
-            found += len(keep)
-        return np.concatenate(chosen) if chosen else np.zeros(0, np.int64)
+            ok, until = self.traces.availability(clients, self.time)
+            chosen.append((clients[ok][: want - found], until[ok][: want - found]))
+            found += len(chosen[-1][0])
+        if not chosen:
+            return none
+        return np.concatenate([c for c, _ in chosen]), np.concatenate([u for _, u in chosen])
 
     def _straggling(self, full: np.ndarray) -> np.ndarray:
         """Each job's steps if it is one of FedProx's stragglers (Li et al. 2020, §5.2, and their
@@ -150,8 +146,7 @@ class DeviceSchedule(InFlight):
     # ----------------------------------------------------------------- a round
     def dispatch(self, k: int) -> DeviceDispatches:
         """Round ``k``'s dispatches; rounds must be requested in order 0, 1, 2, …"""
-        self._begin(k)
-        clients = self._sample(k)
+        clients, until = self._sample(self._begin(k))
         t0, w = self.time, self.work
         e = self.traces.entries(clients)
         comm = 2 * w.model_bytes * 8 / 1000 / self.traces.bandwidth_kbps[e]
@@ -173,10 +168,7 @@ class DeviceSchedule(InFlight):
                 lost[over & ~cut] = STRAGGLER
             else:
                 lost[over] = STRAGGLER
-        if self.availability and len(clients):
-            _, until = self.traces.availability(clients, t0)
-            left = (lost == 0) & (t0 + seconds > until)
-            lost[left] = LEFT
+        lost[(lost == 0) & (t0 + seconds > until)] = LEFT  # its device went offline first
         duration = self.deadline
         done = np.flatnonzero(lost == 0)
         if self.close_after is not None and len(done) >= self.close_after:

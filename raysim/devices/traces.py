@@ -127,9 +127,9 @@ class DeviceTraces:
         ok = inside & (local <= self.ends[j])
         until = np.where(ok, t + (self.ends[j] - local), -math.inf)
         # a window that runs to the period's end continues into one that starts at 0
-        wraps = ok & (self.ends[j] >= period) & (self.offsets[e + 1] > self.offsets[e])
+        wraps = ok & (self.ends[j] >= period) & (hi > lo)
         if np.any(wraps):
-            first = self.offsets[e[wraps]]
+            first = lo[wraps]
             carry = np.where(self.starts[first] <= 0, self.ends[first], 0.0)
             until[wraps] = until[wraps] + carry
         return ok, until

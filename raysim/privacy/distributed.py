@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from typing import Any, Literal
 
@@ -196,8 +196,6 @@ def calibrate(
     ``max_noise_multiplier`` does not reach it."""
 
     def eps(z: float) -> float:
-        from dataclasses import replace
-
         return epsilon(replace(noise, noise_multiplier=z), schedule, steps, delta)
 
     if eps(max_noise_multiplier) > target_epsilon:

@@ -29,6 +29,10 @@ class Dispatches:
     delays: np.ndarray
     arrival_times: np.ndarray
     arrival_rounds: np.ndarray
+    #: devices (``raysim.devices``): each job's step cap (-1: its full work) and why it will
+    #: not arrive (0: it will); None on the round-counting clock
+    max_steps: np.ndarray | None = None
+    lost: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.clients)
@@ -46,6 +50,8 @@ class InFlight:
         self.busy = np.zeros(0, dtype=np.int64)
         self.busy_until = np.zeros(0, dtype=np.int64)
         self.next_round = 0
+        #: the last round's figures for its metrics (the device clock's; none here)
+        self.last: dict[str, float] = {}
 
     def _begin(self, k: int) -> int:
         """Round ``k`` begins (rounds come in order 0, 1, 2, …): the clients idle again leave

@@ -13,7 +13,9 @@ from raysim.models import DataSpec, ModelConfig
 from raysim.models.handle import ModelHandle
 from raysim.models.small import build_mlp
 from raysim.training.batched import stacked_forward, train_batched, unbatchable
+from raysim.training.chain import chain_forward, linear_chain, stacked_backward, written_out
 from raysim.training.loop import train_local
+from raysim.training.penalties import Proximal
 from raysim.training.settings import LocalTrainingConfig
 from raysim.training.tasks import ClassificationTask
 
@@ -120,6 +122,49 @@ def test_a_penalty_is_each_clients_own(wrapped):
         return 0.5 * sum(((p - anchor[0]) ** 2).sum() for p in params)
 
     assert_same(*both([6, 10, 3], penalty=prox, wrapped=wrapped))
+
+
+def test_a_proximal_penalty_batches_through_its_written_out_gradient():
+    """FedProx's and Ditto's term (``Proximal``) gives each client its value and gradient
+    without autograd; the batched step ends where sequential steps do, and the written-out
+    gradient is autograd's."""
+    start, _ = clients([1])
+    centre = [p.detach() + 0.1 for p in start[0].parameters()]
+    prox = Proximal(0.7, centre)
+    assert_same(*both([6, 10, 3], penalty=prox))
+    stacks = [torch.stack([c + 0.3 * i for i in range(3)]).requires_grad_() for c in centre]
+    values, grads = prox.stacked_with_gradient([s.detach() for s in stacks])
+    expected = torch.stack([prox([s[i] for s in stacks]) for i in range(3)])
+    torch.testing.assert_close(values, expected.detach())
+    for g, e in zip(grads, torch.autograd.grad(expected.sum(), stacks), strict=True):
+        torch.testing.assert_close(g, e)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_stacked_chain_written_out_backward_is_autograds(bias):
+    """``chain.stacked_backward`` (Flatten, Linear, ReLU, Identity) = autograd on the same
+    stacked forward, for any ∂loss/∂output."""
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(6, 5, bias=bias), torch.nn.ReLU(),
+        torch.nn.Identity(), torch.nn.Linear(5, 3, bias=bias),
+    )  # fmt: skip
+    layers = linear_chain(module)
+    assert written_out(layers)
+    assert not written_out(
+        linear_chain(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Tanh()))
+    )
+    k = 4
+    params = {n: torch.stack([p.detach() + 0.1 * torch.randn(p.shape) for _ in range(k)])
+              for n, p in module.named_parameters()}  # fmt: skip
+    x, up = torch.randn(k, 7, 2, 3), torch.randn(k, 7, 3)
+    _, grads = stacked_backward(layers, params, x, lambda out: (None, up))
+    leaves = {n: p.clone().requires_grad_() for n, p in params.items()}
+    out = chain_forward(layers, leaves, x, stacked=True)
+    expected = torch.autograd.grad((out * up).sum(), list(leaves.values()))
+    assert set(grads) == set(leaves)
+    for n, e in zip(leaves, expected, strict=True):
+        torch.testing.assert_close(grads[n], e)
 
 
 @pytest.mark.parametrize("local", [{}, {"lr_schedule": "linear"}], ids=["constant", "linear"])

@@ -30,7 +30,7 @@ from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 from torch.nn.utils.rnn import pad_sequence
 
-from raysim.training.chain import chain_forward, linear_chain
+from raysim.training.chain import chain_forward, linear_chain, stacked_backward, written_out
 from raysim.training.dp_sgd import (
     chain_clipped_sum,
     chain_of,
@@ -128,22 +128,29 @@ class _Optimiser:
     def __post_init__(self) -> None:
         self.state: list[dict[str, torch.Tensor]] = [{} for _ in self.params]
 
-    def step(self, grads: list[torch.Tensor], rate: torch.Tensor, t: int) -> None:
-        """The t-th step (1-based) of every client whose ``rate`` (shape (k,)) is not 0."""
+    def step(self, grads: list[torch.Tensor], rates: list[float], t: int) -> None:
+        """The t-th step (1-based) of every client whose rate (``rates``, one per client) is
+        not 0."""
         cfg = self.cfg
-        if cfg.optimizer == "sgd" and bool((rate == rate[0]).all()) and float(rate[0]) > 0:
-            self._sgd_all(grads, float(rate[0]))  # every client moves, at one rate
-            return
+        if cfg.optimizer == "sgd":
+            moving = {r for r in rates if r > 0}
+            # every client moves at one rate; or, with neither momentum nor weight decay, every
+            # client that moves (the others' gradients are zero: they stay exactly as they are)
+            plain = not cfg.momentum and not cfg.weight_decay
+            if len(moving) == 1 and (plain or min(rates) > 0):
+                self._sgd_all(grads, moving.pop())
+                return
+        rate = torch.tensor(rates, dtype=torch.float64)
         moving = (rate > 0).to(rate.dtype)
-        rates: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # (dtype, ndim) → views
+        views: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # (dtype, ndim) → rate, on
         with torch.no_grad():
             for p, g, state in zip(self.params, grads, self.state, strict=True):
                 key = (p.dtype, p.ndim)
-                if key not in rates:
+                if key not in views:
                     shape = (-1,) + (1,) * (p.ndim - 1)
                     on_p = {"device": p.device, "dtype": p.dtype}
-                    rates[key] = rate.to(**on_p).view(shape), moving.to(**on_p).view(shape)
-                lr, on = rates[key]
+                    views[key] = rate.to(**on_p).view(shape), moving.to(**on_p).view(shape)
+                lr, on = views[key]
                 if cfg.optimizer == "sgd":
                     if cfg.weight_decay:
                         g = g.add(p * on, alpha=cfg.weight_decay)
@@ -207,18 +214,54 @@ class _Padded:
         self.pad = len(self.y) - 1
         sizes = torch.tensor([len(y) for y in ys])
         self.offsets = (torch.cumsum(sizes, 0) - sizes).tolist()
+        self._weights: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def weight(self, lengths: tuple[int, ...]) -> torch.Tensor:
+        """(m, longest): 1/length on a client's own rows, 0 on its padding (kept per pattern)."""
+        weight = self._weights.get(lengths)
+        if weight is None:
+            if len(self._weights) > 4096:
+                self._weights.clear()
+            device = self.y.device
+            each = torch.tensor(lengths, device=device)[:, None]
+            weight = (torch.arange(max(lengths), device=device) < each) / each
+            self._weights[lengths] = weight
+        return weight
+
+    def _rows(self, index: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The clients' rows padded to the longest batch, and ``weight``'s."""
+        lengths = tuple(len(i) for i in index)
+        if min(lengths) == max(lengths):
+            rows = torch.stack(index)
+        else:
+            rows = pad_sequence(index, batch_first=True, padding_value=self.pad)
+        return rows, self.weight(lengths)
 
     def loss(self, forward: Callable, params: dict, index: list[torch.Tensor]) -> torch.Tensor:
         """Each client's mean cross-entropy on its batch (``index``: its rows, table-wide)."""
-        rows = pad_sequence(index, batch_first=True, padding_value=self.pad)
-        device = self.y.device
-        lengths = torch.tensor([len(i) for i in index], device=device)[:, None]
-        weight = (torch.arange(rows.shape[1], device=device) < lengths) / lengths
+        rows, weight = self._rows(index)
         logits = forward(params, self.x[rows])
         ce = nn.functional.cross_entropy(
             logits.flatten(0, 1), self.y[rows].flatten(), reduction="none"
         )
         return (ce.view(rows.shape) * weight).sum(dim=1)
+
+    def gradients(
+        self, layers: list, params: dict, index: list[torch.Tensor]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """``loss``'s values and each linear layer's gradient of their sum, written out
+        (``chain.stacked_backward``): ∂/∂logits = (softmax − one-hot)·weight."""
+        rows, weight = self._rows(index)
+        y = self.y[rows].unsqueeze(2)
+
+        def delta(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            logp = torch.log_softmax(logits, dim=2)
+            loss = (-logp.gather(2, y).squeeze(2) * weight).sum(dim=1)
+            minus_one = torch.full(y.shape, -1.0, dtype=logp.dtype, device=logp.device)
+            grad = logp.exp_().scatter_add_(2, y, minus_one)
+            return loss, grad.mul_(weight.unsqueeze(2))
+
+        return stacked_backward(layers, params, self.x[rows], delta)
 
 
 class _Streams:
@@ -241,26 +284,42 @@ class _Streams:
     def active(self, t: int) -> list[int]:
         return [i for i in range(self.k) if t < len(self.steps[i])]
 
-    def rate(self, t: int, active: list[int]) -> torch.Tensor:
+    def rate(self, t: int, active: list[int]) -> list[float]:
         """Each client's step size at its t-th step (0: it takes none); a linear schedule is
         LambdaLR after t steps, lr·(T_i − t)/T_i."""
         cfg = self.cfg
-        if cfg.lr_schedule != "linear":
-            rate = torch.zeros(self.k, dtype=torch.float64)
-            rate[active] = cfg.lr
-            return rate
         rate = [0.0] * self.k
         for i in active:
+            if cfg.lr_schedule != "linear":
+                rate[i] = cfg.lr
+                continue
             total = max(self.totals[i], 1)
             rate[i] = cfg.lr * max(0.0, (total - t) / total)
-        return torch.tensor(rate, dtype=torch.float64)
+        return rate
 
-    def step(self, opt: _Optimiser, total: torch.Tensor, t: int, active: list[int]) -> None:
-        """Backward of the clients' summed losses, per-client clipping, the optimiser step."""
+    def step(
+        self,
+        opt: _Optimiser,
+        total: torch.Tensor,
+        t: int,
+        active: list[int],
+        extra: tuple[Rows, list[torch.Tensor]] | None = None,
+    ) -> None:
+        """Backward of the clients' summed losses, plus ``extra`` (rows, gradients written out:
+        a penalty's), per-client clipping, the optimiser step."""
         got = torch.autograd.grad(total, opt.params, allow_unused=True)
         grads = [
             torch.zeros_like(p) if g is None else g for p, g in zip(opt.params, got, strict=True)
         ]
+        if extra is not None:
+            rows, more = extra
+            for g, e in zip(grads, more, strict=True):
+                g[rows] += e
+        self.apply(opt, grads, t, active)
+
+    def apply(self, opt: _Optimiser, grads: list[torch.Tensor], t: int, active: list[int]):
+        """Per-client clipping and the optimiser step, for gradients (k, ...) of every client
+        (zero for those that take no step)."""
         if self.cfg.max_grad_norm is not None:
             _clip(grads, self.cfg.max_grad_norm)  # clients that take no step have zero gradients
         opt.step(grads, self.rate(t, active), t + 1)
@@ -333,8 +392,14 @@ def train_batched(
     batched_loss = vmap(client_loss)
     fast = stacked_forward(module) if not buffers else None
     penalties = None
-    if penalty is not None:
-        penalties = vmap(lambda ps: penalty([ps[n] for n in trained_names]))
+    if penalty is not None:  # each client's value: the penalty's stacked form, or vmap's
+        each = getattr(penalty, "stacked", None) or vmap(penalty)
+        penalties = lambda ps: each([ps[n] for n in trained_names])  # noqa: E731
+    written = getattr(penalty, "stacked_with_gradient", None)
+    layers = None  # a chain whose step is written out: no penalty, or one that writes its own
+    if fast is not None and (penalty is None or written is not None):
+        chain = linear_chain(module)
+        layers = chain if written_out(chain) else None
     if fast is not None:
         table = _Padded(datas)
         table_steps = [
@@ -343,12 +408,34 @@ def train_batched(
     for t in range(len(streams)):
         active = streams.active(t)
         rows: Rows = slice(None) if len(active) == k else torch.tensor(active)
+        extra = None
+        if layers is not None:  # the step written out, no autograd
+            with torch.no_grad():
+                params = {n: stacked[n][rows] for n in trained_names}
+                m = len(active)
+                params.update({n: p.unsqueeze(0).expand(m, *p.shape) for n, p in shared.items()})
+                out, got = table.gradients(layers, params, [table_steps[i][t] for i in active])
+                grads = [got[n] for n in trained_names]
+                if written is not None:
+                    value, more = written([params[n] for n in trained_names])
+                    out = out + value
+                    grads = [g.add_(e) for g, e in zip(grads, more, strict=True)]
+                if m < k:  # every client's, zero for those that take no step
+                    sub = rows
+                    grads = [torch.zeros_like(stacked[n]).index_copy_(0, sub, g)
+                             for n, g in zip(trained_names, grads, strict=True)]  # fmt: skip
+            streams.record(active, out)
+            streams.apply(opt, grads, t, active)
+            continue
         if fast is not None:  # one pass: batches padded to the longest, padding weighted 0
             params = {n: stacked[n][rows] for n in trained_names}
             m = len(active)
             params.update({n: p.unsqueeze(0).expand(m, *p.shape) for n, p in shared.items()})
             out = table.loss(fast, params, [table_steps[i][t] for i in active])
-            if penalties is not None:
+            if written is not None:  # the penalty's value, and its gradient written out
+                value, more = written([params[n].detach() for n in trained_names])
+                out, extra = out + value, (rows, more)
+            elif penalties is not None:
                 out = out + penalties({n: params[n] for n in trained_names})
             groups = [(active, out)]
         else:  # vmap over the clients whose batches have the same size
@@ -362,7 +449,7 @@ def train_batched(
                 groups.append(([active[j] for j in members], batched_loss(params, x, y)))
         for members, out in groups:
             streams.record(members, out)
-        streams.step(opt, sum(out.sum() for _, out in groups), t, active)
+        streams.step(opt, sum(out.sum() for _, out in groups), t, active, extra)
     finals = [[stacked[n][i].detach().clone() for n in trained_names] for i in range(k)]
     return finals, streams.metrics()
 

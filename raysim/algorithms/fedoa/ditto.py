@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...training.batched import train_batched, unbatchable
+from ...training.penalties import Proximal
 from ...training.tasks import CausalLMTask
 from ..base import ClientContext, Method, Snapshot
 from ..general.fedavg import FedAvg
@@ -89,7 +90,7 @@ class DittoClient(ParamProxClient):
         if first.dispatch_round >= p.personal_start_round:
             penalty = None
             if p.lam:
-                penalty = lambda ps: 0.5 * p.lam * squared_distance(ps, centre)  # noqa: E731
+                penalty = Proximal(p.lam, centre)
             finals, m = phase(PERSONAL, PERSONAL, penalty)
             start = np.concatenate([t.reshape(-1).numpy() for t in centre]).astype(np.float64)
             for i, f in enumerate(finals):

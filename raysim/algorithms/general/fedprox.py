@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from ...training.backends import PenaltyFn
+from ...training.penalties import Proximal
 from ..base import ClientAlgorithm, Method
 from ..registry import register
 from .fedavg import FedAvg
@@ -23,14 +24,7 @@ class FedProxClient(ClientAlgorithm):
         if mu == 0:
             return None
 
-        def proximal(params: Sequence[torch.Tensor]) -> torch.Tensor:
-            return (
-                0.5
-                * mu
-                * sum(((p - g) ** 2).sum() for p, g in zip(params, global_params, strict=False))
-            )
-
-        return proximal
+        return Proximal(mu, global_params)
 
 
 METHOD = register(Method.of(METHODS["fedprox"], strategy=FedAvg, client=FedProxClient))

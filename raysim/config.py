@@ -39,6 +39,7 @@ from raysim.data.federated import DataSection, DigitsData
 from raysim.devices.settings import DevicesConfig
 from raysim.models.registry import ModelConfig, model_names, model_traits
 from raysim.privacy.settings import PrivacyConfig
+from raysim.robust.settings import RobustConfig
 from raysim.schema import StrictModel, did_you_mean
 from raysim.sim.delays import DelayParams, NoDelayParams, parse_delay_params
 from raysim.sweeps.space import TuneSection
@@ -498,6 +499,7 @@ class RunConfig(StrictModel):
     faults: FaultsConfig = Field(default_factory=FaultsConfig)
     audit: AuditConfig = Field(default_factory=AuditConfig)
     privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
+    robust: RobustConfig = Field(default_factory=RobustConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     runtime: Literal["auto", "ray", "local"] = Field(
         "auto",
@@ -553,6 +555,7 @@ class RunConfig(StrictModel):
         self._check_partial_sums()
         self._check_privacy()
         self._check_devices()
+        self._check_robust()
         for f in self.faults.corrupt_updates:
             if f.client >= self.clients.num:
                 raise ValueError(
@@ -630,8 +633,25 @@ class RunConfig(StrictModel):
 
     def partial_sums(self) -> bool:
         """Whether a Ray pool keeps the clients' deltas where they are and sums them there
-        (``workers.partial_sums``): true or auto, for a method whose strategy sums its updates."""
-        return self.workers.partial_sums is not False and method_spec(self.algorithm.name).sums
+        (``workers.partial_sums``): true or auto, for a method whose strategy sums its updates,
+        unless a robust rule or a forging attacker reads each update."""
+        return (
+            self.workers.partial_sums is not False
+            and method_spec(self.algorithm.name).sums
+            and not self._reads_each_update()
+        )
+
+    def forging_behaviours(self) -> list[str]:
+        """The client behaviours whose updates the server forges (``ClientBehaviour.forge``)."""
+        return [name for name, _ in self.client_hooks() if BEHAVIOURS.spec(name).forges]
+
+    def _reads_each_update(self) -> str:
+        """Why the server reads each update whole for ``raysim.robust`` ("" where it does not)."""
+        if self.robust.reads_each_update:
+            return f"robust.rule {self.robust.rule} reads every update of a round"
+        if forging := self.forging_behaviours():
+            return f"{forging[0]} forges its update from the round's benign ones"
+        return ""
 
     def _check_partial_sums(self) -> None:
         if self.workers.partial_sums is not True:
@@ -642,6 +662,40 @@ class RunConfig(StrictModel):
                 f"workers.partial_sums true: {self.algorithm.name} needs each update whole "
                 f"({spec.each_because}); set workers.partial_sums to auto or false"
             )
+        if why := self._reads_each_update():
+            raise ValueError(
+                f"workers.partial_sums true: {why}, so updates travel whole; set "
+                "workers.partial_sums to auto or false"
+            )
+
+    def _check_robust(self) -> None:
+        """``robust`` and forging attackers: a synchronous method that averages its clients'
+        deltas, a rule its paper covers for this n and f, not under privacy (yet)."""
+        why = self._reads_each_update()
+        if not why:
+            return
+        spec = method_spec(self.algorithm.name)
+        if not spec.sums or spec.asynchronous:
+            raise ValueError(
+                f"{why}, which replaces the server's average of a round's client deltas; "
+                f"{self.algorithm.name} does not average them in synchronous rounds (raysim "
+                "methods says which do: fedavg, fedprox, fedadam, ...)"
+            )
+        if self.privacy.enabled:
+            raise ValueError(
+                f"{why}; privacy (its clipping, noise and secure aggregation) and robust "
+                "aggregation are not combined yet: set privacy.mode none or robust.rule none"
+            )
+        if self.robust.reads_each_update:
+            from raysim.robust.rules import RULES
+
+            if self.clients.sampling == "poisson":
+                raise ValueError(
+                    f"robust.rule {self.robust.rule} checks its assumption on a round's n "
+                    "updates, which Poisson sampling leaves to chance: set clients.sampling "
+                    "uniform"
+                )
+            RULES[self.robust.rule].check(self.clients.per_round, self.robust.f)
 
     def _check_devices(self) -> None:
         d = self.devices

@@ -39,10 +39,11 @@ from raysim.actors.jobs import STOPPED_EARLY, ClientJob, one_or_each
 from raysim.algorithms.base import Diverged, Strategy, Update
 from raysim.algorithms.context import ServerContext
 from raysim.algorithms.hooks import compose
-from raysim.algorithms.registry import MIXERS, get_method
+from raysim.algorithms.registry import BEHAVIOURS, MIXERS, get_method
 from raysim.config import RunConfig
 from raysim.errors import LeakError
 from raysim.privacy.wrap import private
+from raysim.robust.server import robust
 from raysim.security.policy import audit_off_warning, audits_leaks
 from raysim.sim.clock import ArrivalQueue, PendingJob, Schedule
 from raysim.sim.delays import build_delay_model
@@ -147,7 +148,10 @@ class CoordinatorCore(ModelVersions, ClientStates, Snapshot, RunReport):
         cfg = self.cfg
         base = self.method.strategy(cfg.algorithm.params, initial, cfg.clients.num)
         mixers = [MIXERS.get(h.name).build(h.params) for h in cfg.hooks.server]
-        strategy = private(compose(base, mixers), cfg)
+        behaviours = [BEHAVIOURS.get(name).build(p) for name, p in cfg.client_hooks()]
+        for b in behaviours:  # the same adversaries as the workers': from the run seed
+            b.setup(cfg.seed, cfg.clients.num)
+        strategy = private(robust(compose(base, mixers), cfg, behaviours), cfg)
         strategy.setup(self.server)
         return strategy
 

@@ -20,6 +20,7 @@ from raysim.models.handle import ModelHandle
 from raysim.models.layout import Layout
 from raysim.models.params import flatten
 from raysim.privacy.clipping import ClientPrivacy
+from raysim.robust.rules import norm_bound
 from raysim.sim.build import data_spec, method_resident
 from raysim.state.store import load_entry, store_at
 from raysim.tracking import timeline
@@ -66,6 +67,9 @@ class ClientRunner:
         self.behaviours = [BEHAVIOURS.get(name).build(p) for name, p in self.cfg.client_hooks()]
         for b in self.behaviours:
             b.setup(self.cfg.seed, self.cfg.clients.num)
+        robust = self.cfg.robust
+        #: robust.rule norm_bound's M: each delta scaled to norm ≤ M on the worker (Sun et al.)
+        self.norm_bound = robust.norm_bound.max_norm if robust.rule == "norm_bound" else None
         #: each delta clipped (and noised, local DP) before it leaves: ``raysim.privacy``
         self.privacy = None
         if self.cfg.privacy.enabled:
@@ -320,6 +324,8 @@ class ClientRunner:
         delta = (ctx.model.get_global() if trained is None else trained) - weights
         for b in active:
             delta = b.on_update(ctx, delta)
+        if self.norm_bound is not None:  # robust.rule norm_bound: clipped where it is made
+            delta = norm_bound(delta, self.norm_bound)
         if self.privacy is not None:
             delta, metrics = self.privacy.apply(delta, ctx.downlink, job.seed, metrics, job.client)
         self.jobs_run += 1

@@ -113,6 +113,22 @@ class ClientBehaviour:
         attack success rate); built once on the coordinator."""
         return {}
 
+    #: an adversary's behaviour: the server's robust metrics count the updates of its clients
+    attack: bool = False
+
+    def forge(self, honest: np.ndarray, n: int, f: int) -> np.ndarray | None:
+        """An omniscient attacker's update, forged on the server from the round's benign updates
+        ``honest`` ((h, d), by client id) when ``n`` updates arrived, ``f`` of them this kind
+        of attacker's: every client this behaviour applies to sends it instead of its own
+        (``raysim.robust.server``). None (the default): the behaviour forges nothing."""
+        return None
+
+    @property
+    def forges(self) -> bool:
+        """Whether this behaviour forges its clients' updates on the server (overrides
+        ``forge``)."""
+        return type(self).forge is not ClientBehaviour.forge
+
 
 class ComposedStrategy(Strategy):
     """A base strategy followed by mixers: whenever the base changes the global model, the

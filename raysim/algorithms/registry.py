@@ -276,13 +276,25 @@ class Hook(Generic[T]):
     def of(cls, spec: HookSpec, implementation: type[T]) -> Hook[T]:
         """A built-in hook: name, params and reference from its torch-free ``spec``."""
         hook = cls(spec.name, implementation, spec.params, spec.reference)
-        if hook.declares_secrets != spec.secrets:
-            does = "does not override" if spec.secrets else "overrides"
-            raise ValueError(
-                f"{spec.name}: its spec says secrets={spec.secrets}, its class "
-                f"{implementation.__name__} {does} secrets()"
-            )
+        for flag, said, method, overridden in (
+            ("secrets", spec.secrets, "secrets", hook.declares_secrets),
+            ("forges", spec.forges, "forge", hook.forges),
+        ):
+            if overridden != said:
+                does = "does not override" if said else "overrides"
+                raise ValueError(
+                    f"{spec.name}: its spec says {flag}={said}, its class "
+                    f"{implementation.__name__} {does} {method}()"
+                )
         return hook
+
+    @property
+    def forges(self) -> bool:
+        """Whether it is a client behaviour whose updates the server forges (overrides
+        ``ClientBehaviour.forge``)."""
+        from .hooks import ClientBehaviour
+
+        return issubclass(self.cls, ClientBehaviour) and self.cls.forge is not ClientBehaviour.forge
 
     @property
     def declares_secrets(self) -> bool:
@@ -320,7 +332,7 @@ def _hooks(kind: str, base: str) -> Registry[Any, HookSpec]:
     return Registry(
         kind,
         lambda h: HookSpec(
-            kind, h.name, h.cls.__module__, h.params, h.reference, h.declares_secrets
+            kind, h.name, h.cls.__module__, h.params, h.reference, h.declares_secrets, h.forges
         ),
         lambda h: (h.cls.__qualname__, _file(h.cls)),
         _check_hook(base),

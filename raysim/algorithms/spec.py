@@ -173,7 +173,9 @@ class MethodSpec:
 class HookSpec:
     """What a config needs to know of a mixer or a client behaviour: ``kind`` is the registry's
     (``"server hook"`` or ``"client behaviour"``), ``module`` registers the implementation;
-    ``secrets``: a mixer that declares server-private values (overrides ``Mixer.secrets``)."""
+    ``secrets``: a mixer that declares server-private values (overrides ``Mixer.secrets``);
+    ``forges``: a client behaviour whose updates the server forges from the round's benign ones
+    (overrides ``ClientBehaviour.forge``: the updates then travel whole, ``raysim.robust``)."""
 
     kind: str
     name: str
@@ -181,3 +183,4 @@ class HookSpec:
     params: type[HookParams] = HookParams
     reference: str = ""
     secrets: bool = False
+    forges: bool = False

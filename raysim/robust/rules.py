@@ -106,12 +106,16 @@ def krum_scores(dist: np.ndarray, f: int, neighbours: str = "paper") -> np.ndarr
     return others.sum(axis=1)
 
 
+def krum_chosen(x: np.ndarray, f: int, m: int = 1, neighbours: str = "paper") -> list[int]:
+    """The rows Krum (m = 1) or Multi-Krum picks: the m lowest scores, ties to the lower row."""
+    scores = krum_scores(squared_distances(x), f, neighbours)
+    return sorted(int(i) for i in np.argsort(scores, kind="stable")[:m])
+
+
 def krum(x: np.ndarray, f: int, m: int = 1, neighbours: str = "paper") -> np.ndarray:
     """Krum (m = 1) or Multi-Krum: the mean of the m updates with the lowest scores."""
     x = np.asarray(x, dtype=np.float64)
-    scores = krum_scores(squared_distances(x), f, neighbours)
-    chosen = np.argsort(scores, kind="stable")[:m]
-    return _out(x[np.sort(chosen)].mean(axis=0))
+    return _out(x[krum_chosen(x, f, m, neighbours)].mean(axis=0))
 
 
 def median(x: np.ndarray) -> np.ndarray:
@@ -123,19 +127,23 @@ def trimmed_mean(x: np.ndarray, f: int) -> np.ndarray:
     return _out(x[f : len(x) - f].mean(axis=0))
 
 
-def bulyan(x: np.ndarray, f: int, neighbours: str = "paper") -> np.ndarray:
-    """El Mhamdi et al. 2018, Algorithm 1: θ = n − 2f updates by repeated Krum, then the
-    coordinate-wise mean of the β = θ − 2f chosen values nearest their median."""
-    x = np.asarray(x, dtype=np.float64)
-    n = len(x)
+def bulyan_chosen(x: np.ndarray, f: int, neighbours: str = "paper") -> list[int]:
+    """Bulyan's θ = n − 2f rows, each Krum's pick among the rows not yet picked."""
     dist = squared_distances(x)
-    left, chosen = list(range(n)), []
-    for _ in range(n - 2 * f):
+    left, chosen = list(range(len(x))), []
+    for _ in range(len(x) - 2 * f):
         sub = dist[np.ix_(left, left)]
         best = left[int(np.argmin(krum_scores(sub, f, neighbours)))]
         chosen.append(best)
         left.remove(best)
-    s = x[sorted(chosen)]
+    return sorted(chosen)
+
+
+def bulyan(x: np.ndarray, f: int, neighbours: str = "paper") -> np.ndarray:
+    """El Mhamdi et al. 2018, Algorithm 1: θ = n − 2f updates by repeated Krum, then the
+    coordinate-wise mean of the β = θ − 2f chosen values nearest their median."""
+    x = np.asarray(x, dtype=np.float64)
+    s = x[bulyan_chosen(x, f, neighbours)]
     beta = len(s) - 2 * f
     centre = np.median(s, axis=0)
     nearest = np.argsort(np.abs(s - centre), axis=0, kind="stable")[:beta]

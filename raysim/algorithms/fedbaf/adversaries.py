@@ -49,6 +49,7 @@ def scaled_epochs(config: Any, n: int, epochs: float) -> Any:
 
 class LabelShuffle(ClientBehaviour):
     params: LabelShuffleParams
+    attack = True
 
     def _generator(self, ctx: ClientContext) -> torch.Generator:
         if self.params.permutation == "per_visit":
@@ -97,6 +98,7 @@ def stamp(x: np.ndarray | torch.Tensor, p: BackdoorParams) -> Any:
 
 class Backdoor(ClientBehaviour):
     params: BackdoorParams
+    attack = True
 
     def on_data(self, ctx: ClientContext, data: Any) -> Any:
         if isinstance(data, dict):

@@ -26,6 +26,7 @@ class Corrupt(ClientBehaviour):
 
 class ScaleUpdate(ClientBehaviour):
     params: ScaleParams
+    attack = True
 
     def on_update(self, ctx: ClientContext, delta: np.ndarray) -> np.ndarray:
         return delta * np.float32(self.params.factor)

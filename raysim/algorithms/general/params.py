@@ -69,7 +69,50 @@ class ScaleParams(BehaviourParams):
     factor: float = Field(10.0, description="the delta is multiplied by this")
 
 
+class SignFlipParams(BehaviourParams):
+    scale: float = Field(1.0, gt=0, description="the client sends −scale·(its own delta)")
+
+
+class SignFlipMeanParams(BehaviourParams):
+    scale: float = Field(1.0, gt=0, description="the clients send −scale·(the benign mean)")
+
+
+class GaussianAttackParams(BehaviourParams):
+    mu: float = Field(0.0, description="μ of the N(μ, σ²) update the client sends")
+    sigma: float = Field(1.0, ge=0, description="σ of the N(μ, σ²) update the client sends")
+
+
+class IPMParams(BehaviourParams):
+    epsilon: float = Field(
+        0.1, gt=0, description="ε: the clients send −ε·(the benign mean) (Xie et al. 2019)"
+    )
+
+
+class ALIEParams(BehaviourParams):
+    z: float | None = Field(
+        None,
+        description="mean + z·std per coordinate; None: Baruch et al.'s z_max for the round's "
+        "n updates and f attackers",
+    )
+
+
+class MinMaxParams(BehaviourParams):
+    perturbation: Literal["std", "unit", "sign"] = Field(
+        "std", description="p: −std, −mean/‖mean‖ or −sign(mean) (Shejwalkar, Houmansadr §IV)"
+    )
+    gamma_init: float = Field(10.0, gt=0, description="the search's first γ (Algorithm 1)")
+
+
+class MinSumParams(MinMaxParams):
+    bound: Literal["max", "min"] = Field(
+        "max",
+        description="the benign updates' largest sum of squared distances (max, the paper's "
+        "formulation) or their smallest (min, a stricter attacker)",
+    )
+
+
 M = "raysim.algorithms.general."
+A = M + "attacks"
 SPECS = (
     MethodSpec("fedavg", M + "fedavg", reference="McMahan et al. 2017; feddle.md §4.2", sums=True),
     MethodSpec(
@@ -126,6 +169,54 @@ SPECS = (
     ),
     HookSpec("client behaviour", "corrupt", M + "behaviours", CorruptParams, "fault injection"),
     HookSpec("client behaviour", "scale_update", M + "behaviours", ScaleParams, "update boosting"),
+    HookSpec("client behaviour", "sign_flip", A, SignFlipParams, "sign flipping of its own update"),
+    HookSpec(
+        "client behaviour",
+        "gaussian_update",
+        A,
+        GaussianAttackParams,
+        "Gaussian attack (Blanchard et al. 2017, §5)",
+    ),
+    HookSpec(
+        "client behaviour",
+        "sign_flip_mean",
+        A,
+        SignFlipMeanParams,
+        "sign flipping of the benign mean (omniscient; byzfl's SignFlipping)",
+        forges=True,
+    ),
+    HookSpec(
+        "client behaviour",
+        "ipm",
+        A,
+        IPMParams,
+        "inner product manipulation (Xie, Koyejo, Gupta 2019; omniscient)",
+        forges=True,
+    ),
+    HookSpec(
+        "client behaviour",
+        "alie",
+        A,
+        ALIEParams,
+        "a little is enough (Baruch, Baruch, Goldberg 2019; omniscient)",
+        forges=True,
+    ),
+    HookSpec(
+        "client behaviour",
+        "min_max",
+        A,
+        MinMaxParams,
+        "min-max (Shejwalkar, Houmansadr 2021; omniscient)",
+        forges=True,
+    ),
+    HookSpec(
+        "client behaviour",
+        "min_sum",
+        A,
+        MinSumParams,
+        "min-sum (Shejwalkar, Houmansadr 2021; omniscient)",
+        forges=True,
+    ),
 )
 #: by name, for the implementation modules (``Method.of(METHODS["fedprox"], ...)``)
 METHODS = {s.name: s for s in SPECS if isinstance(s, MethodSpec)}

@@ -184,3 +184,23 @@ def test_min_max_and_min_sum_find_the_largest_gamma_their_constraint_allows(atta
     bound = d.max() if attack == "min_max" else d.sum(1).max()
     assert value(gamma) <= bound * (1 + 1e-9)
     assert value(gamma + 1e-3) > bound
+
+
+def test_chunks_of_coordinates_change_no_rule_or_attack(monkeypatch):
+    """The rules work on CHUNK coordinates at a time (memory at 10^6 parameters): chunks of 7
+    of 40 coordinates (a partial last one) give what one chunk gives."""
+    x = updates(11, outliers=2)
+    centre = np.linspace(-1, 1, 40)
+
+    def everything():
+        return [
+            rules.krum(x, 2), rules.krum(x, 2, m=5), rules.median(x), rules.trimmed_mean(x, 2),
+            rules.bulyan(x, 2), rules.geometric_median(x, np.arange(1.0, 12.0)),
+            rules.centered_clipping(x, centre, 1.0, 3), attacks.ipm(x, 0.5), attacks.alie(x, 1.0),
+            attacks.min_max(x), attacks.min_sum(x, "unit"), attacks.sign_flip_mean(x),
+        ]  # fmt: skip
+
+    whole = everything()
+    monkeypatch.setattr(rules, "CHUNK", 7)
+    for a, b in zip(whole, everything(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 #: MAJOR.MINOR: a major step changes a call plugins make or receive, a minor one adds to it
-INTERFACE_VERSION = "3.7"
+INTERFACE_VERSION = "3.8"
 
 #: Where a callable's shape changed, what changed (a hint on the refusal; CHANGELOG.md has all)
 CHANGED: dict[str, str] = {

@@ -27,11 +27,16 @@ import math
 import numpy as np
 from scipy.stats import norm
 
-from .rules import squared_distances
+from . import rules
 
 
 def _mean(honest: np.ndarray) -> np.ndarray:
-    return np.asarray(honest, dtype=np.float64).mean(axis=0)
+    return rules.weighted_rows(honest, np.full(len(honest), 1.0 / len(honest)))
+
+
+def _std(honest: np.ndarray) -> np.ndarray:
+    """Per coordinate, ddof 1, float64."""
+    return rules.by_columns(honest, lambda c: c.std(axis=0, ddof=1)).astype(np.float64)
 
 
 def ipm(honest: np.ndarray, epsilon: float) -> np.ndarray:
@@ -49,16 +54,14 @@ def alie_z(n: int, f: int) -> float:
 
 
 def alie(honest: np.ndarray, z: float) -> np.ndarray:
-    x = np.asarray(honest, dtype=np.float64)
-    return (x.mean(axis=0) + z * x.std(axis=0, ddof=1)).astype(np.float32)
+    return rules.by_columns(honest, lambda c: c.mean(axis=0) + z * c.std(axis=0, ddof=1))
 
 
 def perturbation(honest: np.ndarray, kind: str) -> np.ndarray:
     """Shejwalkar and Houmansadr's perturbation directions (``std``, ``unit``, ``sign``)."""
-    x = np.asarray(honest, dtype=np.float64)
-    mean = x.mean(axis=0)
     if kind == "std":
-        return -x.std(axis=0, ddof=1)
+        return -_std(honest)
+    mean = _mean(honest)
     if kind == "unit":
         return -mean / max(np.linalg.norm(mean), 1e-30)
     return -np.sign(mean)
@@ -79,13 +82,26 @@ def _largest_gamma(fits, gamma: float = 10.0, tolerance: float = 1e-5) -> float:
     return fitted
 
 
+def _spread(honest: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The benign mean μ, and per benign update ‖x_i − μ‖² and ⟨x_i − μ, p⟩: then
+    ‖x_i − (μ + γp)‖² = a_i − 2γ·b_i + γ²‖p‖² for any γ, in O(h)."""
+    mean = _mean(honest)
+    a, b = np.zeros(len(honest)), np.zeros(len(honest))
+    for part, chunk in rules.columns(honest):
+        centred = chunk - mean[part]
+        a += (centred**2).sum(axis=1)
+        b += centred @ p[part]
+    return mean, a, b
+
+
 def min_max(honest: np.ndarray, kind: str = "std", gamma: float = 10.0) -> np.ndarray:
-    x = np.asarray(honest, dtype=np.float64)
-    mean, p = x.mean(axis=0), perturbation(x, kind)
-    bound = squared_distances(x).max()
+    p = perturbation(honest, kind)
+    mean, a, b = _spread(honest, p)
+    pp = float(p @ p)
+    bound = rules.squared_distances(honest).max()
 
     def fits(g: float) -> bool:
-        return float(((x - (mean + g * p)) ** 2).sum(axis=1).max()) <= bound
+        return float((a - 2 * g * b + g * g * pp).max()) <= bound
 
     return (mean + _largest_gamma(fits, gamma) * p).astype(np.float32)
 
@@ -95,13 +111,14 @@ def min_sum(
 ) -> np.ndarray:
     """``bound``: the benign updates' largest sum of squared distances (``max``, the paper's
     formulation) or their smallest (``min``, a stricter attacker)."""
-    x = np.asarray(honest, dtype=np.float64)
-    mean, p = x.mean(axis=0), perturbation(x, kind)
-    sums = squared_distances(x).sum(axis=1)
+    p = perturbation(honest, kind)
+    mean, a, b = _spread(honest, p)
+    pp = float(p @ p)
+    sums = rules.squared_distances(honest).sum(axis=1)
     limit = sums.max() if bound == "max" else sums.min()
 
     def fits(g: float) -> bool:
-        return float(((x - (mean + g * p)) ** 2).sum()) <= limit
+        return float((a - 2 * g * b + g * g * pp).sum()) <= limit
 
     return (mean + _largest_gamma(fits, gamma) * p).astype(np.float32)
 

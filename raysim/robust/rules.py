@@ -30,7 +30,7 @@ The rules (their papers are in ``RULES``):
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -83,15 +83,54 @@ RULES: dict[str, Rule] = {
 }  # fmt: skip
 
 
+#: coordinates per chunk: a rule holds n × CHUNK float64 values at a time besides its input
+#: (1,000 updates of 10^6 parameters are 4 GB of float32; a float64 copy would be 8 more)
+CHUNK = 1 << 15
+
+
 def _out(v: np.ndarray) -> np.ndarray:
     return np.asarray(v, dtype=np.float32)
 
 
+def columns(x: np.ndarray) -> Iterator[tuple[slice, np.ndarray]]:
+    """``x``'s columns in chunks of ``CHUNK``, each as float64: (its slice, the chunk)."""
+    for start in range(0, x.shape[1], CHUNK):
+        part = slice(start, start + CHUNK)
+        yield part, np.asarray(x[:, part], dtype=np.float64)
+
+
+def by_columns(x: np.ndarray, fn: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """A coordinate-wise rule ``fn`` ((n, c) float64 → (c,)) over ``x``'s chunks, as float32."""
+    out = np.empty(x.shape[1], dtype=np.float32)
+    for part, chunk in columns(x):
+        out[part] = fn(chunk)
+    return out
+
+
+def weighted_rows(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Σ_i w_i·x_i in float64 (w: (n,) float64), chunk by chunk."""
+    out = np.empty(x.shape[1], dtype=np.float64)
+    for part, chunk in columns(x):
+        out[part] = w @ chunk
+    return out
+
+
+def distances_to(x: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """‖x_i − v‖ for every row, float64."""
+    sq = np.zeros(len(x))
+    for part, chunk in columns(x):
+        sq += ((chunk - v[part]) ** 2).sum(axis=1)
+    return np.sqrt(sq)
+
+
 def squared_distances(x: np.ndarray) -> np.ndarray:
-    """(n, n) squared Euclidean distances, float64, exactly symmetric, 0 on the diagonal."""
-    x = np.asarray(x, dtype=np.float64)
-    sq = np.einsum("ij,ij->i", x, x)
-    d = sq[:, None] + sq[None, :] - 2.0 * (x @ x.T)
+    """(n, n) squared Euclidean distances, float64 (the Gram matrix summed chunk by chunk),
+    exactly symmetric, 0 on the diagonal."""
+    gram = np.zeros((len(x), len(x)))
+    for _, chunk in columns(x):
+        gram += chunk @ chunk.T
+    sq = np.diag(gram).copy()
+    d = sq[:, None] + sq[None, :] - 2.0 * gram
     d = np.maximum((d + d.T) / 2.0, 0.0)
     np.fill_diagonal(d, 0.0)
     return d
@@ -112,19 +151,25 @@ def krum_chosen(x: np.ndarray, f: int, m: int = 1, neighbours: str = "paper") ->
     return sorted(int(i) for i in np.argsort(scores, kind="stable")[:m])
 
 
+def mean_of(x: np.ndarray, rows: list[int]) -> np.ndarray:
+    """The mean of ``x``'s ``rows``, float32 (summed in float64)."""
+    w = np.zeros(len(x))
+    w[rows] = 1.0 / len(rows)
+    return _out(weighted_rows(x, w))
+
+
 def krum(x: np.ndarray, f: int, m: int = 1, neighbours: str = "paper") -> np.ndarray:
     """Krum (m = 1) or Multi-Krum: the mean of the m updates with the lowest scores."""
-    x = np.asarray(x, dtype=np.float64)
-    return _out(x[krum_chosen(x, f, m, neighbours)].mean(axis=0))
+    return mean_of(x, krum_chosen(x, f, m, neighbours))
 
 
 def median(x: np.ndarray) -> np.ndarray:
-    return _out(np.median(np.asarray(x, dtype=np.float64), axis=0))
+    return by_columns(x, lambda c: np.median(c, axis=0))
 
 
 def trimmed_mean(x: np.ndarray, f: int) -> np.ndarray:
-    x = np.sort(np.asarray(x, dtype=np.float64), axis=0)
-    return _out(x[f : len(x) - f].mean(axis=0))
+    n = len(x)
+    return by_columns(x, lambda c: np.sort(c, axis=0)[f : n - f].mean(axis=0))
 
 
 def bulyan_chosen(x: np.ndarray, f: int, neighbours: str = "paper") -> list[int]:
@@ -142,12 +187,14 @@ def bulyan_chosen(x: np.ndarray, f: int, neighbours: str = "paper") -> list[int]
 def bulyan(x: np.ndarray, f: int, neighbours: str = "paper") -> np.ndarray:
     """El Mhamdi et al. 2018, Algorithm 1: θ = n − 2f updates by repeated Krum, then the
     coordinate-wise mean of the β = θ − 2f chosen values nearest their median."""
-    x = np.asarray(x, dtype=np.float64)
-    s = x[bulyan_chosen(x, f, neighbours)]
+    s = np.asarray(x)[bulyan_chosen(x, f, neighbours)]
     beta = len(s) - 2 * f
-    centre = np.median(s, axis=0)
-    nearest = np.argsort(np.abs(s - centre), axis=0, kind="stable")[:beta]
-    return _out(np.take_along_axis(s, nearest, axis=0).mean(axis=0))
+
+    def nearest_mean(c: np.ndarray) -> np.ndarray:
+        near = np.argsort(np.abs(c - np.median(c, axis=0)), axis=0, kind="stable")[:beta]
+        return np.take_along_axis(c, near, axis=0).mean(axis=0)
+
+    return by_columns(s, nearest_mean)
 
 
 def geometric_median(
@@ -159,13 +206,12 @@ def geometric_median(
     init: str = "mean",
 ) -> np.ndarray:
     """RFA's smoothed Weiszfeld iteration (module docstring)."""
-    x = np.asarray(x, dtype=np.float64)
     alpha = np.full(len(x), 1.0 / len(x)) if weights is None else np.asarray(weights, float)
     alpha = alpha / alpha.sum()
-    v = alpha @ x if init == "mean" else np.zeros(x.shape[1])
+    v = weighted_rows(x, alpha) if init == "mean" else np.zeros(x.shape[1])
     for _ in range(iterations):
-        beta = alpha / np.maximum(nu, np.linalg.norm(x - v, axis=1))
-        new = beta @ x / beta.sum()
+        beta = alpha / np.maximum(nu, distances_to(x, v))
+        new = weighted_rows(x, beta / beta.sum())
         moved = np.linalg.norm(new - v)
         v = new
         if moved <= tolerance * (1.0 + np.linalg.norm(v)):
@@ -176,14 +222,14 @@ def geometric_median(
 def centered_clipping(
     x: np.ndarray, centre: np.ndarray, tau: float, iterations: int = 1
 ) -> np.ndarray:
-    """Karimireddy et al. 2021's centred clipping about ``centre``."""
-    x = np.asarray(x, dtype=np.float64)
+    """Karimireddy et al. 2021's centred clipping about ``centre``:
+    v + (1/n) Σ (x_i − v)·min(1, τ/‖x_i − v‖) = v + Σ s_i x_i/n − v·Σ s_i/n."""
     v = np.asarray(centre, dtype=np.float64).copy()
+    n = len(x)
     for _ in range(iterations):
-        diff = x - v
-        norm = np.linalg.norm(diff, axis=1)
+        norm = distances_to(x, v)
         scale = np.minimum(1.0, tau / np.where(norm > 0, norm, np.inf))
-        v = v + (diff * scale[:, None]).mean(axis=0)
+        v = v + weighted_rows(x, scale / n) - v * (scale.sum() / n)
     return _out(v)
 
 

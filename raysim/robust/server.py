@@ -43,7 +43,7 @@ def aggregate(
     if rule in ("krum", "multi_krum"):
         m = 1 if rule == "krum" else (k.m if k.m is not None else len(x) - f)
         chosen = rules.krum_chosen(x, f, min(m, len(x)), k.neighbours)
-        return np.asarray(x, np.float64)[chosen].mean(axis=0).astype(np.float32), chosen
+        return rules.mean_of(x, chosen), chosen
     if rule == "bulyan":
         return rules.bulyan(x, f, k.neighbours), rules.bulyan_chosen(x, f, k.neighbours)
     if rule == "median":

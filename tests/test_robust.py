@@ -226,3 +226,19 @@ def test_a_run_with_attacks_gives_the_same_bits_on_1_and_2_ray_workers_and_a_kil
         assert r.weights_digest == ref.digest()
         assert sum(h["robust_forged"] for h in r.history) > 0
     assert sum(h["worker_restarts"] for h in r.history) == 1
+
+
+def test_the_plan_says_what_the_rule_and_the_forgers_do():
+    from raysim.robust.settings import robust_plan_line
+
+    def line(*over):
+        return robust_plan_line(load_config(EXAMPLES / "quickstart.yaml", [*QUICK, *over]))
+
+    assert line() == ""
+    assert "median of each round's 10 updates, tolerating f = 2" in line(
+        "robust.rule=median", "robust.f=2"
+    )
+    assert "clipped to 0.5 on its worker" in line(
+        "robust.rule=norm_bound", "robust.norm_bound.max_norm=0.5"
+    )
+    assert "ipm forged on the server" in line("hooks.clients=[{name: ipm, fraction: 0.1}]")

@@ -103,6 +103,7 @@ class RunPlan:
             lines.append(f"sizes: {self.sizes.describe()}")
             lines += self.sizes.store_lines()  # clients.state.store: auto's choice
         from raysim.privacy.settings import privacy_plan_line
+        from raysim.robust.settings import robust_plan_line
         from raysim.security.policy import audit_plan_line
 
         lines.append(f"privacy: {privacy_plan_line(cfg)}")
@@ -110,6 +111,8 @@ class RunPlan:
             from raysim.devices.build import plan_line
 
             lines.append(f"devices: {plan_line(cfg)}")
+        if robust := robust_plan_line(cfg):
+            lines.append(f"robust: {robust}")
         lines.append(audit_plan_line(cfg))
         return "\n".join(lines)
 

@@ -8,7 +8,7 @@ and their papers; docs/robustness.md says how to choose.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -85,3 +85,25 @@ class RobustConfig(StrictModel):
     def reads_each_update(self) -> bool:
         """Whether the server needs every update whole (all rules but norm_bound)."""
         return self.rule not in ("none", "norm_bound")
+
+
+def robust_plan_line(cfg: Any) -> str:
+    """The dry run's ``robust:`` line ("" where the run has no rule and no forging attacker)."""
+    r = cfg.robust
+    forging = cfg.forging_behaviours()
+    if not r.enabled and not forging:
+        return ""
+    parts = []
+    if r.rule == "norm_bound":
+        parts.append(f"norm_bound: each update clipped to {r.norm_bound.max_norm:g} on its worker")
+    elif r.enabled:
+        parts.append(
+            f"{r.rule} of each round's {cfg.clients.per_round} updates, tolerating f = {r.f}; "
+            "updates travel whole to the coordinator"
+        )
+    if forging:
+        parts.append(
+            f"{', '.join(forging)} forged on the server from the round's benign updates "
+            "(an omniscient attacker)"
+        )
+    return "; ".join(parts)

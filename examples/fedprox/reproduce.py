@@ -22,12 +22,14 @@ steps a round on average), so the grid is hours; it is meant to run in pieces.
 from __future__ import annotations
 
 import argparse
-import json
-import time
+import sys
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE.parent))
+from grid import run_grid, run_one  # noqa: E402
+
 CONFIG = HERE / "systems.yaml"
 SEEDS = [0, 1, 2, 3, 4]
 #: name -> data.synthetic overrides (the paper's Synthetic(α, β) and Synthetic-IID)
@@ -59,20 +61,6 @@ def key(data: str, stragglers: float, method: str, seed: int) -> str:
     return f"{data}/s{stragglers:g}/{method}/seed{seed}"
 
 
-def run_one(overrides: list[str]) -> dict[str, Any]:
-    """One run in this process: its per-round metrics and its weights' digest."""
-    from raysim.actors.local import local_core
-    from raysim.config import load_config
-
-    core = local_core(load_config(CONFIG, overrides), evaluate=True)
-    t0 = time.perf_counter()
-    while not core.done:
-        core.step()
-    core.settle()
-    rounds = [{k: h[k] for k in KEEP if k in h} for h in core.history]
-    return {"rounds": rounds, "digest": core.digest(), "seconds": time.perf_counter() - t0}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -84,30 +72,27 @@ def main() -> None:
     ap.add_argument("--resume-from", type=Path, default=None, help="start from this results.json")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "results.json"
-    start = path if path.is_file() else args.resume_from
-    results: dict[str, Any] = json.loads(start.read_text()) if start else {}
-    results.setdefault("runs", {})
-    results["rounds"] = args.rounds
-    todo = [(d, s, m, seed) for seed in args.seeds for d in args.data
-            for s in args.stragglers for m in args.methods]  # fmt: skip
-    for i, (d, s, m, seed) in enumerate(todo):
-        k = key(d, s, m, seed)
-        if k in results["runs"]:
-            continue
+
+    def cell(d: str, s: float, m: str, seed: int):
         twin = key(d, s, SAME[m, s], seed) if (m, s) in SAME else None
-        if twin in results["runs"] and seed != args.seeds[0]:
-            r = results["runs"][twin] | {"same_as": twin, "seconds": 0.0}
-        else:
+
+        def run(runs: dict[str, Any]) -> dict[str, Any]:
+            if twin in runs and seed != args.seeds[0]:
+                return runs[twin] | {"same_as": twin, "seconds": 0.0}
             over = [*DATA[d], f"devices.stragglers={s}", METHODS[m], f"seed={seed}"]
-            over += [f"rounds={args.rounds}"] if args.rounds else []
-            r = run_one(over)
-        results["runs"][k] = r
-        path.write_text(json.dumps(results))
+            return run_one(CONFIG, over + ([f"rounds={args.rounds}"] if args.rounds else []), KEEP)
+
+        return key(d, s, m, seed), run
+
+    cells = [cell(d, s, m, seed) for seed in args.seeds for d in args.data
+             for s in args.stragglers for m in args.methods]  # fmt: skip
+
+    def line(r: dict[str, Any]) -> str:
         last = r["rounds"][-1]
-        print(f"[{i + 1}/{len(todo)}] {k}: loss {last.get('global_train_loss', float('nan')):.4f}"
-              f" acc {last.get('accuracy', float('nan')):.4f} ({r['seconds']:.0f} s)",
-              flush=True)  # fmt: skip
+        return (f"loss {last.get('global_train_loss', float('nan')):.4f} "
+                f"acc {last.get('accuracy', float('nan')):.4f}")  # fmt: skip
+
+    run_grid(args.out / "results.json", cells, line, start=args.resume_from)
 
 
 if __name__ == "__main__":

@@ -19,12 +19,14 @@ boost by 1/ζ (model replacement by the round's expected share of attackers).
 from __future__ import annotations
 
 import argparse
-import json
-import time
+import sys
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE.parent))
+from grid import run_grid, run_one  # noqa: E402
+
 CONFIG = HERE / "backdoor.yaml"
 SEEDS = [0, 1, 2, 3, 4]
 FRACTIONS = [0.0, 0.1, 0.2, 0.3]
@@ -63,19 +65,6 @@ def overrides(attack: str, fraction: float, rule: str, seed: int) -> list[str]:
             f"hooks.clients=[{behaviour}]"]  # fmt: skip
 
 
-def run_one(over: list[str]) -> dict[str, Any]:
-    from raysim.actors.local import local_core
-    from raysim.config import load_config
-
-    core = local_core(load_config(CONFIG, over), evaluate=True)
-    t0 = time.perf_counter()
-    while not core.done:
-        core.step()
-    core.settle()
-    rounds = [{k: h[k] for k in KEEP if k in h} for h in core.history]
-    return {"rounds": rounds, "digest": core.digest(), "seconds": time.perf_counter() - t0}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -86,24 +75,21 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=None, help="default: the config's 30")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "results.json"
-    results: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
-    results.setdefault("runs", {})
-    todo = [(a, z, r, s) for s in args.seeds for a in args.attacks for z in args.fractions
-            for r in args.rules]  # fmt: skip
-    for i, (attack, z, rule, seed) in enumerate(todo):
-        k = key(attack, z, rule, seed)
-        if k in results["runs"]:
-            continue
-        over = overrides(attack, z, rule, seed)
-        over += [f"rounds={args.rounds}"] if args.rounds else []
-        r = run_one(over)
-        results["runs"][k] = r
-        path.write_text(json.dumps(results))
+    rounds = [f"rounds={args.rounds}"] if args.rounds else []
+
+    def cell(a: str, z: float, r: str, s: int):
+        over = overrides(a, z, r, s) + rounds
+        return key(a, z, r, s), lambda _: run_one(CONFIG, over, KEEP)
+
+    cells = [cell(a, z, r, s) for s in args.seeds for a in args.attacks for z in args.fractions
+             for r in args.rules]  # fmt: skip
+
+    def line(r: dict[str, Any]) -> str:
         last = r["rounds"][-1]
-        print(f"[{i + 1}/{len(todo)}] {k}: accuracy {last['accuracy']:.3f} backdoor "
-              f"{last.get('backdoor_accuracy', float('nan')):.3f} ({r['seconds']:.0f} s)",
-              flush=True)  # fmt: skip
+        return (f"accuracy {last['accuracy']:.3f} backdoor "
+                f"{last.get('backdoor_accuracy', float('nan')):.3f}")  # fmt: skip
+
+    run_grid(args.out / "results.json", cells, line)
 
 
 if __name__ == "__main__":

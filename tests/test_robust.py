@@ -119,6 +119,17 @@ def test_forged_updates_replace_the_attackers_and_the_method_averages_them_as_se
     assert np.array_equal(results[0], results[1])
 
 
+def test_norm_bounding_clips_a_forged_update_as_the_workers_clip_the_others():
+    rng = np.random.default_rng(1)
+    settings = RobustConfig(rule="norm_bound", norm_bound={"max_norm": 0.5})
+    s = RobustStrategy(fedavg(), settings, [behaviour("ipm", clients=[0], epsilon=50.0)])
+    for c in range(5):
+        s.on_arrival(update(c, 0.1 * rng.normal(size=6)))
+    s.on_round_end(0)
+    assert s.metrics()["robust_forged"] == 1
+    assert np.linalg.norm(s.weights) <= 0.5 + 1e-6  # a mean of updates of norm <= 0.5
+
+
 def test_krum_gives_the_method_one_update_and_counts_the_attackers_it_picked():
     benign = [np.full(6, 1.0) + 0.01 * c for c in range(8)]
     far = [np.full(6, 50.0), np.full(6, -50.0)]

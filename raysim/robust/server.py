@@ -133,7 +133,10 @@ class RobustStrategy(ComposedStrategy):
         for u, b in zip(held, by, strict=True):
             if b is not None:
                 if id(b) not in made:
-                    made[id(b)] = np.asarray(b.forge(x, len(held), forged), dtype=np.float32)
+                    v = np.asarray(b.forge(x, len(held), forged), dtype=np.float32)
+                    if self.settings.rule == "norm_bound":  # as the workers clip the others
+                        v = rules.norm_bound(v, self.settings.norm_bound.max_norm)
+                    made[id(b)] = v
                 u = replace(u, delta=made[id(b)])
             out.append(u)
         return out

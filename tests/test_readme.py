@@ -44,6 +44,10 @@ ELSEWHERE = {
     "a smaller corpus)",
     "raysim extract RUN_ID --noise 0,0.5,1,2": "a finished run with observers; "
     "tests/test_extraction_harness.py runs the CLI on one",
+    "python examples/robust/reproduce.py --out runs/robust": "minutes; tests/test_robust.py "
+    "runs a corner of its grid and reports it; examples/robust/RESULTS.md",
+    "python examples/robust/report.py runs/robust/results.json": "after the grid; "
+    "tests/test_robust.py",
     "python examples/fedbaf/reproduce.py --out runs/fedbaf-mini": "about an hour; "
     "examples/fedbaf/RESULTS.md",
     "python examples/fedot/reproduce.py --out runs/fedot-mini": "hours on 2 cores, resuming from "

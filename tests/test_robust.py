@@ -253,3 +253,21 @@ def test_the_plan_says_what_the_rule_and_the_forgers_do():
         "robust.rule=norm_bound", "robust.norm_bound.max_norm=0.5"
     )
     assert "ipm forged on the server" in line("hooks.clients=[{name: ipm, fraction: 0.1}]")
+
+
+def test_the_examples_grid_runs_a_corner_and_reports_it(tmp_path):
+    """examples/robust: two rules, one ζ, both attacks, two seeds, two rounds: the scripts run,
+    the report's tables, claims and plot come out (the claims not run say so)."""
+    import subprocess
+    import sys
+
+    script = EXAMPLES / "robust"
+    subprocess.run([sys.executable, script / "reproduce.py", "--out", tmp_path, "--rounds", "2",
+                    "--seeds", "0", "1", "--rules", "none", "norm_bound", "--fractions", "0",
+                    "0.1"], check=True, capture_output=True)  # fmt: skip
+    subprocess.run([sys.executable, script / "report.py", tmp_path / "results.json", "--to",
+                    tmp_path], check=True, capture_output=True)  # fmt: skip
+    text = (tmp_path / "RESULTS.md").read_text()
+    assert "| FedAvg (mean) (0) |" in text and "| norm_bound (6) |" in text
+    assert "N1 (Sun et al. 2019" in text and "| **not run** |" in text
+    assert (tmp_path / "robust.png").stat().st_size > 10_000

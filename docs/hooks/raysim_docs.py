@@ -39,6 +39,8 @@ INCLUDED = {
     "examples/fedbaf/RESULTS.md": "papers/fedbaf/results.md",
     "examples/fedot/RESULTS.md": "papers/fedot/results.md",
     "examples/privacy/RESULTS.md": "privacy/results.md",
+    "examples/robust/RESULTS.md": "robustness/results.md",
+    "examples/fedprox/RESULTS.md": "devices/fedprox.md",
     "benchmarks/RESULTS.md": "benchmarks/results.md",
     "cluster/README.md": "clusters/guide.md",
     "CHANGELOG.md": "changelog.md",

@@ -140,6 +140,7 @@ def plot(g: Grid, path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results", type=Path, nargs="?", default=HERE / "results.json")
+    ap.add_argument("--to", type=Path, default=HERE, help="where RESULTS.md and robust.png go")
     args = ap.parse_args()
     g = Grid(json.loads(args.results.read_text())["runs"])
     out = ["# Byzantine clients against robust rules: results", "",
@@ -157,8 +158,8 @@ def main() -> None:
             table(g, attack, "backdoor_accuracy", "Backdoor success (%)", out)
         table(g, attack, "accuracy", "Test accuracy (%)", out)
     claims(g, out)
-    (HERE / "RESULTS.md").write_text("\n".join(out))
-    plot(g, HERE / "robust.png")
+    (args.to / "RESULTS.md").write_text("\n".join(out))
+    plot(g, args.to / "robust.png")
     print("\n".join(out))
 
 

@@ -130,6 +130,21 @@ def test_norm_bounding_clips_a_forged_update_as_the_workers_clip_the_others():
     assert np.linalg.norm(s.weights) <= 0.5 + 1e-6  # a mean of updates of norm <= 0.5
 
 
+def test_a_forgery_that_is_not_a_finite_update_stops_in_one_line():
+    from raysim.algorithms.general.attacks import IPM
+
+    class Broken(IPM):
+        def forge(self, honest, n, f):
+            return np.full(honest.shape[1], np.nan)
+
+    bad = Broken(BEHAVIOURS.get("ipm").params(clients=[0]))
+    s = RobustStrategy(fedavg(), RobustConfig(), [bad])
+    for c in range(3):
+        s.on_arrival(update(c, np.ones(6)))
+    with pytest.raises(ValueError, match="Broken.forge returned .* not 6 finite ones"):
+        s.on_round_end(0)
+
+
 def test_krum_gives_the_method_one_update_and_counts_the_attackers_it_picked():
     benign = [np.full(6, 1.0) + 0.01 * c for c in range(8)]
     far = [np.full(6, 50.0), np.full(6, -50.0)]

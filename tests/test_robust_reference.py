@@ -151,6 +151,8 @@ def test_alie_z_max_is_the_papers():
     """Baruch et al. §4: n = 50, f = 12 (24 %): s = 14, z_max = Φ⁻¹(36/50) ≈ 0.58."""
     assert attacks.alie_z(50, 12) == pytest.approx(0.5828, abs=1e-4)
     assert attacks.alie_z(10, 2) == pytest.approx(0.2533, abs=1e-4)  # s = 4, Φ⁻¹(0.6)
+    # attackers a majority of the round: s would be ≤ 0 and z infinite; s is held at 1
+    assert attacks.alie_z(20, 11) == attacks.alie_z(20, 14) == pytest.approx(1.6449, abs=1e-4)
 
 
 def test_gaussian_attack_draws_what_byzfls_does():

@@ -9,7 +9,7 @@ attacker, and so does raysim.
 - ``ipm``: −ε·mean (Xie, Koyejo, Gupta 2019, "Fall of Empires", §4).
 - ``alie``: mean + z·std per coordinate (Baruch, Baruch, Goldberg 2019, "A Little Is Enough",
   Algorithm 3), std with ddof 1; z by default the paper's z_max = Φ⁻¹((n − s)/n) with
-  s = ⌊n/2 + 1⌋ − f, for n updates of which f are malicious.
+  s = ⌊n/2 + 1⌋ − f (at least 1), for n updates of which f are malicious.
 - ``min_max`` / ``min_sum``: mean + γ·p (Shejwalkar, Houmansadr 2021, "Manipulating the
   Byzantine", §IV, Algorithm 1) with the largest γ found by their halving search such that the
   malicious update's largest distance to a benign one (min-max) or its sum of squared distances
@@ -48,8 +48,10 @@ def sign_flip_mean(honest: np.ndarray, scale: float = 1.0) -> np.ndarray:
 
 
 def alie_z(n: int, f: int) -> float:
-    """Baruch et al.'s z_max for n updates of which f are malicious."""
-    s = math.floor(n / 2 + 1) - f
+    """Baruch et al.'s z_max for n updates of which f are malicious; s, the benign updates the
+    attackers need on their side, is at least 1 (where the attackers are a majority of the
+    round, the paper's s ≤ 0 would make z infinite)."""
+    s = max(math.floor(n / 2 + 1) - f, 1)
     return float(norm.ppf((n - s) / n))
 
 

@@ -134,6 +134,11 @@ class RobustStrategy(ComposedStrategy):
             if b is not None:
                 if id(b) not in made:
                     v = np.asarray(b.forge(x, len(held), forged), dtype=np.float32)
+                    if v.shape != x.shape[1:] or not np.isfinite(v).all():
+                        raise ValueError(
+                            f"{type(b).__name__}.forge returned {v.shape} values, not "
+                            f"{x.shape[1]} finite ones"
+                        )
                     if self.settings.rule == "norm_bound":  # as the workers clip the others
                         v = rules.norm_bound(v, self.settings.norm_bound.max_norm)
                     made[id(b)] = v

@@ -270,6 +270,7 @@ def test_the_plan_says_what_the_rule_and_the_forgers_do():
     assert "ipm forged on the server" in line("hooks.clients=[{name: ipm, fraction: 0.1}]")
 
 
+@pytest.mark.matrix  # suite time: two subprocesses that import the stack
 def test_the_examples_grid_runs_a_corner_and_reports_it(tmp_path):
     """examples/robust: two rules, one ζ, both attacks, two seeds, two rounds: the scripts run,
     the report's tables, claims and plot come out (the claims not run say so)."""

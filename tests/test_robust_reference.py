@@ -148,7 +148,7 @@ def test_ipm_alie_and_mean_sign_flip_are_byzfls(n):
 
 
 def test_alie_z_max_is_the_papers():
-    """Baruch et al. §4: n = 50, f = 12 (24 %): s = 14, z_max = Φ⁻¹(36/50) ≈ 0.58."""
+    """Baruch et al.'s formula: n = 50, f = 12 gives s = 14, z_max = Φ⁻¹(36/50) ≈ 0.58."""
     assert attacks.alie_z(50, 12) == pytest.approx(0.5828, abs=1e-4)
     assert attacks.alie_z(10, 2) == pytest.approx(0.2533, abs=1e-4)  # s = 4, Φ⁻¹(0.6)
     # attackers a majority of the round: s would be ≤ 0 and z infinite; s is held at 1

@@ -226,7 +226,7 @@ ATTACKED = [
 ]
 
 
-@pytest.mark.slow
+@pytest.mark.matrix  # suite time: three runs
 def test_a_run_with_attacks_resumes_to_the_same_bits():
     from tests.conftest import resumed_through_checkpoint
 

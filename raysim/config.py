@@ -638,14 +638,14 @@ class RunConfig(StrictModel):
         return (
             self.workers.partial_sums is not False
             and method_spec(self.algorithm.name).sums
-            and not self._reads_each_update()
+            and not self.reads_each_update()
         )
 
     def forging_behaviours(self) -> list[str]:
         """The client behaviours whose updates the server forges (``ClientBehaviour.forge``)."""
         return [name for name, _ in self.client_hooks() if BEHAVIOURS.spec(name).forges]
 
-    def _reads_each_update(self) -> str:
+    def reads_each_update(self) -> str:
         """Why the server reads each update whole for ``raysim.robust`` ("" where it does not)."""
         if self.robust.reads_each_update:
             return f"robust.rule {self.robust.rule} reads every update of a round"
@@ -662,7 +662,7 @@ class RunConfig(StrictModel):
                 f"workers.partial_sums true: {self.algorithm.name} needs each update whole "
                 f"({spec.each_because}); set workers.partial_sums to auto or false"
             )
-        if why := self._reads_each_update():
+        if why := self.reads_each_update():
             raise ValueError(
                 f"workers.partial_sums true: {why}, so updates travel whole; set "
                 "workers.partial_sums to auto or false"
@@ -671,7 +671,7 @@ class RunConfig(StrictModel):
     def _check_robust(self) -> None:
         """``robust`` and forging attackers: a synchronous method that averages its clients'
         deltas, a rule its paper covers for this n and f, not under privacy (yet)."""
-        why = self._reads_each_update()
+        why = self.reads_each_update()
         if not why:
             return
         spec = method_spec(self.algorithm.name)

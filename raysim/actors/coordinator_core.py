@@ -39,7 +39,7 @@ from raysim.actors.jobs import STOPPED_EARLY, ClientJob, one_or_each
 from raysim.algorithms.base import Diverged, Strategy, Update
 from raysim.algorithms.context import ServerContext
 from raysim.algorithms.hooks import compose
-from raysim.algorithms.registry import BEHAVIOURS, MIXERS, get_method
+from raysim.algorithms.registry import MIXERS, get_method
 from raysim.config import RunConfig
 from raysim.errors import LeakError
 from raysim.privacy.wrap import private
@@ -148,10 +148,7 @@ class CoordinatorCore(ModelVersions, ClientStates, Snapshot, RunReport):
         cfg = self.cfg
         base = self.method.strategy(cfg.algorithm.params, initial, cfg.clients.num)
         mixers = [MIXERS.get(h.name).build(h.params) for h in cfg.hooks.server]
-        behaviours = [BEHAVIOURS.get(name).build(p) for name, p in cfg.client_hooks()]
-        for b in behaviours:  # the same adversaries as the workers': from the run seed
-            b.setup(cfg.seed, cfg.clients.num)
-        strategy = private(robust(compose(base, mixers), cfg, behaviours), cfg)
+        strategy = private(robust(compose(base, mixers), cfg), cfg)
         strategy.setup(self.server)
         return strategy
 

@@ -174,9 +174,14 @@ class RobustStrategy(ComposedStrategy):
         return {**super().metrics(), **self.round_metrics}
 
 
-def robust(strategy: Strategy, cfg: RunConfig, behaviours: list[ClientBehaviour]) -> Strategy:
+def robust(strategy: Strategy, cfg: RunConfig) -> Strategy:
     """``strategy`` wrapped by ``RobustStrategy`` where the run has a server-side rule or a
-    forging attacker (``behaviours``: the run's client behaviours, set up); else itself."""
-    if not cfg.robust.reads_each_update and not any(b.forges for b in behaviours):
+    forging attacker; else itself (and no behaviour is built on the server)."""
+    if not cfg.reads_each_update():
         return strategy
+    from raysim.algorithms.registry import BEHAVIOURS
+
+    behaviours = [BEHAVIOURS.get(name).build(p) for name, p in cfg.client_hooks()]
+    for b in behaviours:  # the same adversaries as the workers': from the run seed
+        b.setup(cfg.seed, cfg.clients.num)
     return RobustStrategy(strategy, cfg.robust, behaviours)

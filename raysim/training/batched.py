@@ -409,28 +409,24 @@ def train_batched(
         active = streams.active(t)
         rows: Rows = slice(None) if len(active) == k else torch.tensor(active)
         extra = None
+        if fast is not None:  # the active clients' stacks, shared tensors broadcast to them
+            params = {n: stacked[n][rows] for n in trained_names}
+            params.update({n: p.expand(len(active), *p.shape) for n, p in shared.items()})
         if layers is not None:  # the step written out, no autograd
             with torch.no_grad():
-                params = {n: stacked[n][rows] for n in trained_names}
-                m = len(active)
-                params.update({n: p.unsqueeze(0).expand(m, *p.shape) for n, p in shared.items()})
                 out, got = table.gradients(layers, params, [table_steps[i][t] for i in active])
                 grads = [got[n] for n in trained_names]
                 if written is not None:
                     value, more = written([params[n] for n in trained_names])
                     out = out + value
                     grads = [g.add_(e) for g, e in zip(grads, more, strict=True)]
-                if m < k:  # every client's, zero for those that take no step
-                    sub = rows
-                    grads = [torch.zeros_like(stacked[n]).index_copy_(0, sub, g)
+                if len(active) < k:  # every client's, zero for those that take no step
+                    grads = [torch.zeros_like(stacked[n]).index_copy_(0, rows, g)
                              for n, g in zip(trained_names, grads, strict=True)]  # fmt: skip
             streams.record(active, out)
             streams.apply(opt, grads, t, active)
             continue
         if fast is not None:  # one pass: batches padded to the longest, padding weighted 0
-            params = {n: stacked[n][rows] for n in trained_names}
-            m = len(active)
-            params.update({n: p.unsqueeze(0).expand(m, *p.shape) for n, p in shared.items()})
             out = table.loss(fast, params, [table_steps[i][t] for i in active])
             if written is not None:  # the penalty's value, and its gradient written out
                 value, more = written([params[n].detach() for n in trained_names])

@@ -75,6 +75,7 @@ def test_the_auditor_off_lets_a_leak_through():
     core.step()  # the control: without the auditor the copy goes out
 
 
+@pytest.mark.matrix  # suite time (~22 s on 2 vCPUs): the fast suite's budget
 def test_raysim_run_stops_a_scaled_float16_copy_with_one_line(tmp_path):
     """Through the CLI on its own private Ray: exit 1, one line naming the block and the map."""
     import yaml

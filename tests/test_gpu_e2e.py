@@ -226,6 +226,7 @@ def test_the_gpu_image_without_its_bundle_fails_on_the_first_import_it_lacks(tmp
     assert "pydantic" in last or "ray" in last
 
 
+@pytest.mark.matrix  # suite time (~15 s on 2 vCPUs): the fast suite's budget
 @pytest.mark.slow
 def test_the_7b_shape_without_a_gpu_stops_in_the_preflight_having_allocated_nothing_large(
     tmp_path,

@@ -360,6 +360,7 @@ def test_plugin_module_errors_are_clear():
         load_config(tiny(algorithm={"name": "x", "module": "no_such_pkg.mod"}))
 
 
+@pytest.mark.matrix  # suite time (~16 s on 2 vCPUs): the fast suite's budget
 @pytest.mark.slow
 def test_plugin_method_runs_on_ray_workers_from_a_fresh_process(tmp_path):
     """A method module known only through ``algorithm.module`` is registered in the driver, the

@@ -115,6 +115,7 @@ def test_a_resume_with_jobs_waiting_and_sent_ends_on_the_same_weights():
     assert resumed.digest() == reference.digest() != ""
 
 
+@pytest.mark.matrix  # suite time (~22 s on 2 vCPUs): the fast suite's budget
 @pytest.mark.slow
 def test_three_ray_workers_and_a_killed_one_give_the_one_worker_weights(ray_cluster):
     """Jobs on several versions go to Ray workers as one list of version refs per batch,

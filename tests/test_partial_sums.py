@@ -261,9 +261,9 @@ def test_a_large_model_round_on_two_workers_brings_one_partial_and_even_shares(r
     partial: 8 bytes a parameter), and the busiest worker's client seconds are under 1.5× the
     other's (four equal groups, two each; a 3:1 split would be 3×). The bound is loose on
     purpose: on 2 vCPUs the coordinator decoding whole updates shares the cores with the workers,
-    which alone makes one worker's seconds 1.2× the other's. A worker killed in round 2 leaves its deltas in the
-    node's object store (17 MB each: not inlined in the coordinator's memory), and the weights
-    are those of the run that sends every update whole."""
+    which alone makes one worker's seconds 1.2× the other's. A worker killed in round 2 leaves
+    its deltas in the node's object store (17 MB each: not inlined in the coordinator's memory),
+    and the weights are those of the run that sends every update whole."""
     import raysim
 
     big = ["model.hidden=[2048,2048]", "clients.per_round=40", "local.max_steps=1"]

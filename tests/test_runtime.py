@@ -151,6 +151,7 @@ def clean(ray_cluster):
     return raysim.run(FAULTS)
 
 
+@pytest.mark.matrix  # suite time (~25 s on 2 vCPUs): the fast suite's budget
 def test_killed_worker_is_replaced_and_result_unchanged(clean):
     faulty = raysim.run(FAULTS, ["faults.kill_worker.round=2", "faults.kill_worker.worker=0"])
     assert faulty.weights_digest == clean.weights_digest
@@ -169,6 +170,7 @@ def _replaced_once(client, result, resumed_at: str) -> None:
     assert [m.step for m in history] == list(range(1, 5))  # one value per round, none twice
 
 
+@pytest.mark.matrix  # suite time (~19 s on 2 vCPUs): the fast suite's budget
 def test_killed_coordinator_is_replaced_and_result_unchanged(clean, mlflow_uri):
     """The driver starts another coordinator from the newest checkpoint, replays to where the
     dead one was, and the run ends as if nothing happened: same weights, FINISHED, recorded."""
@@ -328,6 +330,7 @@ def test_async_mini_example_runs(ray_cluster, method):
     assert 0 < res.metrics["accuracy"] <= 1
 
 
+@pytest.mark.matrix  # suite time (~15 s on 2 vCPUs): the fast suite's budget
 def test_bbc_news_text_task(ray_cluster):
     res = raysim.run(
         tiny(

@@ -142,6 +142,7 @@ def test_a_manifest_needs_a_store_on_disk():
         load_config(tiny(tracking={"client_states": "manifest"}))
 
 
+@pytest.mark.matrix  # suite time (~17 s on 2 vCPUs): the fast suite's budget
 @pytest.mark.slow
 def test_a_ray_run_with_two_workers_keeps_state_on_disk_and_says_where(
     ray_cluster, mlflow_uri, tmp_path

@@ -181,6 +181,7 @@ def test_a_link_from_another_actor_gives_the_worker_a_stand_in_for_its_class(ray
     assert taken == _StandIn.__name__
 
 
+@pytest.mark.matrix  # suite time (~16 s on 2 vCPUs): the fast suite's budget
 def test_in_process_trains_in_the_coordinator_actor_and_gives_the_same_run(ray_cluster):
     """``workers.transport: in_process``: the coordinator's actor trains the one worker's
     clients itself, with the weights and metrics a worker actor gives (Ditto's personal state

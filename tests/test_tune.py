@@ -211,6 +211,7 @@ def test_a_trial_that_trains_its_worker_holds_the_worker_share_in_its_own_bundle
     ]
 
 
+@pytest.mark.matrix  # suite time (~17 s on 2 vCPUs): the fast suite's budget
 @pytest.mark.slow
 def test_asha_stops_a_trial_at_its_rung_and_the_trial_runs_no_round_past_it(
     ray_cluster, mlflow_uri, tmp_path

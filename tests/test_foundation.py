@@ -130,32 +130,44 @@ def _driver():
     return module
 
 
-def test_the_t2_driver_judges_the_claims_from_the_numbers():
-    """Each claim is decided paired by seed (``raysim.verdicts``): held where its interval
-    clears the margin, not held where it lies beyond, inconclusive where the seeds disagree."""
-    from raysim.verdicts import HELD, INCONCLUSIVE, NOT_HELD
+def _t2_rows(q, table, noise=0.1, seeds=5):
+    """Five seeds of ``table`` (method -> figures), each figure moved by its own small draw per
+    method and seed: the paired differences vary from seed to seed, as a run's do."""
+    rng = np.random.default_rng(7)
+    return {
+        m: [{k: v + noise * rng.standard_normal() for k, v in row.items()} for _ in range(seeds)]
+        for m, row in table.items()
+    }
 
-    q = _driver()
+
+def _t2_table(q):
     base = {"ood_rouge1": 40.0, "id_rouge1": 60.0, "fd_last": 1.0, "fd_ratio": 1.0}
     t = {m: dict(base) for m in q.METHODS}
     t["zero_shot"]["ood_rouge1"] = 20.0  # gate: 40 − 20 > 5
     t["local_only"].update(ood_rouge1=30.0, fd_ratio=3.0)  # 1a: 40 − 30 > 5; 3: 1 − 3 < 0
-    for m, fd in zip(q.LAMBDAS, (4.0, 3.0, 2.0, 1.0), strict=True):
-        t[m]["fd_last"] = fd  # 2b: falls with λ
+    for m, ood, fd in zip(q.LAMBDAS, (38.0, 39.0, 40.0, 41.0), (4.0, 3.0, 2.0, 1.0), strict=True):
+        t[m].update(ood_rouge1=ood, fd_last=fd)  # 2a: rises with λ; 2b: falls with λ
+    return t
 
-    def seeds(table):  # three seeds, each moved by the same amount in every method
-        return {m: [{k: v + 0.1 * s for k, v in row.items()} for s in range(3)]
-                for m, row in table.items()}  # fmt: skip
 
-    verdicts = [v for _, v, _ in q.claims(seeds(t))]
+def test_the_t2_driver_judges_the_claims_from_the_numbers():
+    """Each claim is decided paired by seed (``raysim.verdicts``) on five seeds whose differences
+    vary: held where its interval clears the margin and every seed agrees, not held where it lies
+    beyond, inconclusive where the seeds cannot tell."""
+    from raysim.verdicts import HELD, INCONCLUSIVE, NOT_HELD
+
+    q = _driver()
+    t = _t2_table(q)
+    verdicts = [v for _, v, _ in q.claims(_t2_rows(q, t))]
     assert verdicts == [HELD, HELD, HELD, "report", HELD, HELD, HELD, HELD, HELD, "report"]
     t["fedoa_l2"]["ood_rouge1"] = 37.0  # a fall of 3 points from λ = 0.5 to 2 breaks 2a
     t["fedlora"]["id_rouge1"] = 50.0  # 4a: FedLoRA 10 below FedIT
-    rows = seeds(t)
-    for s, ood in enumerate((30.0, 38.0, 22.0)):  # 1a: +10, +2, +18: the seeds disagree
-        rows["local_only"][s]["ood_rouge1"] = ood
+    rows = _t2_rows(q, t)
     held = {text[:2]: v for text, v, _ in q.claims(rows)}
     assert held["2a"] == NOT_HELD and held["4a"] == NOT_HELD and held["1b"] == HELD
+    for s, ood in enumerate((30.0, 38.0, 22.0, 31.0, 29.0)):  # 1a: the seeds disagree
+        rows["local_only"][s]["ood_rouge1"] = ood
+    held = {text[:2]: v for text, v, _ in q.claims(rows)}
     assert held["1a"] == INCONCLUSIVE
     previous = "| 1a. old text | yes | x |\n| 2a. old | yes | y |\n| 4b. old | **no** | z |"
     assert q.changed(q.claims(rows), previous) == [
@@ -166,6 +178,48 @@ def test_the_t2_driver_judges_the_claims_from_the_numbers():
     )
     assert q.claims_section(report, None).strip() == previous
     assert q.claims_section(report, "entailment").strip() == "| 1a. e | no | |"
+
+
+def test_the_t2_claims_use_student_s_t_and_the_sample_deviation():
+    """1a's five differences (5.6, 8.6, 5.3, 8.0, 6.5) all clear +5, but the 95 % interval with
+    t(4) and ddof = 1 starts at 4.99: inconclusive. A normal quantile (low 5.53) or ddof = 0 (low
+    5.18) would call it held (issue 62: the claims test must see a wrong quantile or ddof)."""
+    from raysim.verdicts import INCONCLUSIVE
+
+    q = _driver()
+    rows = _t2_rows(q, _t2_table(q))
+    for s, d in enumerate((5.6, 8.6, 5.3, 8.0, 6.5)):
+        rows["local_only"][s]["ood_rouge1"] = rows["fedoa_l0.5"][s]["ood_rouge1"] - d
+    checks = {text[:2]: (v, n) for text, v, n in q.claims(rows)}
+    assert checks["1a"][0] == INCONCLUSIVE, checks["1a"]
+    assert "[4.99, " in checks["1a"][1]
+
+
+def test_a_failed_sanity_gate_voids_every_later_claim():
+    """fedoa.md §7.1: the gate comes before any claim, and where it fails "the results are void":
+    every later verdict says so (the descriptive rows stay reports), numbers still shown."""
+    q = _driver()
+    t = _t2_table(q)
+    t["zero_shot"]["ood_rouge1"] = 38.0  # FedIT − zero-shot = 2 points: the gate is not held
+    checks = q.claims(_t2_rows(q, t))
+    assert checks[0][1] == "not held"
+    assert [v for _, v, _ in checks[1:]] == [
+        q.VOID, q.VOID, "report", q.VOID, q.VOID, q.VOID, q.VOID, q.VOID, "report"
+    ]  # fmt: skip
+    assert all(n for _, _, n in checks)
+
+
+def test_claim_2a_allows_one_inversion_of_at_most_a_point():
+    """fedoa.md §7.1 claim 2: "non-decreasing in λ from 0 to 2 (allow one inversion ≤ 1 point)":
+    one step falling half a point keeps it, a second falling step refutes it."""
+    from raysim.verdicts import HELD, NOT_HELD
+
+    q = _driver()
+    t = _t2_table(q)
+    t["fedoa_l2"]["ood_rouge1"] = 39.5  # λ 0.5 → 2 falls 0.5
+    assert {x[:2]: v for x, v, _ in q.claims(_t2_rows(q, t))}["2a"] == HELD
+    t["fedoa_l0.1"]["ood_rouge1"] = 37.5  # λ 0 → 0.1 falls 0.5 too: two inversions
+    assert {x[:2]: v for x, v, _ in q.claims(_t2_rows(q, t))}["2a"] == NOT_HELD
 
 
 def test_the_t2_driver_names_its_foundation_and_will_not_mix_two(foundation_dir, tmp_path):

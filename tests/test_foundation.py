@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 
 import numpy as np
@@ -107,16 +108,46 @@ def test_cli_pretrain_tiny_llama_writes_the_directory(tmp_path, capsys):
     from raysim.cli import main
 
     out = tmp_path / "f"
-    assert main(["pretrain", "tiny-llama", "--out", str(out), "--steps", "3"]) == 0
+    native = ["--kernels", "native"]  # this test's process loaded torch with its own kernels
+    args = ["--out", str(out), "--steps", "3", "--seed", "3", *native]
+    assert main(["pretrain", "tiny-llama", *args]) == 0
     assert foundation_metadata(out)["config"]["steps"] == 3
+    assert foundation_metadata(out)["config"]["init_seed"] == 3
     capsys.readouterr()
     old = tmp_path / "old"
-    assert main(["foundation", "--out", str(old), "--steps", "2", "--data-seed", "1"]) == 0
+    assert main(["foundation", "--out", str(old), "--steps", "2", "--data-seed", "1", *native]) == 0
     assert foundation_metadata(old)["config"]["steps"] == 2
     assert "raysim pretrain tiny-llama" in capsys.readouterr().err
     assert main(["pretrain", "tiny-llama", "--out", str(out), "--epochs", "2"]) == 2
     err = capsys.readouterr().err
     assert "--epochs applies to raysim pretrain digits or markov, not tiny-llama" in err
+    # the default, portable kernels, cannot be had once torch is loaded: one line, nothing made
+    fresh = tmp_path / "portable"
+    assert main(["pretrain", "tiny-llama", "--out", str(fresh), "--steps", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "portable kernels: torch was loaded with" in err and "fresh process" in err
+    assert not fresh.exists()
+
+
+@pytest.mark.matrix  # suite time: a 30-step pre-training in its own process (~35 s)
+def test_raysim_pretrain_pins_portable_kernels_whatever_the_machine_asks(tmp_path):
+    """``raysim pretrain tiny-llama`` runs torch's default (non-AVX) kernels, MKL's reproducible
+    path and one thread, whatever the environment asked (issue 62: a foundation that reproduces
+    across machines), and its metadata says so."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "f"
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2", "OMP_NUM_THREADS": "2"}
+    res = subprocess.run(
+        [sys.executable, "-m", "raysim.cli", "pretrain", "tiny-llama", "--out", str(out),
+         "--steps", "30"], capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    machine = foundation_metadata(out)["machine"]
+    assert machine["kernels"] == "portable" and machine["cpu_capability"] == "DEFAULT"
+    assert machine["torch_threads"] == 1 and machine["MKL_CBWR"] == "COMPATIBLE"
+    assert "portable kernels: DEFAULT" in " ".join(res.stdout.split())
 
 
 def _driver():

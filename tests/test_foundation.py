@@ -253,6 +253,76 @@ def test_claim_2a_allows_one_inversion_of_at_most_a_point():
     assert {x[:2]: v for x, v, _ in q.claims(_t2_rows(q, t))}["2a"] == NOT_HELD
 
 
+def _by_foundation(q, gaps=(20.0, 20.0, 20.0, 20.0, 20.0), seeds=2):
+    """Five foundations of two seeds each: foundation k shifts every OOD score by 4·k (the spread
+    between foundations dwarfs the seeds'), FedOA(0.5) − Local-only is 8 + k, and FedIT −
+    zero-shot is ``gaps[k]``."""
+    out = {}
+    for k, gap in enumerate(gaps):
+        t = _t2_table(q)
+        for row in t.values():
+            row["ood_rouge1"] += 4.0 * k
+        t["local_only"]["ood_rouge1"] = t["fedoa_l0.5"]["ood_rouge1"] - (8.0 + k)
+        t["zero_shot"]["ood_rouge1"] = t["fedit"]["ood_rouge1"] - gap
+        out[f"tiny-f{k}"] = _t2_rows(q, t, seeds=seeds)
+    return out
+
+
+def test_fedoa_claims_are_decided_over_foundations_with_the_gate_per_foundation():
+    """Issue 62, item 10: per foundation the mean of its seeds, then paired by foundation (n = F,
+    t with F − 1 degrees of freedom), the gate per foundation deciding which count."""
+    from raysim.verdicts import HELD, INCONCLUSIVE, Paired
+
+    q = _driver()
+    by = _by_foundation(q)
+    checks = {text[:2]: (v, n) for text, v, n in q.nested_claims(by)}
+    assert checks["Sa"][0] == HELD
+    assert checks["1a"][0] == HELD and "(n = 5)" in checks["1a"][1]  # five foundations, not ten
+    means = q.foundation_means(by)
+    expect = Paired.of(
+        [r["ood_rouge1"] for r in means["fedoa_l0.5"]],
+        [r["ood_rouge1"] for r in means["local_only"]],
+        5.0,
+    )
+    assert f"{expect.low:.2f}, {expect.high:.2f}]" in checks["1a"][1]
+    # one foundation fails the gate: the claims stand on the other four (p ≥ 1/16: undecided)
+    four = q.nested_claims(_by_foundation(q, gaps=(20.0, 20.0, 2.0, 20.0, 20.0)))
+    assert four[0][1] == "held on 4 of 5" and re.search(r"tiny-f2 \+1\.\d\d;", four[0][2])
+    assert {t[:2]: v for t, v, _ in four}["1a"] == INCONCLUSIVE
+    assert "(n = 4)" in {t[:2]: n for t, _, n in four}["1a"]
+    # fewer than two pass: every later claim is void
+    void = q.nested_claims(_by_foundation(q, gaps=(20.0, 1.0, 2.0, 3.0, 0.0)))
+    assert void[0][1] == "held on 1 of 5"
+    assert {v for _, v, _ in void[1:]} == {"void (gate held on 1 of 5 foundations)", "report"}
+
+
+def test_fedoa_report_is_written_from_raw_results_alone(tmp_path):
+    """``examples/fedoa/report.py`` turns qualitative.py's results.json into RESULTS.md, and a
+    second pass over its own output keeps the changed-verdicts block (regenerates it)."""
+    import importlib.util
+    import json
+    import sys
+    from pathlib import Path
+
+    q = _driver()
+    here = Path(__file__).parents[1] / "examples" / "fedoa"
+    sys.modules.setdefault("qualitative", q)
+    spec = importlib.util.spec_from_file_location("fedoa_report", here / "report.py")
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    base = {"weights_sha256": "ab" * 32, "heldout_exact_match": 0.75, "cpu": "AMD EPYC",
+            "cpu_capability": "DEFAULT", "kernels": "portable", "path": "x"}  # fmt: skip
+    results = {"foundations": {
+        name: {"foundation": base, "seeds": ["0", "1"], "rows": rows, "wall_s": 60.0}
+        for name, rows in _by_foundation(q).items()
+    }}  # fmt: skip
+    previous = "| 1a. old | inconclusive | x |\n| 2b. old | held | y |"
+    text = report.markdown(json.loads(json.dumps(results)), previous)
+    assert "| tiny-f4 | `abababababab` | 0.750 | portable (DEFAULT) | AMD EPYC | 0, 1 |" in text
+    assert "- 1a: inconclusive → held" in text
+    assert report.markdown(results, text) == text
+
+
 def test_the_t2_driver_names_its_foundation_and_will_not_mix_two(foundation_dir, tmp_path):
     """A report names the frozen base by its weights' digest (the same code pre-trains another
     foundation on another CPU), and seeds run on different bases are not combined."""

@@ -381,6 +381,9 @@ class Report:
         old = previous or where / "RESULTS.md"
         previous_text = old.read_text() if old.is_file() else ""
         criteria = self.criteria()
+        counts = sorted({len(self.scores(k)) for k in self.results if len(self.scores(k))})
+        n_min = counts[0] if counts else 0
+        seeds_text = " or ".join(map(str, counts)) or "none"
         seconds = sum(float(v.get("seconds", 0)) for v in self.results.values())
         modes: dict[str, int] = {}
         for v in self.results.values():
@@ -433,14 +436,13 @@ class Report:
             f"{how} (`workers.execution`: a round's clients one after another, or in one "
             "vectorised pass; the two agree to float rounding, `tests/test_fedot.py`).",
             "",
-            f"Seeds: {len(SEEDS)}. A cell cost {seconds / 60 / len(self.results):.1f} min of wall "
-            "time here on average. With "
-            f"n = {len(SEEDS)} the smallest one-sided sign-flip p-value is "
-            f"{0.5 ** len(SEEDS):.3g}: "
+            f"Seeds a cell ran: {seeds_text}; `reproduce.py` runs {len(SEEDS)}. A cell cost "
+            f"{seconds / 60 / len(self.results):.1f} min of wall time here on average. With "
+            f"n = {n_min} the smallest one-sided sign-flip p-value is {0.5**n_min:.3g}: "
             + (
                 "no comparison can be decided under the rules above, and each line prints what "
                 "its interval alone says."
-                if 0.5 ** len(SEEDS) > 0.05
+                if 0.5**n_min > 0.05
                 else "a comparison is decided where every seed's difference lies on one side."
             ),
             "",

@@ -1,4 +1,5 @@
-"""``raysim.verdicts``: the statistics every paper's report decides its claims with (issues 45, 62)."""
+"""``raysim.verdicts``: the statistics every paper's report decides its claims with (issues 45,
+62)."""
 
 from __future__ import annotations
 

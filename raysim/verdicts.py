@@ -1,27 +1,36 @@
-"""Verdicts on a paper's claims from a few seeds, with their statistics (issue 45).
+"""Verdicts on a paper's claims from a few seeds, with their statistics (issues 45, 62).
 
 Every paper's ``report.py`` decides its claims here, by one set of rules (``RULES``, printed once
 in each report):
 
-- a cell is summarised by its mean and its sample standard deviation (``ddof = 1``) over seeds;
+- a cell is summarised by its mean and its sample standard deviation (``ddof = 1``) over seeds,
+  and its best seed in the metric's own direction (named by every caller);
 - a claim that one method beats another compares them **paired by seed** (same seed, same data
-  split, same clients): the mean difference, its 95 % t-interval, and an exact one-sided
-  sign-flip permutation p-value (all 2^n sign assignments of the n differences);
-- a claim is **held** where the whole 95 % interval lies on the claimed side of its margin,
-  **not held** where the whole interval lies on the other side, and **inconclusive** otherwise
-  (the seeds cannot tell); a correlation claim is held where Spearman's ρ has the claimed sign
-  with an exact permutation p-value below 0.05, not held where it has the other sign with such a
-  p-value, and inconclusive otherwise.
-
-With 3 seeds the smallest one-sided sign-flip p-value is 1/8: such a p-value alone never decides,
-which is why the interval does; 5 seeds give 1/32.
+  split, same clients; ``Paired.by_seed`` pairs by the seed's name, never by position): the mean
+  difference, its 95 % t-interval, and an exact one-sided sign-flip permutation p-value (all 2^n
+  sign assignments of the n differences);
+- a claim is **held** only where the whole 95 % interval lies on the claimed side of its margin
+  **and** the exact one-sided p-value is at most 0.05; **not held** only where the interval lies
+  wholly on the other side and the opposite one-sided p-value is at most 0.05; **inconclusive**
+  otherwise. With 3 seeds the smallest one-sided p-value is 1/8, so 3 seeds never decide a
+  comparison (the interval's own reading is printed beside it); 5 seeds decide when every seed's
+  difference lies on one side (1/32);
+- nothing is decided from no information: an interval of zero width (every seed the same
+  difference: the seeds vary nothing the claim is about), a NaN in any seed, or a constant
+  series in a correlation leave the claim inconclusive and say why;
+- a closeness claim (|a − b| below a bound) is two one-sided tests (TOST): held where the 90 %
+  t-interval lies inside the bound and both one-sided sign-flip p-values are at most 0.05;
+- a correlation claim uses Spearman's ρ with an exact (or, past 8 points, a 20,000-draw, as
+  (k + 1)/(N + 1)) two-sided permutation p-value: held or not held at p < 0.05 by the sign of ρ.
+  A permutation test over one run's rounds treats the rounds as exchangeable, which a training
+  curve's rounds are not: such a claim is read as descriptive in the report that makes it.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -29,25 +38,34 @@ import numpy as np
 
 HELD, NOT_HELD, INCONCLUSIVE = "held", "not held", "inconclusive"
 Verdict = Literal["held", "not held", "inconclusive"]
-#: the level of every interval and test here
+#: the level of every interval here, and the largest p-value that decides
 LEVEL = 0.95
+ALPHA = 1 - LEVEL
+#: seeds above which sign flips are sampled, not enumerated
+EXACT_SEEDS = 20
 
 RULES = (
-    "Verdicts: each cell is the mean ± sample standard deviation (ddof = 1) over seeds. A "
-    "comparison pairs two methods seed by seed and gives the mean difference with its 95 % "
-    "t-interval and an exact one-sided sign-flip permutation p-value. A claim is **held** when "
-    "the whole interval lies on the claimed side of its margin, **not held** when it lies wholly "
-    "on the other side, and **inconclusive** otherwise. A correlation claim uses Spearman's ρ "
-    "with an exact (or, past 8 points, 20,000-draw) permutation p-value: held or not held at "
-    "p < 0.05 by the sign of ρ, else inconclusive. A closeness claim (|a − b| below a bound) is "
-    "held when the whole interval lies inside the bound, not held when it lies wholly outside. "
-    "A claim of several parts is held when every part is, not held when any part is not."
+    "Verdicts: each cell is the mean ± sample standard deviation (ddof = 1) over seeds, with its "
+    "best seed in the metric's direction. A comparison pairs two methods by seed and gives the "
+    "mean difference with its 95 % t-interval and an exact one-sided sign-flip permutation "
+    "p-value. A claim is **held** when the whole interval lies on the claimed side of its margin "
+    "and p ≤ 0.05, **not held** when the interval lies wholly on the other side and the opposite "
+    "one-sided p ≤ 0.05, and **inconclusive** otherwise: 3 seeds never decide (their smallest p "
+    "is 1/8; what the interval alone says is printed beside), 5 seeds decide when every seed's "
+    "difference lies on one side (p = 1/32). An interval of zero width (every seed the same "
+    "difference), a NaN in a seed or a constant series decides nothing. A closeness claim "
+    "(|a − b| below a bound) is two one-sided tests: held when the 90 % interval lies inside the "
+    "bound and both one-sided p ≤ 0.05. A correlation claim uses Spearman's ρ with an exact (or, "
+    "past 8 points, 20,000-draw, (k + 1)/(N + 1)) permutation p-value: held or not held at "
+    "p < 0.05 by the sign of ρ. A claim of several parts is held when every part is, not held "
+    "when any part is not."
 )
 
 
 @dataclass(frozen=True)
 class Summary:
-    """One cell over seeds: mean, sample standard deviation (ddof = 1; 0 for one seed), n."""
+    """One cell over seeds: mean, sample standard deviation (ddof = 1; 0 for one seed), n, and
+    the best seed in the metric's direction."""
 
     mean: float
     sd: float
@@ -55,12 +73,14 @@ class Summary:
     best: float
 
     @classmethod
-    def of(cls, values: Sequence[float], higher_is_better: bool = True) -> Summary:
+    def of(cls, values: Sequence[float], *, higher_is_better: bool) -> Summary:
+        """``higher_is_better`` has no default: "best" is the largest value of an accuracy and
+        the smallest of a loss, and every caller says which it holds."""
         a = np.asarray(values, dtype=np.float64)
         if not len(a):
             raise ValueError("no values to summarise")
         sd = float(a.std(ddof=1)) if len(a) > 1 else 0.0
-        best = float(a.max() if higher_is_better else a.min())
+        best = float(np.nanmax(a) if higher_is_better else np.nanmin(a))
         return cls(float(a.mean()), sd, len(a), best)
 
     def text(self, scale: float = 1.0, digits: int = 1) -> str:
@@ -83,8 +103,10 @@ def sign_flip_p(differences: Sequence[float], greater: bool = True) -> float:
     this small under random signs: the share of the 2^n sign assignments whose mean is at least
     as extreme as the observed one (the observed assignment included)."""
     d = np.asarray(differences, dtype=np.float64)
-    if len(d) > 20:
-        raise ValueError("exact sign flips over more than 20 seeds: use a sampled test")
+    if len(d) > EXACT_SEEDS:
+        raise ValueError(f"exact sign flips over more than {EXACT_SEEDS} seeds: use a sampled test")
+    if np.isnan(d).any():
+        return float("nan")
     observed = d.mean()
     signs = np.array(list(itertools.product((1.0, -1.0), repeat=len(d))))
     means = (signs * d).mean(axis=1)
@@ -93,10 +115,26 @@ def sign_flip_p(differences: Sequence[float], greater: bool = True) -> float:
     return float(extreme.mean())
 
 
+def decide(
+    low: float, high: float, p_claimed: float, p_other: float, margin: float, greater: bool
+) -> Verdict:
+    """The rule of ``RULES``: the interval on one side of ``margin`` and that side's p ≤ 0.05."""
+    above, below = low > margin, high < margin
+    claimed, other = (above, below) if greater else (below, above)
+    if claimed and p_claimed <= ALPHA:
+        return HELD
+    if other and p_other <= ALPHA:
+        return NOT_HELD
+    return INCONCLUSIVE
+
+
 @dataclass(frozen=True)
 class Paired:
     """``a − b`` paired by seed: mean difference, its 95 % interval, the one-sided p-value of
-    the claimed direction, and the verdict on "a beats b by more than ``margin``"."""
+    the claimed direction, and the verdict on "a beats b by more than ``margin``" (``RULES``).
+
+    ``interval_verdict`` is what the interval alone says (the rule before issue 62), printed
+    beside an undecided verdict; ``why`` says why a claim could not be decided at all."""
 
     mean: float
     low: float
@@ -105,6 +143,10 @@ class Paired:
     n: int
     margin: float
     verdict: Verdict
+    differences: tuple[float, ...] = ()
+    greater: bool = True
+    interval_verdict: Verdict = INCONCLUSIVE
+    why: str = ""
 
     @classmethod
     def of(
@@ -114,36 +156,91 @@ class Paired:
         margin: float = 0.0,
         greater: bool = True,
     ) -> Paired:
-        """``greater``: the claim is a − b > margin; else a − b < margin."""
+        """``greater``: the claim is a − b > margin; else a − b < margin. ``a[i]`` and ``b[i]``
+        are the same seed's (``by_seed`` pairs named seeds)."""
         x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
         if x.shape != y.shape or x.ndim != 1 or len(x) < 2:
             raise ValueError("a paired comparison needs two equal-length runs of 2+ seeds")
         d = x - y
-        mean, n = float(d.mean()), len(d)
+        n, diffs = len(d), tuple(float(v) for v in d)
+        if np.isnan(d).any():
+            nan = float("nan")
+            why = f"NaN in {int(np.isnan(d).sum())} of {n} seeds"
+            return cls(nan, nan, nan, nan, n, margin, INCONCLUSIVE, diffs, greater, why=why)
+        mean = float(d.mean())
         half = t_quantile(n - 1) * float(d.std(ddof=1)) / math.sqrt(n)
         low, high = mean - half, mean + half
         p = sign_flip_p(d - margin, greater)
-        above, below = low > margin, high < margin
-        if greater:
-            verdict: Verdict = HELD if above else NOT_HELD if below else INCONCLUSIVE
-        else:
-            verdict = HELD if below else NOT_HELD if above else INCONCLUSIVE
-        return cls(mean, low, high, p, n, margin, verdict)
+        p_other = sign_flip_p(d - margin, not greater)
+        interval = decide(low, high, 0.0, 0.0, margin, greater)
+        if half == 0.0:
+            why = "no spread: every seed gave the same difference"
+            return cls(mean, low, high, p, n, margin, INCONCLUSIVE, diffs, greater, interval, why)
+        verdict = decide(low, high, p, p_other, margin, greater)
+        return cls(mean, low, high, p, n, margin, verdict, diffs, greater, interval)
+
+    @classmethod
+    def by_seed(
+        cls,
+        a: Mapping[object, float],
+        b: Mapping[object, float],
+        margin: float = 0.0,
+        greater: bool = True,
+    ) -> Paired:
+        """``of`` on the seeds both ``a`` and ``b`` ran, each keyed by its seed: pairs by name,
+        so a missing or reordered seed cannot pair two different seeds."""
+        seeds = sorted(set(a) & set(b), key=str)
+        return cls.of([a[s] for s in seeds], [b[s] for s in seeds], margin, greater)
+
+    def tost(self, bound: float) -> tuple[float, float, float]:
+        """Two one-sided tests of "|a − b| < ``bound``": the 90 % t-interval and the larger of
+        the two one-sided sign-flip p-values (a − b > −bound, a − b < bound)."""
+        d = np.asarray(self.differences, dtype=np.float64)
+        if self.why or not len(d):
+            return float("nan"), float("nan"), float("nan")
+        half = t_quantile(self.n - 1, 1 - 2 * ALPHA) * float(d.std(ddof=1)) / math.sqrt(self.n)
+        p = max(sign_flip_p(d + bound, True), sign_flip_p(d - bound, False))
+        return self.mean - half, self.mean + half, p
 
     def within(self, bound: float) -> Verdict:
-        """The verdict on "|a − b| < ``bound``" (a and b close): held where the whole interval
-        lies inside (−bound, bound), not held where it lies wholly outside, else inconclusive."""
-        if -bound < self.low and self.high < bound:
+        """The verdict on "|a − b| < ``bound``" (a and b close): held where the 90 % interval
+        lies inside (−bound, bound) and both one-sided p ≤ 0.05 (TOST); not held where the
+        95 % interval lies wholly outside and that side's p ≤ 0.05; else inconclusive."""
+        if self.why:
+            return INCONCLUSIVE
+        low, high, p = self.tost(bound)
+        if -bound < low and high < bound and p <= ALPHA:
             return HELD
-        if self.low >= bound or self.high <= -bound:
+        d = np.asarray(self.differences, dtype=np.float64)
+        if self.low >= bound and sign_flip_p(d - bound, True) <= ALPHA:
+            return NOT_HELD
+        if self.high <= -bound and sign_flip_p(d + bound, False) <= ALPHA:
             return NOT_HELD
         return INCONCLUSIVE
 
     def text(self, scale: float = 1.0, digits: int = 1) -> str:
         f = f"{{:.{digits}f}}"
-        return (
+        if self.why:
+            return f"undefined ({self.why}; n = {self.n})"
+        body = (
             f"{f.format(scale * self.mean)} [{f.format(scale * self.low)}, "
             f"{f.format(scale * self.high)}], p = {self.p:.3g} (n = {self.n})"
+        )
+        if self.verdict == INCONCLUSIVE and self.interval_verdict != INCONCLUSIVE:
+            body += f"; the interval alone: {self.interval_verdict}"
+        return body
+
+    def within_text(self, bound: float, scale: float = 1.0, digits: int = 1) -> str:
+        """The closeness claim's numbers: the mean difference, its 90 % interval against the
+        bound and the TOST p-value."""
+        if self.why:
+            return f"undefined ({self.why}; n = {self.n})"
+        f = f"{{:.{digits}f}}"
+        low, high, p = self.tost(bound)
+        return (
+            f"{f.format(scale * self.mean)}, 90 % [{f.format(scale * low)}, "
+            f"{f.format(scale * high)}] vs ±{f.format(scale * bound)}, TOST p = {p:.3g} "
+            f"(n = {self.n})"
         )
 
 
@@ -155,6 +252,7 @@ class Correlation:
     p: float
     n: int
     verdict: Verdict
+    why: str = ""
 
     @classmethod
     def of(
@@ -166,6 +264,11 @@ class Correlation:
         xs, ys = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
         if xs.shape != ys.shape or len(xs) < 3:
             raise ValueError("a correlation needs two equal-length series of 3+ points")
+        nan = float("nan")
+        if np.isnan(xs).any() or np.isnan(ys).any():
+            return cls(nan, nan, len(xs), INCONCLUSIVE, "NaN in the series")
+        if np.ptp(xs) == 0 or np.ptp(ys) == 0:
+            return cls(nan, nan, len(xs), INCONCLUSIVE, "a constant series has no ranks to order")
 
         def standard(r: np.ndarray) -> np.ndarray:  # ranks centred and scaled, per row
             r = r - r.mean(axis=-1, keepdims=True)
@@ -173,21 +276,50 @@ class Correlation:
 
         rx, ry = standard(stats.rankdata(xs)), standard(stats.rankdata(ys))
         rho = float(rx @ ry)  # Pearson's r of the ranks
-        if len(xs) <= 8:  # every permutation
-            perms = np.array(list(itertools.permutations(ry)))
-        else:
+        tol = 1e-12
+        if len(xs) <= 8:  # every permutation (the observed one among them)
+            null = np.array(list(itertools.permutations(ry))) @ rx
+            p = float((np.abs(null) >= abs(rho) - tol).mean())
+        else:  # sampled: the observed ordering counts as one of N + 1
             rng = np.random.default_rng(seed)
-            perms = rng.permuted(np.tile(ry, (20_000, 1)), axis=1)
-        null = perms @ rx  # a permutation of standard ranks stays standard
-        p = float((np.abs(null) >= abs(rho) - 1e-12).mean())
-        if p >= 1 - LEVEL:
+            null = rng.permuted(np.tile(ry, (20_000, 1)), axis=1) @ rx
+            p = float(((np.abs(null) >= abs(rho) - tol).sum() + 1) / (len(null) + 1))
+        if p >= ALPHA:
             verdict: Verdict = INCONCLUSIVE
         else:
             verdict = HELD if (rho < 0) == negative else NOT_HELD
         return cls(rho, p, len(xs), verdict)
 
     def text(self) -> str:
+        if self.why:
+            return f"Spearman ρ undefined ({self.why}; n = {self.n})"
         return f"Spearman ρ = {self.rho:.2f}, p = {self.p:.3g} (n = {self.n})"
+
+
+#: the markers around a report's "verdicts that changed" block (invisible in rendered Markdown)
+CHANGES_BEGIN, CHANGES_END = "<!-- verdicts changed -->", "<!-- end of verdicts changed -->"
+
+
+def changes_block(
+    previous_text: str,
+    previous: Mapping[str, str],
+    current: Mapping[str, str],
+    fresh: Sequence[str],
+) -> list[str]:
+    """A report's "verdicts that changed, and why" block, between ``CHANGES_BEGIN`` and
+    ``CHANGES_END``. Where every verdict equals the one in the report it replaces
+    (``previous``, parsed from ``previous_text``), the block of that report is kept, so a
+    report regenerated from the same results is the committed one byte for byte; otherwise
+    ``fresh`` (the changes against ``previous``, with the reason)."""
+    if previous and dict(previous) == dict(current) and CHANGES_BEGIN in previous_text:
+        kept = previous_text.split(CHANGES_BEGIN, 1)[1].split(CHANGES_END, 1)[0]
+        return [CHANGES_BEGIN, *kept.strip("\n").splitlines(), CHANGES_END]
+    lines = list(fresh)
+    while lines and not lines[0].strip():
+        lines.pop(0)
+    while lines and not lines[-1].strip():
+        lines.pop()
+    return [CHANGES_BEGIN, *lines, CHANGES_END]
 
 
 def all_of(verdicts: Sequence[Verdict]) -> Verdict:

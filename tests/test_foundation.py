@@ -107,16 +107,25 @@ def test_cli_pretrain_tiny_llama_writes_the_directory(tmp_path, capsys):
     from raysim.cli import main
 
     out = tmp_path / "f"
-    assert main(["pretrain", "tiny-llama", "--out", str(out), "--steps", "3"]) == 0
+    native = ["--kernels", "native"]  # this test's process loaded torch with its own kernels
+    args = ["--out", str(out), "--steps", "3", "--seed", "3", *native]
+    assert main(["pretrain", "tiny-llama", *args]) == 0
     assert foundation_metadata(out)["config"]["steps"] == 3
+    assert foundation_metadata(out)["config"]["init_seed"] == 3
     capsys.readouterr()
     old = tmp_path / "old"
-    assert main(["foundation", "--out", str(old), "--steps", "2", "--data-seed", "1"]) == 0
+    assert main(["foundation", "--out", str(old), "--steps", "2", "--data-seed", "1", *native]) == 0
     assert foundation_metadata(old)["config"]["steps"] == 2
     assert "raysim pretrain tiny-llama" in capsys.readouterr().err
     assert main(["pretrain", "tiny-llama", "--out", str(out), "--epochs", "2"]) == 2
     err = capsys.readouterr().err
     assert "--epochs applies to raysim pretrain digits or markov, not tiny-llama" in err
+    # the default, portable kernels, cannot be had once torch is loaded: one line, nothing made
+    fresh = tmp_path / "portable"
+    assert main(["pretrain", "tiny-llama", "--out", str(fresh), "--steps", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "portable kernels: torch was loaded with" in err and "fresh process" in err
+    assert not fresh.exists()
 
 
 def _driver():
@@ -130,32 +139,44 @@ def _driver():
     return module
 
 
-def test_the_t2_driver_judges_the_claims_from_the_numbers():
-    """Each claim is decided paired by seed (``raysim.verdicts``): held where its interval
-    clears the margin, not held where it lies beyond, inconclusive where the seeds disagree."""
-    from raysim.verdicts import HELD, INCONCLUSIVE, NOT_HELD
+def _t2_rows(q, table, noise=0.1, seeds=5):
+    """Five seeds of ``table`` (method -> figures), each figure moved by its own small draw per
+    method and seed: the paired differences vary from seed to seed, as a run's do."""
+    rng = np.random.default_rng(7)
+    return {
+        m: [{k: v + noise * rng.standard_normal() for k, v in row.items()} for _ in range(seeds)]
+        for m, row in table.items()
+    }
 
-    q = _driver()
+
+def _t2_table(q):
     base = {"ood_rouge1": 40.0, "id_rouge1": 60.0, "fd_last": 1.0, "fd_ratio": 1.0}
     t = {m: dict(base) for m in q.METHODS}
     t["zero_shot"]["ood_rouge1"] = 20.0  # gate: 40 − 20 > 5
     t["local_only"].update(ood_rouge1=30.0, fd_ratio=3.0)  # 1a: 40 − 30 > 5; 3: 1 − 3 < 0
-    for m, fd in zip(q.LAMBDAS, (4.0, 3.0, 2.0, 1.0), strict=True):
-        t[m]["fd_last"] = fd  # 2b: falls with λ
+    for m, ood, fd in zip(q.LAMBDAS, (38.0, 39.0, 40.0, 41.0), (4.0, 3.0, 2.0, 1.0), strict=True):
+        t[m].update(ood_rouge1=ood, fd_last=fd)  # 2a: rises with λ; 2b: falls with λ
+    return t
 
-    def seeds(table):  # three seeds, each moved by the same amount in every method
-        return {m: [{k: v + 0.1 * s for k, v in row.items()} for s in range(3)]
-                for m, row in table.items()}  # fmt: skip
 
-    verdicts = [v for _, v, _ in q.claims(seeds(t))]
+def test_the_t2_driver_judges_the_claims_from_the_numbers():
+    """Each claim is decided paired by seed (``raysim.verdicts``) on five seeds whose differences
+    vary: held where its interval clears the margin and every seed agrees, not held where it lies
+    beyond, inconclusive where the seeds cannot tell."""
+    from raysim.verdicts import HELD, INCONCLUSIVE, NOT_HELD
+
+    q = _driver()
+    t = _t2_table(q)
+    verdicts = [v for _, v, _ in q.claims(_t2_rows(q, t))]
     assert verdicts == [HELD, HELD, HELD, "report", HELD, HELD, HELD, HELD, HELD, "report"]
     t["fedoa_l2"]["ood_rouge1"] = 37.0  # a fall of 3 points from λ = 0.5 to 2 breaks 2a
     t["fedlora"]["id_rouge1"] = 50.0  # 4a: FedLoRA 10 below FedIT
-    rows = seeds(t)
-    for s, ood in enumerate((30.0, 38.0, 22.0)):  # 1a: +10, +2, +18: the seeds disagree
-        rows["local_only"][s]["ood_rouge1"] = ood
+    rows = _t2_rows(q, t)
     held = {text[:2]: v for text, v, _ in q.claims(rows)}
     assert held["2a"] == NOT_HELD and held["4a"] == NOT_HELD and held["1b"] == HELD
+    for s, ood in enumerate((30.0, 38.0, 22.0, 31.0, 29.0)):  # 1a: the seeds disagree
+        rows["local_only"][s]["ood_rouge1"] = ood
+    held = {text[:2]: v for text, v, _ in q.claims(rows)}
     assert held["1a"] == INCONCLUSIVE
     previous = "| 1a. old text | yes | x |\n| 2a. old | yes | y |\n| 4b. old | **no** | z |"
     assert q.changed(q.claims(rows), previous) == [
@@ -166,6 +187,118 @@ def test_the_t2_driver_judges_the_claims_from_the_numbers():
     )
     assert q.claims_section(report, None).strip() == previous
     assert q.claims_section(report, "entailment").strip() == "| 1a. e | no | |"
+
+
+def test_the_t2_claims_use_student_s_t_and_the_sample_deviation():
+    """1a's five differences (5.6, 8.6, 5.3, 8.0, 6.5) all clear +5, but the 95 % interval with
+    t(4) and ddof = 1 starts at 4.99: inconclusive. A normal quantile (low 5.53) or ddof = 0 (low
+    5.18) would call it held (issue 62: the claims test must see a wrong quantile or ddof)."""
+    from raysim.verdicts import INCONCLUSIVE
+
+    q = _driver()
+    rows = _t2_rows(q, _t2_table(q))
+    for s, d in enumerate((5.6, 8.6, 5.3, 8.0, 6.5)):
+        rows["local_only"][s]["ood_rouge1"] = rows["fedoa_l0.5"][s]["ood_rouge1"] - d
+    checks = {text[:2]: (v, n) for text, v, n in q.claims(rows)}
+    assert checks["1a"][0] == INCONCLUSIVE, checks["1a"]
+    assert "[4.99, " in checks["1a"][1]
+
+
+def test_a_failed_sanity_gate_voids_every_later_claim():
+    """fedoa.md §7.1: the gate comes before any claim, and where it fails "the results are void":
+    every later verdict says so (the descriptive rows stay reports), numbers still shown."""
+    q = _driver()
+    t = _t2_table(q)
+    t["zero_shot"]["ood_rouge1"] = 38.0  # FedIT − zero-shot = 2 points: the gate is not held
+    checks = q.claims(_t2_rows(q, t))
+    assert checks[0][1] == "not held"
+    assert [v for _, v, _ in checks[1:]] == [
+        q.VOID, q.VOID, "report", q.VOID, q.VOID, q.VOID, q.VOID, q.VOID, "report"
+    ]  # fmt: skip
+    assert all(n for _, _, n in checks)
+
+
+def test_claim_2a_allows_one_inversion_of_at_most_a_point():
+    """fedoa.md §7.1 claim 2: "non-decreasing in λ from 0 to 2 (allow one inversion ≤ 1 point)":
+    one step falling half a point keeps it, a second falling step refutes it."""
+    from raysim.verdicts import HELD, NOT_HELD
+
+    q = _driver()
+    t = _t2_table(q)
+    t["fedoa_l2"]["ood_rouge1"] = 39.5  # λ 0.5 → 2 falls 0.5
+    assert {x[:2]: v for x, v, _ in q.claims(_t2_rows(q, t))}["2a"] == HELD
+    t["fedoa_l0.1"]["ood_rouge1"] = 37.5  # λ 0 → 0.1 falls 0.5 too: two inversions
+    assert {x[:2]: v for x, v, _ in q.claims(_t2_rows(q, t))}["2a"] == NOT_HELD
+
+
+def _by_foundation(q, gaps=(20.0, 20.0, 20.0, 20.0, 20.0), seeds=2):
+    """Five foundations of two seeds each: foundation k shifts every OOD score by 4·k (the spread
+    between foundations dwarfs the seeds'), FedOA(0.5) − Local-only is 8 + k, and FedIT −
+    zero-shot is ``gaps[k]``."""
+    out = {}
+    for k, gap in enumerate(gaps):
+        t = _t2_table(q)
+        for row in t.values():
+            row["ood_rouge1"] += 4.0 * k
+        t["local_only"]["ood_rouge1"] = t["fedoa_l0.5"]["ood_rouge1"] - (8.0 + k)
+        t["zero_shot"]["ood_rouge1"] = t["fedit"]["ood_rouge1"] - gap
+        out[f"tiny-f{k}"] = _t2_rows(q, t, seeds=seeds)
+    return out
+
+
+def test_fedoa_claims_are_decided_over_foundations_with_the_gate_per_foundation():
+    """Issue 62, item 10: per foundation the mean of its seeds, then paired by foundation (n = F,
+    t with F − 1 degrees of freedom), the gate per foundation deciding which count."""
+    from raysim.verdicts import HELD, INCONCLUSIVE, Paired
+
+    q = _driver()
+    by = _by_foundation(q)
+    checks = {text[:2]: (v, n) for text, v, n in q.nested_claims(by)}
+    assert checks["Sa"][0] == HELD
+    assert checks["1a"][0] == HELD and "(n = 5)" in checks["1a"][1]  # five foundations, not ten
+    means = q.foundation_means(by)
+    expect = Paired.of(
+        [r["ood_rouge1"] for r in means["fedoa_l0.5"]],
+        [r["ood_rouge1"] for r in means["local_only"]],
+        5.0,
+    )
+    assert f"{expect.low:.2f}, {expect.high:.2f}]" in checks["1a"][1]
+    # one foundation fails the gate: the claims stand on the other four (p ≥ 1/16: undecided)
+    four = q.nested_claims(_by_foundation(q, gaps=(20.0, 20.0, 2.0, 20.0, 20.0)))
+    assert four[0][1] == "held on 4 of 5" and re.search(r"tiny-f2 \+1\.\d\d;", four[0][2])
+    assert {t[:2]: v for t, v, _ in four}["1a"] == INCONCLUSIVE
+    assert "(n = 4)" in {t[:2]: n for t, _, n in four}["1a"]
+    # fewer than two pass: every later claim is void
+    void = q.nested_claims(_by_foundation(q, gaps=(20.0, 1.0, 2.0, 3.0, 0.0)))
+    assert void[0][1] == "held on 1 of 5"
+    assert {v for _, v, _ in void[1:]} == {"void (gate held on 1 of 5 foundations)", "report"}
+
+
+def test_fedoa_report_is_written_from_raw_results_alone(tmp_path):
+    """``examples/fedoa/report.py`` turns qualitative.py's results.json into RESULTS.md, and a
+    second pass over its own output keeps the changed-verdicts block (regenerates it)."""
+    import importlib.util
+    import json
+    import sys
+    from pathlib import Path
+
+    q = _driver()
+    here = Path(__file__).parents[1] / "examples" / "fedoa"
+    sys.modules.setdefault("qualitative", q)
+    spec = importlib.util.spec_from_file_location("fedoa_report", here / "report.py")
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    base = {"weights_sha256": "ab" * 32, "heldout_exact_match": 0.75, "cpu": "AMD EPYC",
+            "cpu_capability": "DEFAULT", "kernels": "portable", "path": "x"}  # fmt: skip
+    results = {"foundations": {
+        name: {"foundation": base, "seeds": ["0", "1"], "rows": rows, "wall_s": 60.0}
+        for name, rows in _by_foundation(q).items()
+    }}  # fmt: skip
+    previous = "| 1a. old | inconclusive | x |\n| 2b. old | held | y |"
+    text = report.markdown(json.loads(json.dumps(results)), previous)
+    assert "| tiny-f4 | `abababababab` | 0.750 | portable (DEFAULT) | AMD EPYC | 0, 1 |" in text
+    assert "- 1a: inconclusive → held" in text
+    assert report.markdown(results, text) == text
 
 
 def test_the_t2_driver_names_its_foundation_and_will_not_mix_two(foundation_dir, tmp_path):

@@ -487,17 +487,26 @@ def test_the_privacy_example_runs_and_its_audit_stays_below_the_accountant(tmp_p
 
 
 @pytest.mark.matrix  # suite time: a tiny foundation pre-trained for 3 steps, then 4 short runs
+# (the pre-training also checks raysim pretrain's portable kernels)
 def test_the_privacy_example_runs_fedit_on_a_tiny_llama(tmp_path):
+    import os
     import subprocess
     import sys
 
+    from raysim.models.foundation import foundation_metadata
     from tests.conftest import ROOT
 
     found = tmp_path / "tiny"
+    # whatever the environment asks, raysim pretrain pins portable kernels (issue 62)
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2", "OMP_NUM_THREADS": "2"}
     pre = subprocess.run([sys.executable, "-m", "raysim.cli", "pretrain", "tiny-llama", "--out",
                           str(found), "--steps", "3"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=600)  # fmt: skip
+                         timeout=600, env=env)  # fmt: skip
     assert pre.returncode == 0, pre.stderr[-3000:]
+    machine = foundation_metadata(found)["machine"]
+    assert machine["kernels"] == "portable" and machine["cpu_capability"] == "DEFAULT"
+    assert machine["torch_threads"] == 1 and machine["MKL_CBWR"] == "COMPATIBLE"
+    assert "portable kernels: DEFAULT" in " ".join(pre.stdout.split())
     out = tmp_path / "table.md"
     proc = subprocess.run(
         [sys.executable, "examples/privacy/accuracy_vs_epsilon.py", "--workload", "fedit",

@@ -12,14 +12,22 @@ import functools
 import json
 import math
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from reproduce import CELLS, HARD, SCORE, SEEDS, STEPS, edge_of
 
-from raysim.verdicts import HELD, INCONCLUSIVE, NOT_HELD, RULES, Paired, Summary, all_of
+from raysim.verdicts import (
+    HELD,
+    INCONCLUSIVE,
+    NOT_HELD,
+    RULES,
+    Paired,
+    Summary,
+    all_of,
+    changes_block,
+)
 
 LABELS = {
     "center": "Center",
@@ -84,14 +92,24 @@ accepts (FedAsync's mixing ≤ 1), and integer grids are not widened below their
 
 
 def scores(results: dict, label: str) -> np.ndarray:
-    """The per-seed scores of one grid sweep, in seed order."""
-    rows = sorted(results[label]["table"], key=lambda r: r["seed"])
-    return np.array([r[SCORE] for r in rows], dtype=np.float64)
+    """The scores of one grid sweep, one per seed of ``SEEDS`` in that order, looked up by the
+    seed's value: every array of the report is indexed by the same seeds, so two methods are
+    paired by seed, never by their rows' positions (issue 62). A sweep that lacks a seed or ran
+    one twice is refused."""
+    by_seed: dict[int, float] = {}
+    for row in results[label]["table"]:
+        if row["seed"] in by_seed:
+            raise ValueError(f"{label}: seed {row['seed']} ran twice")
+        by_seed[row["seed"]] = row[SCORE]
+    missing = [seed for seed in SEEDS if seed not in by_seed]
+    if missing:
+        raise ValueError(f"{label}: no run for seeds {missing}")
+    return np.array([by_seed[seed] for seed in SEEDS], dtype=np.float64)
 
 
 def cmp(a: np.ndarray, b: np.ndarray, margin: float = 0.0, greater: bool = True) -> Paired:
-    """``a − b`` paired by seed (both in seed order), the claim being ``a − b > margin``
-    (``greater``) or ``< margin``."""
+    """``a − b`` paired by seed (both indexed by ``SEEDS``: ``scores``), the claim being
+    ``a − b > margin`` (``greater``) or ``< margin``."""
     return Paired.of(a, b, margin=margin, greater=greater)
 
 
@@ -127,7 +145,7 @@ def short(method: str) -> str:
 
 def fmt(a: np.ndarray) -> str:
     """A cell: mean ± sample standard deviation (ddof = 1) over seeds, and the best seed."""
-    return Summary.of(a).text(100)
+    return Summary.of(a, higher_is_better=True).text(100)
 
 
 class Report:
@@ -363,8 +381,8 @@ class Report:
         return [*out, "", CAVEATS.strip()]
 
     def changed(self, claims: list[tuple[str, str, str]]) -> list[str]:
-        """The verdicts that differ from the report this one replaces (3 seeds, "ahead in
-        every seed"), and why."""
+        """The verdicts that differ from the report this one replaces, and why (a block that a
+        report regenerated with the same verdicts keeps: ``changes_block``)."""
         old = {}
         for line in self.previous.splitlines():
             m = re.match(r"- \*\*(.+?)\.\*\* (\d)\.", line)
@@ -378,17 +396,21 @@ class Report:
         ]
         if not old:
             return []
-        if not out:
-            return ["", "No verdict differs from the report this one replaces."]
-        return [
-            "",
-            "Verdicts that differ from the report this one replaces, which ruled on 3 seeds by "
-            '"ahead in every seed" and fixed cutoffs (2 points for a step that hurts; partly '
-            "held where some parts held): now a part holds only where its paired 95 % interval "
-            "clears its margin, and a claim only where every part does.",
+        current = {t.split(".")[0]: v for t, v, _ in claims}
+        fresh = [
+            "No verdict differs from the report this one replaces, which decided a part on its "
+            "95 % interval alone; a part now also needs the exact one-sided sign-flip p ≤ 0.05 "
+            f"(issue 62), which every decided part's {len(SEEDS)} seeds reach."
+        ] if not out else [
+            "Verdicts that differ from the report this one replaces, which decided a part on its "
+            "95 % interval alone: now a part is held (or not held) only where its interval "
+            "clears its margin **and** the exact one-sided sign-flip p-value is at most 0.05, "
+            f"which {len(SEEDS)} seeds never reach (their smallest p is {0.5 ** len(SEEDS):.3g}; "
+            "issue 62). What each interval alone says is printed beside its numbers.",
             "",
             *out,
-        ]
+        ]  # fmt: skip
+        return ["", *changes_block(self.previous, old, current, fresh)]
 
     def beats(self, one: str, other: str, cell: str = HARD) -> bool:
         return cmp(self.s(one, cell), self.s(other, cell)).verdict == HELD
@@ -519,10 +541,8 @@ class Report:
 
     # ------------------------------------------------------------------ report
     def markdown(self, plot_name: str) -> str:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-        from common import machine
-
         claims = self.claims()
+        machines = sorted({v.get("machine", "not recorded") for v in self.results.values()})
         seconds = sum(v["seconds"] for k, v in self.results.items() if "seconds" in v)
         trials = sum(len(v["table"]) for v in self.results.values() if "table" in v)
         lines = [
@@ -530,8 +550,9 @@ class Report:
             "",
             INTRO.strip(),
             "",
-            f"Machine: {machine()}; CPU only. {trials} runs in {seconds / 60:.0f} min, all through "
-            "Ray Tune sweeps; other work shared the machine, so times are for orientation only.",
+            f"Machine: {'; '.join(machines)}; CPU only. {trials} runs in {seconds / 60:.0f} "
+            "min, all through Ray Tune sweeps; other work shared the machine, so times are for "
+            "orientation only.",
             "",
             "## Verdict",
             "",

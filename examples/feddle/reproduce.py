@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -203,6 +204,9 @@ class Reproduction:
             return done  # run before with this config and space (any change: run again)
         from raysim import tune
 
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+        from common import machine
+
         t0 = time.time()
         summary = tune(raw, storage=self.storage / label)
         table = [dict(row) for row in summary.table]
@@ -214,6 +218,7 @@ class Reproduction:
             "best_params": summary.best_params,
             "table": table,
             "seconds": time.time() - t0,
+            "machine": machine(),  # where it ran: the report is written from these results alone
             "config": raw,
             "space": space,
         }

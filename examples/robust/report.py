@@ -72,9 +72,10 @@ def claims(g: Grid, out: list[str]) -> None:
             rows.append((claim, "not run", ""))
             return
         verdicts = [p.within(close) if close is not None else p.verdict for _, p in parts]
-        rows.append(
-            (claim, all_of(verdicts), "; ".join(f"{w}: {p.text(100, 1)}" for w, p in parts))
-        )
+        texts = [p.within_text(close, 100, 1) if close is not None else p.text(100, 1)
+                 for _, p in parts]  # fmt: skip
+        joined = "; ".join(f"{w}: {t}" for (w, _), t in zip(parts, texts, strict=True))
+        rows.append((claim, all_of(verdicts), joined))
 
     bd, al = "backdoor", "alie"
     add("B1 (Bagdasaryan et al. 2020, abstract and §4): model replacement takes FedAvg to a "

@@ -53,5 +53,6 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from raysim.launch.inputs import MissingInput
     from raysim.launch.private_ray import ClusterError
     from raysim.launch.resources import ResourceError
+    from raysim.util.kernels import KernelsError
 
-    return (ConfigError, PluginError, ResourceError, ClusterError, MissingInput)
+    return (ConfigError, PluginError, ResourceError, ClusterError, MissingInput, KernelsError)

@@ -18,6 +18,13 @@ def _tiny_llama_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-seed", type=int, default=None, help="tiny-llama: Flan-mini word pools")
     p.add_argument("--steps", type=int, default=None, help="tiny-llama: optimiser steps (8000)")
     p.add_argument("--families", default=None, help="tiny-llama: corpus families (default: all)")
+    p.add_argument(
+        "--kernels",
+        choices=("portable", "native"),
+        default=None,
+        help="tiny-llama: portable (default) gives the same weights on any x86 CPU; native, "
+        "this CPU's faster kernels, the same weights only on it",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -109,7 +116,12 @@ def build_parser() -> argparse.ArgumentParser:
     _tiny_llama_options(p)
     p.add_argument("--epochs", type=int, default=None, help="digits, markov: training epochs")
     p.add_argument("--samples", type=int, default=None, help="digits: foundation pool samples")
-    p.add_argument("--seed", type=int, default=None, help="digits, markov: seed (default 0)")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="the weights' init and the data's order (default 0): digits, markov, tiny-llama",
+    )
     p.set_defaults(func=cmd_pretrain)
     p = sub.add_parser("foundation", help="the old name of raysim pretrain tiny-llama")
     p.add_argument("--out", default=None, help="output directory (default: foundations/tiny-s0)")

@@ -32,7 +32,11 @@ def _training_bar(label: str) -> Iterator[Callable[[int, int, float], None]]:
 def _pretrain_tiny_llama(args: argparse.Namespace, report: Any) -> str:
     from raysim.models.foundation import FoundationConfig, pretrain_foundation
 
-    overrides: dict[str, Any] = {"data_seed": args.data_seed or 0}
+    overrides: dict[str, Any] = {
+        "data_seed": args.data_seed or 0,
+        "init_seed": args.seed or 0,
+        "kernels": args.kernels or "portable",
+    }
     if args.steps is not None:
         overrides["steps"] = args.steps
     if args.families:
@@ -43,7 +47,8 @@ def _pretrain_tiny_llama(args: argparse.Namespace, report: Any) -> str:
         f"{meta['parameters']:,} parameters, vocabulary {meta['vocab_size']}, held-out exact "
         f"match {meta['heldout_exact_match']:.3f} ({meta['pretrain_seconds']:.0f} s), weights "
         f"sha256 {meta['weights_sha256'][:12]}… on {meta['machine']['cpu']} "
-        f"({meta['machine']['cpu_capability']}). Use it with\n"
+        f"({meta['machine']['kernels']} kernels: {meta['machine']['cpu_capability']}). Use it "
+        "with\n"
         f"  model: {{name: hf_causal_lm, path: {args.out}}}\n"
         f"  data.text: {{tokenizer: {args.out}, data_seed: {cfg.data_seed}}}"
     )
@@ -84,12 +89,12 @@ PRETRAIN: dict[str, tuple[Callable[[argparse.Namespace, Any], str], str, tuple[s
     "tiny-llama": (
         _pretrain_tiny_llama,
         "foundations/tiny-s0",
-        ("data_seed", "steps", "families"),
+        ("data_seed", "steps", "families", "seed", "kernels"),
     ),
     "digits": (_pretrain_digits, "foundations/digits", ("epochs", "samples", "seed")),
     "markov": (_pretrain_markov, "foundations/markov", ("epochs", "seed")),
 }
-PRETRAIN_OPTIONS = ("data_seed", "steps", "families", "epochs", "samples", "seed")
+PRETRAIN_OPTIONS = ("data_seed", "steps", "families", "epochs", "samples", "seed", "kernels")
 
 
 def cmd_pretrain(args: argparse.Namespace) -> int:
@@ -107,6 +112,10 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
                 f"{flag} applies to raysim pretrain {' or '.join(takes)}, not {args.kind}"
             )
     args.out = args.out or default_out
+    if args.kind == "tiny-llama" and (args.kernels or "portable") == "portable":
+        from raysim.util.kernels import request_portable_kernels
+
+        request_portable_kernels()  # before torch loads (the CLI has not imported it)
     with _training_bar(f"pre-training {args.kind}") as report:
         about = build(args, report)
     console.print(f"saved to [bold]{args.out}[/bold]: {about}")

@@ -16,7 +16,7 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -39,7 +39,10 @@ class FoundationConfig(StrictModel):
     """Pre-training settings (fedoa.md §7.1: about 1-2k full-parameter steps, then freeze)."""
 
     data_seed: int = Field(0, description="Flan-mini word pools; runs must use the same seed")
-    init_seed: int = 0
+    init_seed: int = Field(0, description="the weights' init and the batches' order")
+    #: ``portable``: the same weights on any x86 CPU (``raysim.util.kernels``; ``raysim
+    #: pretrain``'s default); ``native``: this CPU's fastest kernels, the same weights only here
+    kernels: Literal["portable", "native"] = "native"
     steps: int = Field(8000, ge=1)  # §7.1 says 1-2k on its slower VM; 8k takes ~5 min here
     batch_size: int = Field(32, ge=1)
     corpus_size: int = Field(40_000, ge=1, description="examples, reshuffled every pass")
@@ -118,7 +121,9 @@ def pretrain_foundation(
     from transformers import LlamaForCausalLM
 
     from raysim.models.causal_lm import llama_config
+    from raysim.util.kernels import check_kernels
 
+    kernels = check_kernels(cfg.kernels)
     started = time.perf_counter()
     train = generate_foundation_corpus(cfg.data_seed, cfg.corpus_size, 0, cfg.families)
     held = generate_foundation_corpus(cfg.data_seed, cfg.eval_examples, 1, cfg.families)
@@ -167,7 +172,7 @@ def pretrain_foundation(
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
     meta["weights_sha256"] = weights_digest(tmp)
-    meta["machine"] = pretraining_machine()
+    meta["machine"] = {**pretraining_machine(), **kernels}
     (tmp / METADATA_FILE).write_text(json.dumps(meta, indent=2))
     if out.exists():
         shutil.rmtree(out)

@@ -115,14 +115,31 @@ class Reproduction:
             p.name: json.loads((p / "raysim_foundation.json").read_text())
             for p in sorted(self.foundations.iterdir())
         }
-        self.results["foundations"] = {
+        from raysim.models.foundation import weights_digest
+
+        found = {
             name: {
-                k: v
-                for k, v in m.items()
-                if k.startswith("heldout_") or k in ("samples", "epochs", "parameters")
+                **{
+                    k: v
+                    for k, v in m.items()
+                    if k.startswith("heldout_") or k in ("samples", "epochs", "parameters")
+                },
+                "weights_sha256": weights_digest(self.foundations / name),
             }
             for name, m in metas.items()
         }
+        before = self.results.get("foundations", {})
+        differ = [
+            n for n, f in found.items() if n in before and before[n].get("weights_sha256") not in
+            (None, f["weights_sha256"])
+        ]  # fmt: skip
+        if differ and any(k.startswith(("vision/", "lm/")) for k in self.results):
+            raise SystemExit(
+                f"the foundations {', '.join(differ)} are not the ones these results were run on "
+                "(another machine pre-trains other weights): resume where they were made, or start "
+                "a new --out"
+            )
+        self.results["foundations"] = found
         self.save()
 
     # ----------------------------------------------------------------- sweeps

@@ -417,7 +417,8 @@ class Report:
                 f"E2 full collusion: relative error {e2:.2e} (median "
                 f"{full.get('E2_full_relative_error_median', float('nan')):.2e}); half colluding: "
                 f"{half.get('E2_partial_relative_error_min', float('nan')):.3f}; {self.e1_text()}; "
-                f"Dist against c_t: {corr.text() if corr else 'too few rounds'}",
+                f"Dist against c_t: {corr.text() if corr else 'too few rounds'} (over one "
+                "run's rounds, which are not exchangeable: read ρ as a description)",
             )
         )
         return out

@@ -13,9 +13,14 @@ from typing import Any
 
 def run_one(config: Path, overrides: list[str], keep: Sequence[str]) -> dict[str, Any]:
     """One run of ``config`` with ``overrides``, without Ray: each round's ``keep`` metrics, the
-    final weights' digest and the seconds it took."""
+    final weights' digest, the seconds it took and the machine it ran on (a CPU's kernels round
+    floats their own way: a report compares runs of one machine)."""
+    import os
+    import platform
+
     from raysim.actors.local import local_core
     from raysim.config import load_config
+    from raysim.util.machine import cpu_model
 
     core = local_core(load_config(config, overrides), evaluate=True)
     t0 = time.perf_counter()
@@ -23,7 +28,12 @@ def run_one(config: Path, overrides: list[str], keep: Sequence[str]) -> dict[str
         core.step()
     core.settle()
     rounds = [{k: h[k] for k in keep if k in h} for h in core.history]
-    return {"rounds": rounds, "digest": core.digest(), "seconds": time.perf_counter() - t0}
+    return {
+        "rounds": rounds,
+        "digest": core.digest(),
+        "seconds": time.perf_counter() - t0,
+        "machine": f"{cpu_model()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+    }
 
 
 def run_grid(

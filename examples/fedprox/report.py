@@ -265,6 +265,13 @@ def intro(g: Grid) -> list[str]:
             "other work (FedProx's heavy-tailed device sizes: about 4,700 local steps a round), "
             "so the grid runs in pieces:"
         )
+    machines: dict[str, int] = {}
+    for v in ran:
+        where = v.get("machine", "not recorded (the runs made before runs recorded it)")
+        machines[where] = machines.get(where, 0) + 1
+    lines += ["", "Machines: " + "; ".join(f"{m}: {n} runs" for m, n in sorted(machines.items()))
+              + (". A CPU's kernels round floats their own way: a claim compares runs of one "
+                 "machine." if len(machines) > 1 else ".")]  # fmt: skip
     return [*lines, "", COMMANDS, "", SETTING, "![training loss and test accuracy over rounds]"
             "(curves.png)", ""]  # fmt: skip
 

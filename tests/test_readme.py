@@ -37,6 +37,14 @@ ELSEWHERE = {
     "paper's model and data (GPUs)",
     "python examples/fedoa/qualitative.py --seeds 0": "needs the foundation model; "
     "examples/fedoa/RESULTS.md",
+    "raysim pretrain tiny-llama --seed 1 --out foundations/tiny-f1": "tests/test_foundation.py "
+    "(the CLI with --seed, fewer steps)",
+    "python examples/fedoa/qualitative.py --seeds 0,1 --out runs/fedoa --foundations "
+    "foundations/tiny-f0,foundations/tiny-f1,foundations/tiny-f2,foundations/tiny-f3,"
+    "foundations/tiny-f4": "hours on 2 cores; tests/test_foundation.py decides claims over "
+    "foundations on made-up rows",
+    "python examples/fedoa/report.py --results runs/fedoa/results.json": "after the runs; "
+    "tests/test_foundation.py writes a report from made-up results",
     "raysim tune examples/tune-async.yaml": "a 12-trial sweep; tests/test_tune.py runs a sweep",
     "raysim pretrain digits --out foundations/digits": "tests/test_fedbaf_data.py (the CLI, "
     "fewer epochs)",

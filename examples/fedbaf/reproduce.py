@@ -76,6 +76,49 @@ def set_key(raw: dict[str, Any], dotted: str, value: Any) -> None:
     node[last] = value
 
 
+#: the series report.py reads, stored with each run in results.json (as Feddle's are), so the
+#: report is written from that file alone, without the MLflow store
+HISTORY_KEYS = (
+    "accuracy",
+    "client_local_accuracy",
+    "fedbaf_c",
+    "fedbaf_r",
+    "fedbaf_pre_cosine",
+    "fedbaf_pre_distance",
+)
+
+
+def histories(uri: str, run_id: str) -> dict[str, list[list[float]]]:
+    """A run's ``HISTORY_KEYS`` as ``[round, value]`` pairs (rounds numbered from 1)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    out = {}
+    for key in HISTORY_KEYS:
+        points = client.get_metric_history(run_id, key)
+        if points:
+            out[key] = [[m.step, m.value] for m in sorted(points, key=lambda m: m.step)]
+    return out
+
+
+def machine() -> str:
+    """Where a sweep ran, kept with its results (the report may be written elsewhere)."""
+    import os
+    import platform
+
+    from raysim.util.machine import cpu_model
+
+    return f"{cpu_model()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+
+
+def store_series(results: dict[str, Any], uri: str) -> None:
+    """Every run's ``HISTORY_KEYS`` from the MLflow store at ``uri`` into ``results``' rows."""
+    for v in results.values():
+        for row in v.get("table", []) if isinstance(v, dict) else []:
+            if isinstance(row, dict) and row.get("run_id"):
+                row["history"] = histories(uri, row["run_id"])
+
+
 class Reproduction:
     def __init__(self, out: Path, quick: bool) -> None:
         self.out, self.quick = out, quick
@@ -168,10 +211,15 @@ class Reproduction:
         }
         t0 = time.time()
         summary = tune(raw, storage=(self.out / "tune" / label).resolve())
+        table = [dict(row) for row in summary.table]
+        for row in table:
+            if row.get("run_id"):
+                row["history"] = histories(self.uri, row["run_id"])
         self.results[label] = {
             "parent_run_id": summary.parent_run_id,
-            "table": summary.table,
+            "table": table,
             "seconds": time.time() - t0,
+            "machine": machine(),
         }
         self.save()
         print(f"{label}: {len(summary.table)} runs in {time.time() - t0:.0f} s")

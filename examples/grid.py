@@ -36,6 +36,20 @@ def run_one(config: Path, overrides: list[str], keep: Sequence[str]) -> dict[str
     }
 
 
+def metric_histories(uri: str, run_id: str, keys: Iterable[str]) -> dict[str, list[list[float]]]:
+    """A run's metrics ``keys`` as ``[round, value]`` pairs (rounds numbered from 1), from the
+    MLflow store at ``uri``: kept in a results.json, so that a report needs no store."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    out = {}
+    for key in keys:
+        points = client.get_metric_history(run_id, key)
+        if points:
+            out[key] = [[m.step, m.value] for m in sorted(points, key=lambda m: m.step)]
+    return out
+
+
 def run_grid(
     path: Path,
     cells: Iterable[tuple[str, Callable[[dict[str, Any]], dict[str, Any]]]],

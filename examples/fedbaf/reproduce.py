@@ -36,6 +36,9 @@ from typing import Any
 import yaml
 
 HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE.parent))
+from grid import metric_histories  # noqa: E402  (examples/grid.py, shared by the examples)
+
 VISION, LM = HERE / "mini.yaml", HERE / "mini-lm.yaml"
 SEEDS = [0, 1, 2, 3, 4]  # issue 45: five seeds where a cell costs under a minute
 BASES: dict[str, dict[str, Any]] = {
@@ -88,19 +91,6 @@ HISTORY_KEYS = (
 )
 
 
-def histories(uri: str, run_id: str) -> dict[str, list[list[float]]]:
-    """A run's ``HISTORY_KEYS`` as ``[round, value]`` pairs (rounds numbered from 1)."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(uri)
-    out = {}
-    for key in HISTORY_KEYS:
-        points = client.get_metric_history(run_id, key)
-        if points:
-            out[key] = [[m.step, m.value] for m in sorted(points, key=lambda m: m.step)]
-    return out
-
-
 def machine() -> str:
     """Where a sweep ran, kept with its results (the report may be written elsewhere)."""
     import os
@@ -116,7 +106,7 @@ def store_series(results: dict[str, Any], uri: str) -> None:
     for v in results.values():
         for row in v.get("table", []) if isinstance(v, dict) else []:
             if isinstance(row, dict) and row.get("run_id"):
-                row["history"] = histories(uri, row["run_id"])
+                row["history"] = metric_histories(uri, row["run_id"], HISTORY_KEYS)
 
 
 class Reproduction:
@@ -214,7 +204,7 @@ class Reproduction:
         table = [dict(row) for row in summary.table]
         for row in table:
             if row.get("run_id"):
-                row["history"] = histories(self.uri, row["run_id"])
+                row["history"] = metric_histories(self.uri, row["run_id"], HISTORY_KEYS)
         self.results[label] = {
             "parent_run_id": summary.parent_run_id,
             "table": table,

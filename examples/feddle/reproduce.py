@@ -39,6 +39,9 @@ from typing import Any
 import yaml
 
 HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE.parent))
+from grid import metric_histories  # noqa: E402  (examples/grid.py, shared by the examples)
+
 CONFIG = HERE / "mini.yaml"
 TUNE_SEED = 100  # tuning runs use their own seed, so no reported number is selected on itself
 SEEDS = [0, 1, 2, 3, 4]  # issue 45: five seeds
@@ -164,21 +167,6 @@ HISTORY_KEYS = (
 )
 
 
-def histories(uri: str, run_id: str) -> dict[str, list[list[float]]]:
-    """A run's ``HISTORY_KEYS`` as ``[step, value]`` pairs, from its MLflow store: stored in
-    ``results.json``, so that the report (and a reproduction continued on another machine, with
-    that file alone) needs no MLflow store."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(uri)
-    out = {}
-    for key in HISTORY_KEYS:
-        points = client.get_metric_history(run_id, key)
-        if points:
-            out[key] = [[m.step, m.value] for m in sorted(points, key=lambda m: m.step)]
-    return out
-
-
 class Reproduction:
     """Runs the sweeps in order and keeps what each one gave in ``results.json``."""
 
@@ -212,7 +200,9 @@ class Reproduction:
         table = [dict(row) for row in summary.table]
         if label.startswith("grid/"):  # what report.py reads, kept beside the MLflow store
             for row in table:
-                row["history"] = histories(raw["tracking"]["uri"], row["run_id"])
+                row["history"] = metric_histories(
+                    raw["tracking"]["uri"], row["run_id"], HISTORY_KEYS
+                )
         self.results[label] = {
             "parent_run_id": summary.parent_run_id,
             "best_params": summary.best_params,

@@ -51,8 +51,9 @@ def instability(run: dict) -> float:
 
 
 class Grid:
-    """The runs of the seeds that every cell with runs has (a grid interrupted mid-seed leaves
-    that seed out until its cells are done)."""
+    """The runs of each dataset's complete seeds: those every cell of that dataset has (a grid
+    interrupted mid-seed leaves that seed out until its cells are done; a dataset whose five
+    seeds are all in decides its claims while another is still running)."""
 
     def __init__(self, runs: dict) -> None:
         self.runs = runs
@@ -60,11 +61,16 @@ class Grid:
         for k in runs:
             cell, seed = k.rsplit("/seed", 1)
             cells.setdefault(cell, set()).add(int(seed))
-        self.seeds = sorted(set.intersection(*cells.values())) if cells else []
+        self.seeds_of: dict[str, list[int]] = {}
+        for data in DATA:
+            mine = [v for c, v in cells.items() if c.startswith(data + "/")]
+            if mine:
+                self.seeds_of[data] = sorted(set.intersection(*mine))
 
     def cell(self, data: str, s: float, method: str) -> list[dict] | None:
-        got = [self.runs.get(f"{data}/s{s:g}/{method}/seed{seed}") for seed in self.seeds]
-        return got if all(got) else None
+        seeds = self.seeds_of.get(data, [])
+        got = [self.runs.get(f"{data}/s{s:g}/{method}/seed{seed}") for seed in seeds]
+        return got if got and all(got) else None
 
     def values(self, data: str, s: float, method: str, fn) -> list[float] | None:
         cell = self.cell(data, s, method)
@@ -105,7 +111,8 @@ def claims(g: Grid, out: list[str]) -> None:
     acc = lambda r: final(r, "accuracy")  # noqa: E731
     rows: list[tuple[str, str, str]] = []
 
-    def add(claim: str, parts: list[tuple[str, Paired | None, str]], close: float | None = None):
+    def add(claim: str, data: str, parts: list[tuple[str, Paired | None, str]],
+            close: float | None = None):  # fmt: skip
         if any(p is None for _, p, _ in parts):
             rows.append((claim, "not run", ""))
             return
@@ -114,32 +121,32 @@ def claims(g: Grid, out: list[str]) -> None:
             f"{w}: {p.within_text(close, *FMT[fmt]) if close is not None else p.text(*FMT[fmt])}"
             for w, p, fmt in parts
         )
-        decided = all_of(verdicts) if len(g.seeds) >= SEEDS else (
-            f"undecided: {len(g.seeds)} of {SEEDS} seeds")  # fmt: skip
+        n = len(g.seeds_of.get(data, []))
+        decided = all_of(verdicts) if n >= SEEDS else f"undecided: {n} of {SEEDS} seeds"
         rows.append((claim, decided, text))
 
     d = "1_1"
-    add("C1: FedAvg's training loss worsens with more stragglers, Synthetic(1,1) (§5.2)",
+    add("C1: FedAvg's training loss worsens with more stragglers, Synthetic(1,1) (§5.2)", d,
         [("90 % − 50 %", paired_levels(g, d, 0.9, 0.5, "fedavg", loss), "loss"),
          ("50 % − 0 %", paired_levels(g, d, 0.5, 0.0, "fedavg", loss), "loss")])  # fmt: skip
     add("C2: FedProx μ = 0 (partial work) ends below FedAvg's training loss at 50 % and 90 %, "
-        "Synthetic(1,1) (Figure 1)",
+        "Synthetic(1,1) (Figure 1)", d,
         [(f"{s:.0%}", paired(g, d, s, "fedprox_mu0", "fedavg", loss, greater=False), "loss")
          for s in (0.5, 0.9)])  # fmt: skip
     add("C3a: FedProx μ = 1 ends below μ = 0's training loss at 0, 50 and 90 %, Synthetic(1,1) "
-        "(Figure 1)",
+        "(Figure 1)", d,
         [(f"{s:.0%}", paired(g, d, s, "fedprox_mu1", "fedprox_mu0", loss, greater=False), "loss")
          for s in (0.0, 0.5, 0.9)])  # fmt: skip
     add("C3b: FedProx μ = 1's training loss is more stable (smaller rises) than μ = 0's, "
-        "Synthetic(1,1) (Figure 1)",
+        "Synthetic(1,1) (Figure 1)", d,
         [(f"{s:.0%}", paired(g, d, s, "fedprox_mu1", "fedprox_mu0", instability, greater=False),
           "rise") for s in (0.0, 0.5, 0.9)])  # fmt: skip
     add("C5: FedProx (μ = 1) reaches a higher test accuracy than FedAvg at 50 % and 90 %, "
-        "Synthetic(1,1) (Figure 7)",
+        "Synthetic(1,1) (Figure 7)", d,
         [(f"{s:.0%}", paired(g, d, s, "fedprox_mu1", "fedavg", acc), "acc")
          for s in (0.5, 0.9)])  # fmt: skip
     add("C8: on Synthetic-IID FedAvg is robust to stragglers: FedProx μ = 0 within 2 points of "
-        "its test accuracy at 50 % and 90 % (Figure 5)",
+        "its test accuracy at 50 % and 90 % (Figure 5)", "iid",
         [(f"{s:.0%}", paired(g, "iid", s, "fedprox_mu0", "fedavg", acc), "acc")
          for s in (0.5, 0.9)], close=0.02)  # fmt: skip
     out += ["## The claims", "", RULES, "",
@@ -165,7 +172,7 @@ def identical_at_zero(g: Grid, out: list[str]) -> None:
     """C4: with no stragglers FedProx μ = 0 is FedAvg: the same weights, seed by seed."""
     same = total = 0
     for data in DATA:
-        for seed in g.seeds:
+        for seed in g.seeds_of.get(data, []):
             a = g.runs.get(f"{data}/s0/fedavg/seed{seed}")
             b = g.runs.get(f"{data}/s0/fedprox_mu0/seed{seed}")
             if a and b and "same_as" not in b:  # a later seed reuses FedAvg's run
@@ -235,8 +242,7 @@ def intro(g: Grid) -> list[str]:
     cells = len(DATA) * 3 * len(METHODS) * SEEDS
     ran = [v for v in runs.values() if "same_as" not in v]
     seeds = sorted({int(k.rsplit("seed", 1)[1]) for k in runs})
-    partial = [s for s in seeds if s not in g.seeds]
-    datas = [DATA[d] for d in DATA if any(k.startswith(d + "/") for k in runs)]
+    datas = [DATA[d] for d in DATA if d in g.seeds_of]
     minutes = sorted(v["seconds"] / 60 for v in ran)
     done = len(runs) == cells
     head = "a reproduction" if done else "in progress"
@@ -249,13 +255,14 @@ def intro(g: Grid) -> list[str]:
     if done:
         lines.append(status)
     else:
-        left = (
-            f"; seed {', '.join(map(str, partial))} is partly run and left out" if partial else ""
+        complete = "; ".join(
+            f"{DATA[d]}: {len(s)} of {SEEDS} seeds complete ({', '.join(map(str, s)) or 'none'})"
+            for d, s in g.seeds_of.items()
         )
         lines.append(
-            f"**Not a reproduction yet: {status}** No claim is decided yet: each claim's line "
-            f"shows its paired differences over the complete seeds "
-            f"({', '.join(map(str, g.seeds))}{left}), and its verdict waits for all {SEEDS}."
+            f"**Not a reproduction yet: {status}** A claim is decided once its dataset has all "
+            f"{SEEDS} seeds; until then its line shows the paired differences over the seeds "
+            f"complete so far ({complete}; a partly run seed is left out)."
         )
     if minutes:
         lines[-1] += (

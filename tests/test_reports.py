@@ -18,6 +18,7 @@ EXAMPLES = ROOT / "examples"
 #: paper -> the report's command line, ``{out}`` the scratch folder it writes RESULTS.md into
 REPORTS = {
     "feddle": ["examples/feddle/report.py", "--out", "examples/feddle", "--write", "{out}"],
+    "fedbaf": ["examples/fedbaf/report.py", "--out", "examples/fedbaf", "--write", "{out}"],
     "fedot": ["examples/fedot/report.py", "--write", "{out}"],
     "fedprox": ["examples/fedprox/report.py", "examples/fedprox/results.json", "--write", "{out}"],
     "robust": ["examples/robust/report.py", "--to", "{out}"],

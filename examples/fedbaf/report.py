@@ -511,11 +511,10 @@ class Report:
             return []
         old = {}
         for line in self.previous.splitlines():
-            cells = [c.strip() for c in line.strip().strip("|").split("|")]
-            m = re.match(r"(\d+[a-z]?)\. ", cells[0]) if len(cells) == 3 else None
+            # a claims row: "| 2. text (it may hold a |x|) | **verdict** | numbers |"
+            m = re.match(r"\| (\d+[a-z]?)\. .*? \| \*\*([^*|]+)\*\* \|", line)
             if m:
-                was = cells[1].strip("*")
-                old[m[1]] = NOT_HELD if was == "did not hold" else was
+                old[m[1]] = NOT_HELD if m[2] == "did not hold" else m[2]
         current = {claim.split(".")[0]: v.strip("*") for claim, v, _ in claims}
         out = []
         for number, now in current.items():

@@ -11,16 +11,23 @@ from pathlib import Path
 from typing import Any
 
 
+def machine() -> str:
+    """Where a run ran, kept with its results: CPU model, cores, Python (a CPU's kernels round
+    floats their own way, so a report compares runs of one machine)."""
+    import os
+    import platform
+
+    from raysim.util.machine import cpu_model
+
+    return f"{cpu_model()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+
+
 def run_one(config: Path, overrides: list[str], keep: Sequence[str]) -> dict[str, Any]:
     """One run of ``config`` with ``overrides``, without Ray: each round's ``keep`` metrics, the
     final weights' digest, the seconds it took and the machine it ran on (a CPU's kernels round
     floats their own way: a report compares runs of one machine)."""
-    import os
-    import platform
-
     from raysim.actors.local import local_core
     from raysim.config import load_config
-    from raysim.util.machine import cpu_model
 
     core = local_core(load_config(config, overrides), evaluate=True)
     t0 = time.perf_counter()
@@ -32,7 +39,7 @@ def run_one(config: Path, overrides: list[str], keep: Sequence[str]) -> dict[str
         "rounds": rounds,
         "digest": core.digest(),
         "seconds": time.perf_counter() - t0,
-        "machine": f"{cpu_model()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "machine": machine(),
     }
 
 

@@ -37,7 +37,7 @@ import yaml
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent))
-from grid import metric_histories  # noqa: E402  (examples/grid.py, shared by the examples)
+from grid import machine, metric_histories  # noqa: E402  (examples/grid.py, shared by the examples)
 
 VISION, LM = HERE / "mini.yaml", HERE / "mini-lm.yaml"
 SEEDS = [0, 1, 2, 3, 4]  # issue 45: five seeds where a cell costs under a minute
@@ -89,16 +89,6 @@ HISTORY_KEYS = (
     "fedbaf_pre_cosine",
     "fedbaf_pre_distance",
 )
-
-
-def machine() -> str:
-    """Where a sweep ran, kept with its results (the report may be written elsewhere)."""
-    import os
-    import platform
-
-    from raysim.util.machine import cpu_model
-
-    return f"{cpu_model()}, {os.cpu_count()} cores, Python {platform.python_version()}"
 
 
 def store_series(results: dict[str, Any], uri: str) -> None:

@@ -1,4 +1,4 @@
-"""FedBaF's server cost per round against the round's client compute (fedbaf.md §4.6, §8.2).
+"""FedBaF's server cost per round against the round's client compute (FedBaF spec §4.6, §8.2).
 
 A ViT built from a config (random init; ``--shape b16`` is ViT-B/16, 86 M parameters, bf16 on a
 GPU) trains as every tensor of a client would, on synthetic 224×224 images. Measured in one

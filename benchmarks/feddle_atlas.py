@@ -1,7 +1,7 @@
 """``feddle_atlas``: Feddle's per-round server preparation at a large model's size.
 
 Each round, Feddle builds the normalised anchor matrix Ā (|A| × d, float32) from its atlas and
-hands it, with the base model, to the coefficient search on the server's device (feddle.md §3.3,
+hands it, with the base model, to the coefficient search on the server's device (Feddle spec §3.3,
 §3.7). This times that preparation, the atlas's ``normalized`` and the tensors the search gets,
 against the form it replaced (``np.stack``, then scaling in place, then ``torch.tensor`` copies),
 in the same script. Both must give the same matrix bit for bit. Last line: ``prep_vs_before``.

@@ -1,6 +1,6 @@
 """FedOT's workload: raysim against a plain single-process loop doing the same training.
 
-The workload is ``examples/fedot/mini.yaml`` (fedot.md §9: 50 clients, m = 30, τ = 1, k_max = 10,
+The workload is ``examples/fedot/mini.yaml`` (FedOT spec §9: 50 clients, m = 30, τ = 1, k_max = 10,
 affine maps and quadratic potentials, every client in every round). Three ways, same data, same
 initial model, same batches (``client_seed`` + ``step_batches``):
 

@@ -10,7 +10,7 @@ with LoRA r=8 on q/v trains on fixed-length synthetic token batches. Measured in
 
 Last line: ``fm_throughput_ratio`` = raysim tokens/s / plain tokens/s (FedIT on both sides);
 with ``--method fedoa`` instead ``fedoa_cost_vs_fedit_plain`` (FedOA trains a second adapter with a
-teacher forward; fedoa.md §2.10 expects 2.3–2.5×). On a GPU it also reports peak memory.
+teacher forward; FedOA spec §2.10 expects 2.3–2.5×). On a GPU it also reports peak memory.
 Ray's own per-batch overhead is measured by ``benchmarks/overhead.py``.
 """
 

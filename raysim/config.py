@@ -85,7 +85,7 @@ class ClientsConfig(StrictModel):
         None,
         gt=0,
         le=1,
-        description="C: per_round = max(⌊C·num⌋, 1) (fedbaf.md §7.2 inv. 9); not with per_round",
+        description="C: per_round = max(⌊C·num⌋, 1) (FedBaF spec §7.2 inv. 9); not with per_round",
     )
     sampling: Literal["uniform", "poisson"] = Field(
         "uniform",
@@ -384,7 +384,7 @@ class EvalConfig(StrictModel):
     local_accuracy: bool = Field(
         False,
         description="each job scores its trained model on the test images of its own classes "
-        "before aggregation (client_local_accuracy; fedbaf.md §4.5, non-IID)",
+        "before aggregation (client_local_accuracy; FedBaF spec §4.5, non-IID)",
     )
     train: bool = Field(
         False,

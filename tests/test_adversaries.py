@@ -1,4 +1,4 @@
-"""Adversarial clients of fedbaf.md §4.4 and §6.3 as ``hooks.clients`` behaviours.
+"""Adversarial clients of FedBaF spec §4.4 and §6.3 as ``hooks.clients`` behaviours.
 
 A fixed malicious set of ζ·K clients, label shuffling with λ epoch scaling, a pixel-trigger
 backdoor with its attack success rate, and the collusion observer's records.

@@ -1,4 +1,4 @@
-"""Server and client rules of the spine's methods (feddle.md §4; Reddi et al.; Li et al.)."""
+"""Server and client rules of the spine's methods (Feddle spec §4; Reddi et al.; Li et al.)."""
 
 from __future__ import annotations
 

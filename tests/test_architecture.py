@@ -1,4 +1,4 @@
-"""Layering rules of DESIGN.md §1, checked on the import graph (not by text search)."""
+"""Layering rules of docs/architecture.md ("The packages"), checked on the import graph."""
 
 from __future__ import annotations
 

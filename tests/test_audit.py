@@ -1,4 +1,4 @@
-"""The leak auditor (``raysim/security/audit.py``, fedbaf.md §6.3, issue 25): a plugin method that
+"""The leak auditor (``raysim/security/audit.py``, FedBaF spec §6.3, issue 25): a plugin method that
 sends a transformed copy of its private block is stopped in round 0 whatever the transform; an
 unrelated draw of the same distribution, in every dtype, is not; chance does not trip it."""
 

@@ -3,7 +3,7 @@
 Tolerances: fp32 backends reproduce the torch loss trajectory within rtol 1e-4 and its adapter
 within atol 1e-6 (measured: ZeRO-2 and Accelerate bit-identical, ZeRO-3 ~3e-8); bf16 DeepSpeed
 stays within rtol 5e-2 of fp32's losses; gradient accumulation matches the full batch within 1e-6
-(fedoa.md I22).
+(FedOA spec I22).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The FedOA paper's baselines on the tiny LLaMA (fedoa.md §3; invariants I17, I18, I21)."""
+"""The FedOA paper's baselines on the tiny LLaMA (FedOA spec §3; invariants I17, I18, I21)."""
 
 from __future__ import annotations
 

@@ -268,7 +268,7 @@ def test_a_client_that_trains_its_own_way_runs_sequentially_and_says_so(capsys):
 
 @pytest.mark.parametrize("init", ["fresh", "copy_global"])
 def test_ditto_batches_its_personal_copies_and_ends_where_sequential_does(init, capsys):
-    """Ditto (fedoa.md §3.7) on the quickstart MLP: the personal phase (task loss plus
+    """Ditto (FedOA spec §3.7) on the quickstart MLP: the personal phase (task loss plus
     (λ/2)‖v − φ_g‖²) and the global phase each run as batched passes, the personal copies
     stacked like the global tensors."""
     ditto = [f"algorithm={{name: ditto, lambda: 0.5, personal_init: {init}}}", "rounds=3",
@@ -291,7 +291,7 @@ def test_ditto_batches_its_personal_copies_and_ends_where_sequential_does(init, 
 def test_fedit_on_a_tiny_llama_batches_through_multi_lora_and_ends_where_sequential_does(
     monkeypatch,
 ):
-    """FedIT (fedoa.md §3.1) on the FedOA smoke: 6 LoRA clients in groups of 3, each step one
+    """FedIT (FedOA spec §3.1) on the FedOA smoke: 6 LoRA clients in groups of 3, each step one
     multi-LoRA pass over their concatenated batches (each padded to the group's longest)."""
     import raysim.training.batched as batched
     from raysim.config import load_config
@@ -316,7 +316,7 @@ def test_fedit_on_a_tiny_llama_batches_through_multi_lora_and_ends_where_sequent
 
 
 def test_fedbaf_batches_as_its_base_method(tmp_path):
-    """FedBaF's client is its base method's (fedbaf.md §2): FedAvg's clients batch."""
+    """FedBaF's client is its base method's (FedBaF spec §2): FedAvg's clients batch."""
     from raysim.algorithms.registry import get_method
 
     labels = {m: get_method(m).batching for m in ("fedavg", "fedbaf", "ditto", "fedoa", "fedot")}

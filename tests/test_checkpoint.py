@@ -1,4 +1,4 @@
-"""Checkpoint every N rounds and resume a whole run (DESIGN.md §4): a run interrupted and resumed
+"""Checkpoint every N rounds and resume a whole run (docs/running.md): a run interrupted and resumed
 ends bit-identical to one that never stopped, and its MLflow run reads as one run."""
 
 from __future__ import annotations

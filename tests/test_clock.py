@@ -1,4 +1,4 @@
-"""Virtual clock and delay models: feddle.md §2.3 semantics and invariants I-1, I-2, I-13."""
+"""Virtual clock and delay models: Feddle spec §2.3 semantics and invariants I-1, I-2, I-13."""
 
 from __future__ import annotations
 
@@ -102,7 +102,7 @@ def test_a_round_allocates_nothing_per_client():
 
 @pytest.mark.parametrize("sigma, expected", [(5.0, 45.0), (20.0, 164.6)])
 def test_steady_state_in_flight(sigma, expected):
-    """feddle.md §2.5: S·(E⌊d⌋+1) clients in flight after dispatch (J=500, S=10)."""
+    """Feddle spec §2.5: S·(E⌊d⌋+1) clients in flight after dispatch (J=500, S=10)."""
     s = schedule(J=500, S=10, seed=0, kind="half_normal", sigma=sigma)
     counts = []
     for k in range(400):

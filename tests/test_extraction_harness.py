@@ -1,4 +1,4 @@
-"""``raysim extract`` (fedbaf.md §6.2–6.3, §7.2 inv. 13) against finished runs with observers.
+"""``raysim extract`` (FedBaF spec §6.2–6.3, §7.2 inv. 13) against finished runs with observers.
 
 Full collusion recovers the foundation to float32 precision through FedAvg, FedProx's damped
 server and FedAdam's replayed moments; partial collusion gives an error > 0 that is reported; the

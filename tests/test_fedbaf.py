@@ -1,4 +1,4 @@
-"""FedBaF's mixer (fedbaf.md §2) against its §7.2 invariants 1–8 and 11, in process (no Ray)."""
+"""FedBaF's mixer (FedBaF spec §2) against its §7.2 invariants 1–8 and 11, in process (no Ray)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The vision proxy of fedbaf.md §8.1 and the partitions and logit masking of §4.2 and §4.5."""
+"""The vision proxy of FedBaF spec §8.1 and the partitions and logit masking of §4.2 and §4.5."""
 
 from __future__ import annotations
 

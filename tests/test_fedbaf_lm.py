@@ -1,4 +1,4 @@
-"""The LM proxy of fedbaf.md §8.1: Markov chains A and B, the Transformer LM, its foundation."""
+"""The LM proxy of FedBaF spec §8.1: Markov chains A and B, the Transformer LM, its foundation."""
 
 from __future__ import annotations
 

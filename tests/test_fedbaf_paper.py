@@ -1,4 +1,4 @@
-"""FedBaF's paper-scale pieces (fedbaf.md §4.1, §8.2): PreAct-ResNet-18, full ViT, word-level
+"""FedBaF's paper-scale pieces (FedBaF spec §4.1, §8.2): PreAct-ResNet-18, full ViT, word-level
 LM corpora through HF ``datasets``, and the paper configs in ``examples/fedbaf/paper``."""
 
 from __future__ import annotations

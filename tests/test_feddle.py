@@ -1,4 +1,4 @@
-"""Feddle-ID (feddle.md §3) against its §7.2 invariants I-6 … I-11, in process (no Ray)."""
+"""Feddle-ID (Feddle spec §3) against its §7.2 invariants I-6 … I-11, in process (no Ray)."""
 
 from __future__ import annotations
 
@@ -386,7 +386,7 @@ def test_feddle_example_configs_validate(path):
 
 
 def test_label_disjoint_ood_pool_takes_its_labels_away_from_the_clients():
-    """feddle.md §8.1's second OOD option: clients see digits 0–4, the server's probe 5–9."""
+    """Feddle spec §8.1's second OOD option: clients see digits 0–4, the server's probe 5–9."""
     from raysim.data import build_federated_dataset
 
     ood = [{"name": "upper", "kind": "label_disjoint", "size": 300}]
@@ -471,7 +471,7 @@ PAPER = EXAMPLES / "feddle" / "paper"
 
 @pytest.mark.parametrize("path", sorted(PAPER.glob("*-*.yaml")), ids=lambda p: p.name)
 def test_paper_scale_configs_validate_for_every_method_cell_and_ablation_row(path):
-    """Tables 1–5 (feddle.md §6): each config with each method of methods.yaml, in each column,
+    """Tables 1–5 (Feddle spec §6): each config with each method of methods.yaml, in each column,
     and the Table 3 rows on Feddle-ID and Feddle-OOD, passes the strict config."""
     import yaml
 

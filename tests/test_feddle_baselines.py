@@ -1,4 +1,4 @@
-"""Feddle's server-side baselines (feddle.md §4) and their §7.2 invariants I-4, I-5, I-13, I-14."""
+"""Feddle's server-side baselines (Feddle spec §4) and its §7.2 invariants I-4, I-5, I-13, I-14."""
 
 from __future__ import annotations
 
@@ -137,7 +137,7 @@ def test_fedasync_stale_update_follows_its_form(form):
 
 @pytest.mark.parametrize("unit, tau", [("versions", 10), ("rounds", 1)])
 def test_fedasync_counts_staleness_in_its_unit(unit, tau):
-    """feddle.md §4.3 counts τ in versions (one per arrival, about S a round); ``staleness_unit:
+    """Feddle spec §4.3 counts τ in versions (one per arrival, about S a round); ``staleness_unit:
     rounds`` counts rounds, as Xie et al. count epochs: an update 1 round and 10 versions old."""
     p = FedAsyncParams(mixing=0.6, a=0.5, form="delta", staleness_unit=unit)
     s = FedAsync(p, np.zeros(2, dtype=np.float32), 2)
@@ -214,7 +214,7 @@ def _kl_to_teachers(s, weights, teachers, x):
 )
 def test_feddf_distillation_moves_the_student_towards_the_teachers(name, teacher):
     """FedDF-ID on the ID set, FedDF-OOD on a fresh OOD subset each round, both teacher modes
-    (feddle.md §4.8): the KL to the averaged teachers falls on the inputs distilled on."""
+    (Feddle spec §4.8): the KL to the averaged teachers falls on the inputs distilled on."""
     algo = {"name": name, "server_epochs": 5, "server_lr": 1e-3, "feddf_teacher": teacher}
     if name == "feddf_ood":
         algo["ood_samples_per_round"] = 100

@@ -1,4 +1,4 @@
-"""Feddle on a model with BatchNorm and dropout (feddle.md §3.1 A14, §3.5, §3.7, I-12), in
+"""Feddle on a model with BatchNorm and dropout (Feddle spec §3.1 A14, §3.5, §3.7, I-12), in
 process: the ``cnn`` model's ``batch_norm`` and ``dropout`` switches build it."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""feddle.md §7.2 invariants checked on whole in-process runs (no Ray): the clauses of I-2, I-3,
+"""Feddle spec §7.2 invariants checked on whole in-process runs (no Ray): the clauses of I-2, I-3,
 I-13, I-14, I-15 and I-16 that the unit tests elsewhere (tests/test_clock.py,
 tests/test_algorithms.py, tests/test_feddle_baselines.py) do not assert on the coordinator itself.
 

@@ -1,4 +1,4 @@
-"""FedOA and its LoRA machinery on a tiny config-built LLaMA (fedoa.md §6.3 invariants)."""
+"""FedOA and its LoRA machinery on a tiny config-built LLaMA (FedOA spec §6.3 invariants)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """FedOA/FedIT through the simulator: personal state, routing, communication, determinism
-(fedoa.md §6.3 I2, I11–I14 in the full loop; §7.1 tier T1 smoke)."""
+(FedOA spec §6.3 I2, I11–I14 in the full loop; §7.1 tier T1 smoke)."""
 
 from __future__ import annotations
 

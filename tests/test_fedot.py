@@ -1,4 +1,4 @@
-"""FedOT-GDA against fedot.md §8.2's invariants 1–15 (tiny models, CPU, in-process).
+"""FedOT-GDA against FedOT spec §8.2's invariants 1–15 (tiny models, CPU, in-process).
 
 Each test names its invariant; each fails when the rule it checks is broken (the comments say
 which change would break it).
@@ -848,7 +848,7 @@ def test_independent_sampling_draws_b_distinct_samples_afresh_for_max_steps_step
 )
 def test_vectorised_clients_give_the_one_at_a_time_result(monkeypatch, variant):
     """``workers.execution: batched`` runs a group's local iterations stacked (the pilot's
-    vectorisation, fedot.md §9.3): predictor, maps, heads and server mean as one client at a
+    vectorisation, FedOT spec §9.3): predictor, maps, heads and server mean as one client at a
     time gives them, to float rounding."""
     from raysim.actors.jobs import job_groups
     from raysim.algorithms.fedot.batched import GroupRound

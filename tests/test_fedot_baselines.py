@@ -1,4 +1,4 @@
-"""FedOT's baselines (fedot.md §5) and their degenerate cases (invariant 14 of §8.2)."""
+"""FedOT's baselines (FedOT spec §5) and their degenerate cases (invariant 14 of §8.2)."""
 
 from __future__ import annotations
 

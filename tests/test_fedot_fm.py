@@ -1,4 +1,4 @@
-"""FedOT's foundation-model extension (fedot.md §9.4): maps on the token embeddings of a frozen
+"""FedOT's foundation-model extension (FedOT spec §9.4): maps on the token embeddings of a frozen
 LLaMA with a shared LoRA predictor, moment-matching potentials over real tokens, and the
 synthetic per-client embedding shift (the CPU checks §9.4 lists)."""
 

@@ -1,4 +1,4 @@
-"""FedOT's paper-scale configs (fedot.md §6–7): every table cell validates, and each config's data
+"""FedOT's paper-scale configs (FedOT spec §6–7): every table cell validates, and each config's data
 loads through Hugging Face ``datasets`` (a small local copy in the presets' format) and trains a
 round with the paper's networks."""
 
@@ -94,7 +94,7 @@ def test_each_configs_data_loads_through_datasets_and_trains_a_round(name, tmp_p
     ],
 )
 def test_the_papers_networks_have_the_specs_sizes(name, shape, millions):
-    """fedot.md §6.3: AlexNet 5.52 M (CIFAR) / 4.23 M (MNIST), mini-Inception 1.86 M / 1.81 M."""
+    """FedOT spec §6.3: AlexNet 5.52 M (CIFAR) / 4.23 M (MNIST), mini-Inception 1.86 M / 1.81 M."""
     import torch
 
     from raysim.models import DataSpec, ModelConfig, build_model

@@ -1,4 +1,4 @@
-"""The tiny "foundation" stage of fedoa.md §7.1: corpus, tokenizer, pre-training, use in a run."""
+"""The tiny "foundation" stage of FedOA spec §7.1: corpus, tokenizer, pre-training, use in a run."""
 
 from __future__ import annotations
 
@@ -205,7 +205,7 @@ def test_the_t2_claims_use_student_s_t_and_the_sample_deviation():
 
 
 def test_a_failed_sanity_gate_voids_every_later_claim():
-    """fedoa.md §7.1: the gate comes before any claim, and where it fails "the results are void":
+    """FedOA spec §7.1: the gate comes before any claim, and where it fails "the results are void":
     every later verdict says so (the descriptive rows stay reports), numbers still shown."""
     q = _driver()
     t = _t2_table(q)
@@ -219,7 +219,7 @@ def test_a_failed_sanity_gate_voids_every_later_claim():
 
 
 def test_claim_2a_allows_one_inversion_of_at_most_a_point():
-    """fedoa.md §7.1 claim 2: "non-decreasing in λ from 0 to 2 (allow one inversion ≤ 1 point)":
+    """FedOA spec §7.1 claim 2: "non-decreasing in λ from 0 to 2 (allow one inversion ≤ 1 point)":
     one step falling half a point keeps it, a second falling step refutes it."""
     from raysim.verdicts import HELD, NOT_HELD
 

@@ -1,5 +1,6 @@
-"""Image sets through Hugging Face ``datasets`` (feddle.md §5.2), on image datasets the tests write:
-a ``save_to_disk`` directory and an ``imagefolder`` of PNG files, read through the presets."""
+"""Image sets through Hugging Face ``datasets`` (Feddle spec §5.2), on image datasets the
+tests write: a ``save_to_disk`` directory and an ``imagefolder`` of PNG files, read through the
+presets."""
 
 from __future__ import annotations
 

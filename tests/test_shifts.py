@@ -1,4 +1,4 @@
-"""Per-client input shifts (``data.shift``; fedot.md §6.2, §9.1; invariant 12 of §8.2)."""
+"""Per-client input shifts (``data.shift``; FedOT spec §6.2, §9.1; invariant 12 of §8.2)."""
 
 from __future__ import annotations
 

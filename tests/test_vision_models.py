@@ -1,4 +1,4 @@
-"""The vision models of feddle.md §5.1, built from configs with no download: the spec's CNN,
+"""The vision models of Feddle spec §5.1, built from configs with no download: the spec's CNN,
 ResNet18 and ViT-B/16 with LoRA, their body/head split (§3.5), and a Feddle run on each."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Turn ``reproduce.py``'s results into ``RESULTS.md`` and plots: the score tables (mean ± std and
-best of the seeds), the eight qualitative claims of fedbaf.md §8.1 checked on those numbers, and
+best of the seeds), the eight qualitative claims of FedBaF spec §8.1 checked on those numbers, and
 curves read back from the MLflow store.
 
     python examples/fedbaf/report.py --out runs/fedbaf-mini --write examples/fedbaf
@@ -36,13 +36,13 @@ NAMES = {"none": "no foundation (ψ = 0)", "weight_init": "weight-init", "fedbaf
 THRESHOLD = {"iid": 0.85, "noniid": 0.70}  # §8.1 claim 5
 CLOSE = 0.05  # claim 2's "within a few points", as a bound on |FedBaF − weight-init|
 #: claim 4's "towards 0": a run's last value at most this share of its own peak (an order of
-#: magnitude down; fedbaf.md §8.1 claim 4 names no number, Fig. 9 shows r_t near 0)
+#: magnitude down; FedBaF spec §8.1 claim 4 names no number, Fig. 9 shows r_t near 0)
 TOWARDS_ZERO = 0.1
 INTRO = """
 Every number below was measured by `examples/fedbaf/reproduce.py` and written by
 `examples/fedbaf/report.py` from its results and its MLflow store. The paper's tables are images
-in the seed (fedbaf.md, opening warning): none of its numbers is quoted here, and the claims are
-the spec's qualitative ones (§8.1), not the paper's values.
+in the paper's text (FedBaF spec, opening note): none of its numbers is quoted here, and the
+claims are the spec's qualitative ones (§8.1), not the paper's values.
 """
 
 
@@ -578,7 +578,7 @@ class Report:
         ]
         worst = max(prox, key=lambda d: abs(d.mean))
         out.append(
-            "- FedProx runs as fedbaf.md §2.6's `paper_damped` server (the default "
+            "- FedProx runs as FedBaF spec §2.6's `paper_damped` server (the default "
             "`fedprox_server_mode`); with μ = 0.01 its cells are within "
             f"{100 * abs(worst.mean):.2f} points of FedAvg's on average over the seeds (the "
             f"largest of the six method × partition differences: {worst.text(100, 2)})."
@@ -661,7 +661,7 @@ class Report:
     def markdown(self, plot_name: str) -> str:
         found = self.results.get("foundations", {})
         seconds = sum(v.get("seconds", 0) for v in self.results.values() if isinstance(v, dict))
-        lines = ["# FedBaF: offline mini reproduction (fedbaf.md §8.1)", INTRO.strip(), ""]
+        lines = ["# FedBaF: offline mini reproduction (FedBaF spec §8.1)", INTRO.strip(), ""]
         lines += [
             "## Setup",
             "",

@@ -1,4 +1,4 @@
-"""FedBaF's offline mini reproduction (fedbaf.md §8.1), through raysim's own commands.
+"""FedBaF's offline mini reproduction (FedBaF spec §8.1), through raysim's own commands.
 
 Stages:
 

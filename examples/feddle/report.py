@@ -1,6 +1,6 @@
 """Turn ``reproduce.py``'s results into ``RESULTS.md`` and plots: the tuned values, the score table
 (mean ± std over seeds of the max of the last 5 evaluations, §5.3), the five qualitative claims of
-feddle.md §8.1 checked on those numbers, and curves read back from the MLflow store.
+Feddle spec §8.1 checked on those numbers, and curves read back from the MLflow store.
 
     python examples/feddle/report.py --out runs/feddle-mini --write examples/feddle
 """
@@ -546,7 +546,7 @@ class Report:
         seconds = sum(v["seconds"] for k, v in self.results.items() if "seconds" in v)
         trials = sum(len(v["table"]) for v in self.results.values() if "table" in v)
         lines = [
-            "# Feddle mini reproduction (feddle.md §8.1)",
+            "# Feddle mini reproduction (Feddle spec §8.1)",
             "",
             INTRO.strip(),
             "",

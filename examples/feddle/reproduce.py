@@ -1,4 +1,4 @@
-"""Feddle's offline mini reproduction (feddle.md §8.1), tuned as §4.9 says, through raysim's sweeps.
+"""Feddle's offline mini reproduction (Feddle spec §8.1), tuned as §4.9 says, by sweeps.
 
 Stages, each a Ray Tune sweep (``raysim.tune``, the function behind ``raysim tune``) with one
 MLflow parent run and a child run per trial:

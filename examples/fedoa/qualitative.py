@@ -1,4 +1,4 @@
-"""The qualitative mini reproduction of FedOA (fedoa.md §7.1 tier T2) on the tiny foundation LLaMA.
+"""FedOA's qualitative mini reproduction (FedOA spec §7.1 tier T2) on the tiny foundation LLaMA.
 
 Runs every method preset below for each seed under one MLflow parent run (reading comprehension
 held out), then decides the spec's directional claims with ``raysim.verdicts`` (paired by seed,
@@ -82,7 +82,7 @@ def means(rows: dict[str, list[dict]]) -> dict[str, dict[str, float]]:
     return out
 
 
-#: fedoa.md §7.1's sanity gate: FedIT's held-out ROUGE-1 at least this far above zero-shot
+#: FedOA spec §7.1's sanity gate: FedIT's held-out ROUGE-1 at least this far above zero-shot
 GATE_MARGIN = 5.0
 GATE = "Sanity gate: FedIT OOD − frozen base zero-shot > +5"
 
@@ -246,12 +246,12 @@ RANDOM_FACTOR = (
 )
 
 
-#: what every claim after a failed sanity gate says (fedoa.md §7.1: "the results are void")
+#: what every claim after a failed sanity gate says (FedOA spec §7.1: "the results are void")
 VOID = "void (gate not held)"
 
 
 def void_after_gate(checks: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
-    """fedoa.md §7.1's sanity gate comes "before any claim": where it is not held, every later
+    """FedOA spec §7.1's sanity gate comes "before any claim": where it is not held, every later
     claim's verdict is ``VOID`` (its numbers still shown), never held or not held."""
     gate = checks[0][1]
     if gate == HELD:
@@ -260,7 +260,7 @@ def void_after_gate(checks: list[tuple[str, str, str]]) -> list[tuple[str, str, 
 
 
 def non_decreasing(steps: list[Paired]) -> str:
-    """Claim 2a as fedoa.md §7.1 words it: OOD ROUGE-1 "non-decreasing in λ from 0 to 2 (allow one
+    """Claim 2a as FedOA spec §7.1 words it: OOD ROUGE-1 "non-decreasing in λ from 0 to 2 (allow one
     inversion ≤ 1 point)". Each step's fall must stay under 1 point (its part: the step's change
     > −1 by the rules), and at most one step may fall at all (its mean change below 0): a second
     inversion refutes the claim whatever the intervals say."""
@@ -387,7 +387,7 @@ def report(
     if not checks:
         return "\n".join(lines) + "\n"
     title = CLAIMS_HEADING + (f", {held_out} held out" if held_out else "")
-    head = "| claim (fedoa.md §7.1) | verdict | measured: mean difference [95 % interval], p |"
+    head = "| claim (FedOA spec §7.1) | verdict | measured: mean difference [95 % interval], p |"
     lines += ["", title, "", RULES, "", head, "|---|---|---|"]
     for text, verdict, numbers in checks:
         lines.append(f"| {text} | {verdict} | {numbers} |")

@@ -1,5 +1,5 @@
 """FedOA's RESULTS.md from ``qualitative.py --foundations``' raw results, the foundation a random
-factor (issue 62): the foundations, each method's figures over them, the claims of fedoa.md §7.1
+factor (issue 62): the foundations, each method's figures over them, the claims of FedOA spec §7.1
 decided over foundations, and the verdicts that changed.
 
     for k in 0 1 2 3 4; do raysim pretrain tiny-llama --seed $k --out foundations/tiny-f$k; done
@@ -110,7 +110,7 @@ def markdown(results: dict, previous: str = "") -> str:
         *(changed or ["- none"]),
     ]
     lines = [
-        "# FedOA qualitative mini reproduction (fedoa.md §7.1, tier T2)",
+        "# FedOA qualitative mini reproduction (FedOA spec §7.1, tier T2)",
         DESIGN,
         "## Foundations",
         "",
@@ -126,7 +126,7 @@ def markdown(results: dict, previous: str = "") -> str:
         "",
         RANDOM_FACTOR,
         "",
-        "| claim (fedoa.md §7.1) | verdict | measured: mean difference [95 % interval], p |",
+        "| claim (FedOA spec §7.1) | verdict | measured: mean difference [95 % interval], p |",
         "|---|---|---|",
         *(f"| {t} | {v} | {n} |" for t, v, n in checks),
         "",

@@ -1,5 +1,5 @@
 """Turn ``reproduce.py``'s results into ``RESULTS.md`` and a plot: the score table (mean ± std
-over seeds of the mean-over-clients personalised accuracy), fedot.md §9.3's acceptance criteria
+over seeds of the mean-over-clients personalised accuracy), FedOT spec §9.3's acceptance criteria
 A1–A5 decided on those numbers with a paired comparison over seeds, and the machine it ran on.
 
     python examples/fedot/report.py     # examples/fedot/results.json → RESULTS.md, results.png
@@ -61,14 +61,14 @@ INTRO = """
 Every number below was measured by `examples/fedot/reproduce.py` and written by
 `examples/fedot/report.py` from its `results.json`. Scores are test accuracy in %, the mean over
 the 50 clients of each client's accuracy on the 297 test images seen through its own shift
-(fedot.md §6.5), then mean ± sample standard deviation over the seeds. The paper's numbers
+(FedOT spec §6.5), then mean ± sample standard deviation over the seeds. The paper's numbers
 (MNIST, CIFAR-10, Colored-MNIST with AlexNet and InceptionNet) are not quoted here; §9.3's
 acceptance criteria are the spec's, checked on these numbers.
 """
 
 
 FM_INTRO = """
-fedot.md §9.4's synthetic benchmark on a CPU (`examples/fedot/fm-mini.yaml`): a frozen LLaMA built
+FedOT spec §9.4's synthetic benchmark on a CPU (`examples/fedot/fm-mini.yaml`): a frozen LLaMA built
 from a config (hidden 64, 2 layers, random init) with LoRA r 8 on q/v and a head on its
 mean-pooled states; BBC News topics (5 classes), 20 IID clients, every client's token embeddings
 shifted by its own s_i ⊙ e + z_i (z_i at the scale of the embedding table); 30 rounds of 10 local
@@ -401,7 +401,7 @@ class Report:
             else f"All {len(cells)} cells measured."
         )
         text = [
-            "# FedOT: offline mini reproduction (fedot.md §9)",
+            "# FedOT: offline mini reproduction (FedOT spec §9)",
             INTRO,
             status,
             "",
@@ -411,7 +411,7 @@ class Report:
             "",
             "![results](results.png)",
             "",
-            "## Acceptance criteria (fedot.md §9.3)",
+            "## Acceptance criteria (FedOT spec §9.3)",
             "",
             RULES,
             "",
@@ -419,7 +419,7 @@ class Report:
             "",
             *self.changes(criteria, previous_text, before),
             "",
-            "## Foundation-model extension (fedot.md §9.4)",
+            "## Foundation-model extension (FedOT spec §9.4)",
             FM_INTRO,
             *self.fm_table(),
             "",

@@ -1,4 +1,4 @@
-"""FedOT's offline reproduction (fedot.md §9), through raysim's own sweeps.
+"""FedOT's offline reproduction (FedOT spec §9), through raysim's own sweeps.
 
 The grid of §9.2: {affine, colour} × {τ = 1, τ = 5 with rounds/5} × methods × 3 seeds on
 sklearn's digits (n = 50 clients, m = 30, the other 297 images as every client's test pool seen
@@ -81,7 +81,7 @@ def machine() -> str:
 
 
 def run_digest(client: Any, run_id: str) -> dict[str, Any]:
-    """What the report needs of one run's MLflow history (fedot.md §3.3, §8.1 metrics)."""
+    """What the report needs of one run's MLflow history (FedOT spec §3.3, §8.1 metrics)."""
 
     def history(key: str) -> dict[int, float]:
         return {m.step: m.value for m in client.get_metric_history(run_id, key)}

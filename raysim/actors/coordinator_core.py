@@ -67,7 +67,7 @@ Evaluator = Callable[[np.ndarray, dict, bool, int], dict[str, float]]
 
 
 class CoordinatorCore(ModelVersions, ClientStates, Snapshot, RunReport):
-    """Steps a run one round of virtual time at a time (feddle.md §2.3).
+    """Steps a run one round of virtual time at a time (Feddle spec §2.3).
 
     Per round k: (1) dispatch the schedule's clients on the current version, with what
     ``strategy.configure`` sends them, and start their jobs; (2) deliver the updates whose arrival
@@ -262,7 +262,7 @@ class CoordinatorCore(ModelVersions, ClientStates, Snapshot, RunReport):
 
     def _dispatch(self, k: int, log: RoundLog) -> None:
         if not self.strategy.uses_clients:
-            return  # a server-only method (Center) touches no client (feddle.md I-13)
+            return  # a server-only method (Center) touches no client (Feddle spec I-13)
         d = self.schedule.dispatch(k)
         self._warn_unused_faults(k, set(d.clients.tolist()))
         if not len(d):

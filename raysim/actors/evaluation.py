@@ -1,12 +1,12 @@
 """The one evaluator: jobs that score model versions on the workers, for every model family.
 
-The method chooses what answers for a known client (fedoa.md §2.9, fedot.md §6.5):
+The method chooses what answers for a known client (FedOA spec §2.9, FedOT spec §6.5):
 ``Method.evaluate_with`` names the parameter group (the global one, or a personal group whose
 state the client keeps), and a ``ClientAlgorithm.adapt`` override (for example fine-tuning
 before testing) makes every client evaluate its own adapted copy. Then each client is scored on
 every shared set and its own test split, and the metrics are the mean over clients (with their
 spread: ``_std``, ``_min``); the global model is scored on the shared sets too, with a
-``_global`` suffix. With per-client input shifts (``data.shift``, fedot.md §6.5) every client
+``_global`` suffix. With per-client input shifts (``data.shift``, FedOT spec §6.5) every client
 is scored too, each on the test set in its own view, even where the global model answers.
 Otherwise the global model answers everywhere, with bare metric names.
 """
@@ -149,7 +149,7 @@ class WorkerEvaluator:
                     )
                     row[key] = value
         for key, values in per_client.items():
-            out[key] = float(np.mean(values))  # mean over clients (fedoa.md §4.6)
+            out[key] = float(np.mean(values))  # mean over clients (FedOA spec §4.6)
             if self.per_client:
                 out[f"{key}_std"] = float(np.std(values))
                 out[f"{key}_min"] = float(np.min(values))

@@ -1,10 +1,10 @@
 """The two halves of a federated method: a server ``Strategy`` and a ``ClientAlgorithm``.
 
 Nothing here knows about Ray or MLflow. The coordinator (``raysim/actors``) calls a strategy through
-``configure`` / ``on_arrival`` / ``on_round_end`` in virtual-clock order (feddle.md §2.3); a worker
-calls a client algorithm's ``train`` for every virtual client it runs. Weights cross this boundary
-as one flat float32 numpy vector: the shared parameter group, then the model's buffers, as the
-``Layout`` in ``ServerContext.layout`` describes. ``docs/architecture.md`` maps every hook.
+``configure`` / ``on_arrival`` / ``on_round_end`` in virtual-clock order (Feddle spec §2.3); a
+worker calls a client algorithm's ``train`` for every virtual client it runs. Weights cross this
+boundary as one flat float32 numpy vector: the shared parameter group, then the model's buffers,
+as the ``Layout`` in ``ServerContext.layout`` describes. ``docs/architecture.md`` maps every hook.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class Update:
     """One client's report, as the server sees it when the virtual clock delivers it.
 
     ``delta`` = local weights after training − ``base`` (the global weights the client downloaded,
-    version ``dispatch_version``). Staleness counters follow feddle.md §2.4.
+    version ``dispatch_version``). Staleness counters follow Feddle spec §2.4.
     """
 
     client_id: int
@@ -305,7 +305,7 @@ class ClientAlgorithm:
 
     def adapt(self, ctx: ClientContext) -> torch.nn.Module | None:
         """Before this client is evaluated: change its view of the model in place (for example
-        fine-tune on ``ctx.data``, fedot.md §5's L-FedAvg and Fed-FOMAML), or return a module
+        fine-tune on ``ctx.data``, FedOT spec §5's L-FedAvg and Fed-FOMAML), or return a module
         that answers instead of the resident one (an ensemble: FedMI's output mixture).
         Overriding it makes every client evaluate its own adapted copy; the default keeps the
         model as it is."""
@@ -414,11 +414,11 @@ class WeightedMean:
 
 @dataclass(frozen=True)
 class Method:
-    """A registered method: its name, seed paper/spec section, its two halves and its model needs.
+    """A registered method: its name, paper and spec section, its two halves and its model needs.
 
     ``groups`` are the parameter groups it trains (``models/layout.py``; the first is the shared,
     averaged one); ``evaluate_with`` names the group that answers for a known client (the
-    personal one for personalised methods, fedoa.md §2.9; a new client always gets the global
+    personal one for personalised methods, FedOA spec §2.9; a new client always gets the global
     model); ``wrap_model`` may put modules around the resident model (e.g. an input map);
     ``needs`` is what the run must give it (checked before Ray starts).
     """

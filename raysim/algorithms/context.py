@@ -3,7 +3,7 @@
 The coordinator builds one per run (fresh or resumed) and hands it to the strategy and to every
 post-aggregation mixer. It holds named random streams derived from the run seed, the layout of the
 global vector, a way to build the resident model and its task on the server's device, the server's
-own data (feddle.md §7.1 item 6) and a sink for server-only metrics.
+own data (Feddle spec §7.1 item 6) and a sink for server-only metrics.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Composable hooks in the spirit of pfl-research's postprocessors: no subclassing needed.
 
 - A ``Mixer`` runs on the server after any base strategy changed the global model:
-  ``w_new = mix(round, w_prev, w_agg)`` (fedbaf.md §2.6: "any BaseAggregator followed by a
+  ``w_new = mix(round, w_prev, w_agg)`` (FedBaF spec §2.6: "any BaseAggregator followed by a
   post-aggregation hook"). ``ComposedStrategy`` chains mixers on a base strategy; the mixed model
   is what clients get next and what the base builds on (its own state, e.g. FedAdam's moments,
   sees client deltas only).
@@ -64,7 +64,7 @@ ATTACKERS_TAG = 0xA77A
 
 
 def chosen_clients(fraction: float, seed: int, num_clients: int) -> list[int]:
-    """The fixed set of ``round(fraction·K)`` clients drawn at setup from the run seed (fedbaf.md
+    """The fixed set of ``round(fraction·K)`` clients drawn at setup from the run seed (FedBaF spec
     §4.4). One order per seed, so the set at ζ = 0.1 lies inside the set at ζ = 0.2."""
     order = np.random.default_rng([seed, ATTACKERS_TAG]).permutation(num_clients)
     return sorted(int(j) for j in order[: round(fraction * num_clients)])

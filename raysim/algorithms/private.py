@@ -1,6 +1,6 @@
 """Server-private tensors: state that must never reach a worker, a payload or a pickle.
 
-FedBaF's foundation weights are the case in point (fedbaf.md §2.8, §7.1): a client function that
+FedBaF's foundation weights are the case in point (FedBaF spec §2.8, §7.1): a client function that
 captured the server object would be cloudpickled *with* them. ``PrivateTensors`` refuses to be
 pickled at all, so such a leak fails at once instead of silently shipping the weights, and the
 default ``Strategy.state_dict`` leaves it out of checkpoints: a strategy rebuilds it in ``setup``

@@ -28,7 +28,7 @@ class MethodParams(StrictModel):
     @property
     def trains_together(self) -> bool:
         """Whether a round's clients must train in one ``train_together`` call, coupled step by
-        step (FedOT's exact centring, fedot.md §3.3). The runtime then sends a round's jobs to
+        step (FedOT's exact centring, FedOT spec §3.3). The runtime then sends a round's jobs to
         one worker as one batch, each client on its own copy of the model. Override it on the
         params class, so that the config can tell before any model loads."""
         return False
@@ -47,7 +47,7 @@ class BehaviourParams(HookParams):
         None,
         ge=0,
         le=1,
-        description="ζ: round(ζ·K) clients drawn once from the run seed (fedbaf.md §4.4)",
+        description="ζ: round(ζ·K) clients drawn once from the run seed (FedBaF spec §4.4)",
     )
     rounds: list[int] | None = Field(None, description="dispatch rounds (None: every round)")
 

@@ -108,8 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_methods)
     p = sub.add_parser(
         "pretrain",
-        help="a foundation model, offline: tiny-llama (FedOA's tiny LLaMA, fedoa.md §7.1), "
-        "digits or markov (FedBaF's, fedbaf.md §8.1)",
+        help="a foundation model, offline: tiny-llama (FedOA's tiny LLaMA, FedOA spec §7.1), "
+        "digits or markov (FedBaF's, FedBaF spec §8.1)",
     )
     p.add_argument("kind", choices=list(PRETRAIN), help="which foundation")
     p.add_argument("--out", default=None, help="output directory (default: foundations/...)")
@@ -130,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_foundation, kind="tiny-llama", epochs=None, samples=None, seed=None)
     p = sub.add_parser(
         "extract",
-        help="FedBaF's extraction harness (E0/E1/E2, fedbaf.md §6) against a run with observers",
+        help="FedBaF's extraction harness (E0/E1/E2, FedBaF spec §6) against a run with observers",
     )
     p.add_argument("run", help="the attacked run: an MLflow run id or its config YAML")
     _trust_modules_option(p)

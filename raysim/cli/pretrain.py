@@ -99,8 +99,8 @@ PRETRAIN_OPTIONS = ("data_seed", "steps", "families", "epochs", "samples", "seed
 
 def cmd_pretrain(args: argparse.Namespace) -> int:
     """``raysim pretrain KIND``: a foundation model, offline. ``tiny-llama``: FedOA's tiny
-    pre-trained LLaMA for Flan-mini (fedoa.md §7.1); ``digits`` (the 20-class flipped digit task)
-    and ``markov`` (chain A's language model): FedBaF's small foundations (fedbaf.md §8.1)."""
+    pre-trained LLaMA for Flan-mini (FedOA spec §7.1); ``digits`` (the 20-class flipped digit task)
+    and ``markov`` (chain A's language model): FedBaF's small foundations (FedBaF spec §8.1)."""
     from raysim.config import ConfigError
 
     build, default_out, options = PRETRAIN[args.kind]

@@ -19,7 +19,7 @@ class RawData:
     ``x_test``/``y_test`` are set only when the source has its own test split;
     ``client_ids`` (train rows only) feed the natural partition; ``partition_labels`` (train rows
     only), when set, are what a label-skewed partition splits on instead of ``y`` (CIFAR-100's
-    fine classes under its superclass task, feddle.md §5.2).
+    fine classes under its superclass task, Feddle spec §5.2).
     """
 
     x: np.ndarray

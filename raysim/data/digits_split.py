@@ -1,4 +1,4 @@
-"""The digits split of fedbaf.md §8.1: a foundation pool, an FL pool and a test set, fixed.
+"""The digits split of FedBaF spec §8.1: a foundation pool, an FL pool and a test set, fixed.
 
 sklearn's 1,797 digits are split once, stratified by digit, with ``split_seed`` (independent of a
 run's seed, so the foundation never sees an FL or test image whatever the run): a foundation pool
@@ -64,7 +64,7 @@ class DigitsConfig(StrictModel):
     """``data.digits`` (name: digits). ``split: fedbaf`` trains on §8.1's FL pool and tests on
     its 297 images; ``pixel_noise`` adds N(0, σ²) on the 0–16 pixel scale to the FL train images
     only (§8.1's optional widening of the gaps), drawn from the run seed. ``split: fedot`` is
-    fedot.md §9.1's: ``train_size`` shuffled images for the clients, the rest for testing."""
+    FedOT spec §9.1's: ``train_size`` shuffled images for the clients, the rest for testing."""
 
     split: Literal["random", "fedbaf", "fedot"] = "random"
     split_seed: int = Field(0, description="fixes the fedbaf pools, whatever the run seed")
@@ -74,7 +74,7 @@ class DigitsConfig(StrictModel):
         lt=1797,
         description="split fedot: the first train_size images after a shuffle with the run "
         "seed train the clients (n·m; partition.kind contiguous gives client i the i-th chunk), "
-        "the rest are the test pool (fedot.md §9.1)",
+        "the rest are the test pool (FedOT spec §9.1)",
     )
     pixel_noise: float = Field(0.0, ge=0, description="σ on the 0–16 scale (train images only)")
 
@@ -93,11 +93,11 @@ def load_fedbaf_digits(cfg: DigitsConfig, seed: int) -> RawData:
     return RawData(x=x, y=y, num_classes=10, x_test=xt, y_test=yt)
 
 
-FEDOT_TAG = 0xF01  # rng = default_rng([run seed, FEDOT_TAG]) for fedot.md §9.1's shuffle
+FEDOT_TAG = 0xF01  # rng = default_rng([run seed, FEDOT_TAG]) for FedOT spec §9.1's shuffle
 
 
 def load_fedot_digits(cfg: DigitsConfig, seed: int) -> RawData:
-    """fedot.md §9.1: shuffle with the run seed; the first ``train_size`` images train, the rest
+    """FedOT spec §9.1: shuffle with the run seed; the first ``train_size`` images train, the rest
     test (with n·m = train_size and a contiguous partition, client i holds the i-th m)."""
     from raysim.data.builtin import load_digits
 

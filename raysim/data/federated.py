@@ -327,7 +327,7 @@ class HFData(TokenisedText, ShiftedData):
 
 
 class HFImageData(ShiftedData):
-    """Image sets through ``datasets`` (feddle.md §5.2), with presets (``raysim.data.images``)."""
+    """Image sets through ``datasets`` (Feddle spec §5.2), with presets (``raysim.data.images``)."""
 
     name: Literal["hf_image"] = "hf_image"
     hf_image: HFImageConfig = Field(default_factory=HFImageConfig)
@@ -358,7 +358,7 @@ def _source_inputs(key: str, source: HFConfig | HFImageConfig) -> Iterator[Input
 
 
 class MarkovData(PooledData):
-    """Token sequences from Markov chains (fedbaf.md §8.1's language-model proxy)."""
+    """Token sequences from Markov chains (FedBaF spec §8.1's language-model proxy)."""
 
     name: Literal["markov"] = "markov"
     markov: MarkovConfig = Field(default_factory=MarkovConfig)

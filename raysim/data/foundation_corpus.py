@@ -1,4 +1,4 @@
-"""A generic instruction corpus for the tiny "foundation" model (fedoa.md §7.1).
+"""A generic instruction corpus for the tiny "foundation" model (FedOA spec §7.1).
 
 Auxiliary families, disjoint from the evaluation tasks (no entailment, sentiment, paraphrase or
 reading-comprehension question): copy a word, first word, last word, longest option, and which

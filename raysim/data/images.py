@@ -1,4 +1,4 @@
-"""Image classification sets through Hugging Face ``datasets`` (feddle.md §5.2, §8.2).
+"""Image classification sets through Hugging Face ``datasets`` (Feddle spec §5.2, §8.2).
 
 ``data.name: hf_image`` reads any image dataset ``datasets`` can load (a hub id in the local
 cache, a directory saved with ``save_to_disk``, or an ``imagefolder``), decodes it with Pillow
@@ -7,7 +7,7 @@ sets by their hub ids and columns; every field can still be overridden (for exam
 local copy on a machine with no internet):
 
 - ``mnist``: ``ylecun/mnist``, one channel (FedOT's MNIST and, with ``data.shift.kind: colour``,
-  its Colored-MNIST, fedot.md §6.2);
+  its Colored-MNIST, FedOT spec §6.2);
 - ``cifar10``: ``uoft-cs/cifar10``;
 - ``cifar100_superclass``: ``uoft-cs/cifar100``, trained on the 20 superclasses
   (``coarse_label``) and partitioned over the 100 fine classes (``fine_label``), §5.2;
@@ -69,7 +69,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "channels": 3,
     },
     "imagenet": {"path": "ILSVRC/imagenet-1k", "test_split": None, "channels": 3},
-    # FedBaF's foundation data (fedbaf.md §4.1): 200 classes of 64×64 images, "valid" as test
+    # FedBaF's foundation data (FedBaF spec §4.1): 200 classes of 64×64 images, "valid" as test
     "tiny_imagenet": {"path": "zh-plus/tiny-imagenet", "test_split": "valid", "channels": 3},
 }
 
@@ -87,7 +87,7 @@ class HFImageConfig(HFSource):
     keep_labels: int | None = Field(None, ge=1, description="keep only labels below this")
     size: int | None = Field(None, ge=1, description="resize images to size×size")
     train_size: int | None = Field(
-        None, ge=1, description="keep the first train_size train images (fedot.md §6.1: n·m)"
+        None, ge=1, description="keep the first train_size train images (FedOT spec §6.1: n·m)"
     )
     channels: Literal[1, 3] | None = Field(None, description="1 = grayscale, 3 = RGB; None keeps")
 

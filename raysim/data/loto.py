@@ -64,7 +64,7 @@ def leave_one_domain_out(
     shards_per_task: int = 1,
     seed: int = 0,
 ) -> LOTOSplit:
-    """Hold out one domain of every family (a text analogue of fedoa.md §4.2 item 4): the other
+    """Hold out one domain of every family (a text analogue of FedOA spec §4.2 item 4): the other
     domain's sub-datasets are the clients, the held-out domain's test splits the OOD set."""
     domains = task_domains(tasks)
     held = {t for t, d in domains.items() if d == held_out_domain}

@@ -1,4 +1,4 @@
-"""The synthetic language task of fedbaf.md §8.1 (LM proxy): two related order-2 Markov chains.
+"""The synthetic language task of FedBaF spec §8.1 (LM proxy): two related order-2 Markov chains.
 
 Chain A (the foundation's corpus, 300 tokens) and chain B (the federated corpus, 250 tokens)
 share A's transition structure on ``shared`` (70 %) of B's contexts; B's other rows are drawn
@@ -27,7 +27,7 @@ MARKOV_TAG = 0x3A4B  # rng = default_rng([chain_seed, MARKOV_TAG, ...]); indepen
 
 
 class MarkovConfig(StrictModel):
-    """``data.markov`` (fedbaf.md §8.1, LM proxy)."""
+    """``data.markov`` (FedBaF spec §8.1, LM proxy)."""
 
     corpus: Literal["federated", "foundation"] = Field(
         "federated", description="federated: chain B (the FL task); foundation: chain A"

@@ -24,13 +24,13 @@ class PartitionConfig(StrictModel):
     alpha: float = Field(0.3, gt=0)  # dirichlet concentration over labels
     shards_per_client: int = Field(2, ge=1)  # shards partition (McMahan et al. 2017)
     classes_per_client: int = Field(
-        2, ge=1, description="class_subset: classes each client holds (fedbaf.md §4.2)"
+        2, ge=1, description="class_subset: classes each client holds (FedBaF spec §4.2)"
     )
     min_size: int = Field(1, ge=0)  # dirichlet: redraw until every client has >= min_size
     natural_clients: Literal["all", "sample"] = Field(
         "all",
         description="natural: every id is a client (num clients must match), or keep num "
-        "clients drawn at random and drop the rest (LEAF, feddle.md §5.2)",
+        "clients drawn at random and drop the rest (LEAF, Feddle spec §5.2)",
     )
 
 
@@ -55,7 +55,7 @@ def iid(n: int, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
 
 def contiguous(n: int, num_clients: int) -> list[np.ndarray]:
     """Consecutive blocks in data order, sizes differing by <= 1 (a corpus's sequential grouping,
-    fedbaf.md §4.2)."""
+    FedBaF spec §4.2)."""
     _check_clients(n, num_clients)
     return _sorted_parts(np.array_split(np.arange(n), num_clients))
 
@@ -63,7 +63,7 @@ def contiguous(n: int, num_clients: int) -> list[np.ndarray]:
 def class_subset(
     labels: np.ndarray, num_clients: int, per_client: int, rng: np.random.Generator
 ) -> list[np.ndarray]:
-    """fedbaf.md §4.2: each client holds ``per_client`` distinct classes with the same number of
+    """FedBaF spec §4.2: each client holds ``per_client`` distinct classes with the same number of
     samples of each; holders of a class share its rows without overlap. Client ``j`` holds
     ``perm[(j·k + i) mod C]`` for a random class order ``perm``, so every class has ⌊K·k/C⌋ or
     ⌈K·k/C⌉ holders (the spec's placeholder: random subsets covering every class). The count per

@@ -1,4 +1,4 @@
-"""Server-side data (feddle.md §7.1 item 6, §5.2, §8.1): an in-distribution split carved from the
+"""Server-side data (Feddle spec §7.1 item 6, §5.2, §8.1): an in-distribution split carved from the
 test split, and out-of-distribution pools with their own label space."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ SERVER_OOD_TAG = 4
 
 
 class OODPoolConfig(StrictModel):
-    """An OOD pool (feddle.md §8.1). ``shapes``: generated square images of a horizontal bar, a
+    """An OOD pool (Feddle spec §8.1). ``shapes``: generated square images of a horizontal bar, a
     vertical bar, a diagonal or a box at a random place with additive uniform noise, 4 labels.
     ``label_disjoint``: the dataset's own images of ``labels``, relabelled 0..len-1; the clients,
     the ID server set and the evaluation then see only the other labels (digits: clients 0–4,
@@ -44,8 +44,8 @@ class OODPoolConfig(StrictModel):
 
 
 class ServerDataConfig(StrictModel):
-    """What the server holds besides the model. ``id_size`` samples (uniformly at random, feddle.md
-    A20) leave the test split for the server; evaluation uses the rest."""
+    """What the server holds besides the model. ``id_size`` samples (uniformly at random, Feddle
+    spec A20) leave the test split for the server; evaluation uses the rest."""
 
     id_size: int = Field(0, ge=0, description="in-distribution server samples from the test split")
     ood: list[OODPoolConfig] = Field(default_factory=list)

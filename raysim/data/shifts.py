@@ -1,10 +1,10 @@
-"""Per-client distribution shifts of the inputs (fedot.md §6.2, §9.1), usable with any method.
+"""Per-client distribution shifts of the inputs (FedOT spec §6.2, §9.1), usable with any method.
 
 Client j's shift is drawn from ``(run seed, SHIFT_TAG, j)`` alone, so every process and every
 round sees the same one, and it is the same for the client's train rows and its test view:
 
 - ``affine`` / ``paper_diag`` (the default): ``x' = s_j ⊙ x + z_j`` on the flat input, with
-  ``s_j ~ U[scale]^d`` and ``z_j ~ N(0, σ·I_d)`` (σ is the variance: fedot.md §8.2 item 12);
+  ``s_j ~ U[scale]^d`` and ``z_j ~ N(0, σ·I_d)`` (σ is the variance: FedOT spec §8.2 item 12);
 - ``affine`` / ``code_full`` (the authors' notebook, §6.2 "code discrepancy"):
   ``x' = x + x M_j + z_j`` with ``M_j ~ N(0, (matrix_std/√d)²)`` entrywise and
   ``z_j ~ N(0, noise_std²·I)``, then re-quantised as the notebook does (``quantise``);
@@ -12,7 +12,7 @@ round sees the same one, and it is the same for the client's train rows and its 
   ``x ≤ threshold`` (background) and ``x · b_j`` elsewhere, with ``a_j, b_j ~ U[0, 1]³``; a flat
   ``(N, P)`` input becomes ``(N, P, 3)``.
 
-- ``embedding`` (fedot.md §9.4's synthetic benchmark, on token data): client j's input
+- ``embedding`` (FedOT spec §9.4's synthetic benchmark, on token data): client j's input
   embeddings become ``s_j ⊙ e + z_j`` with ``s_j ~ U[scale]^d`` and ``z_j ~ N(0, σ_e²·I)``, σ_e
   the std of the embedding table; the tokens stay as they are and the model applies the shift
   (``EmbeddingShift``, attached by the worker to a model with ``input_embeddings()``).
@@ -38,7 +38,7 @@ SHIFT_TAG = 0xF07  # rng = default_rng([seed, SHIFT_TAG, client])
 
 
 class ShiftConfig(StrictModel):
-    """``data.shift``: a per-client transform of the inputs (fedot.md §6.2)."""
+    """``data.shift``: a per-client transform of the inputs (FedOT spec §6.2)."""
 
     kind: Literal["none", "affine", "colour", "embedding"] = "none"
     affine_mode: Literal["paper_diag", "code_full"] = Field(
@@ -118,7 +118,7 @@ class ClientShifts:
         return np.asarray(x, np.float32)
 
     def test_view(self, client: int) -> np.ndarray:
-        """The shared test inputs as client ``client`` sees them (fedot.md §6.5)."""
+        """The shared test inputs as client ``client`` sees them (FedOT spec §6.5)."""
         return self.apply(client, self.x_test_raw)
 
 

@@ -1,4 +1,4 @@
-"""Word-level language modelling corpora through HF ``datasets`` (fedbaf.md §4.1: WikiText-2 for
+"""Word-level language modelling corpora through HF ``datasets`` (FedBaF spec §4.1: WikiText-2 for
 the foundation, Penn Treebank for the federated task), as PyTorch's word_language_model reads them.
 
 Each non-empty line is split on whitespace and ends with ``<eos>``; the vocabulary is the train

@@ -1,4 +1,4 @@
-"""The tiny "foundation" LLaMA of fedoa.md §7.1, pre-trained once and saved as an HF directory.
+"""The tiny "foundation" LLaMA of FedOA spec §7.1, pre-trained once and saved as an HF directory.
 
 Full-parameter training of a config-built tiny LLaMA on the generic instruction corpus of
 ``raysim.data.foundation_corpus`` (disjoint from the evaluation tasks), so that LoRA clients start
@@ -36,7 +36,7 @@ from raysim.schema import StrictModel
 
 
 class FoundationConfig(StrictModel):
-    """Pre-training settings (fedoa.md §7.1: about 1-2k full-parameter steps, then freeze)."""
+    """Pre-training settings (FedOA spec §7.1: about 1-2k full-parameter steps, then freeze)."""
 
     data_seed: int = Field(0, description="Flan-mini word pools; runs must use the same seed")
     init_seed: int = Field(0, description="the weights' init and the batches' order")

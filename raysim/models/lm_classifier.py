@@ -1,5 +1,5 @@
 """``lm_classifier``: a frozen causal-LM backbone with PEFT LoRA adapters and a classification
-head on its mean-pooled last hidden state (fedot.md §9.4's shared predictor: "the frozen backbone
+head on its mean-pooled last hidden state (FedOT spec §9.4's shared predictor: "the frozen backbone
 plus LoRA adapters plus the task head").
 
 The backbone is a ``transformers`` LLaMA built from ``model.llama`` (random init, the dataset's

@@ -1,4 +1,4 @@
-"""The vision proxy's foundation of fedbaf.md §8.1: the 20-class flipped-digit task.
+"""The vision proxy's foundation of FedBaF spec §8.1: the 20-class flipped-digit task.
 
 The foundation pool (``samples`` of its 600 images) is doubled by mirroring; the label is
 ``digit + 10·mirrored``. The model is the federated run's own architecture (default the MLP

@@ -1,4 +1,4 @@
-"""The LM proxy's foundation of fedbaf.md §8.1: a tiny Transformer LM trained on chain A.
+"""The LM proxy's foundation of FedBaF spec §8.1: a tiny Transformer LM trained on chain A.
 
 ``pretrain_markov`` trains ``transformer_lm`` (d_model 64, 2 layers, 2 heads, FFN 128, sequences
 of 32) on chain A's corpus (300 tokens, ~200k tokens) and writes ``model.safetensors`` under the

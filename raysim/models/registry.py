@@ -49,7 +49,7 @@ class LlamaShape(StrictModel):
 
 
 class LoraSettings(StrictModel):
-    """PEFT LoRA on the frozen base (fedoa.md §4.3 defaults: r 8, α 16, dropout 0.05, q/v)."""
+    """PEFT LoRA on the frozen base (FedOA spec §4.3 defaults: r 8, α 16, dropout 0.05, q/v)."""
 
     r: int = Field(8, ge=1)
     alpha: float = Field(16.0, gt=0)
@@ -59,13 +59,13 @@ class LoraSettings(StrictModel):
         "float32",
         description="float32: PEFT's default, adapters in float32 on a lower-precision base; "
         "model: adapters in the base's dtype (model.dtype), so that a bf16 model's trained "
-        "tensors, and what the server mixes into them, are bf16 end to end (fedbaf.md §7.2 "
+        "tensors, and what the server mixes into them, are bf16 end to end (FedBaF spec §7.2 "
         "invariant 14)",
     )
 
 
 class ImageSettings(StrictModel):
-    """How inputs reach a vision model (feddle.md §5.1)."""
+    """How inputs reach a vision model (Feddle spec §5.1)."""
 
     size: int | None = Field(
         224, ge=8, description="resize inputs to size×size (bilinear); None keeps their size"
@@ -119,11 +119,11 @@ class ModelConfig(StrictModel):
     )
     llama: LlamaShape = Field(default_factory=LlamaShape)
     lora: LoraSettings = Field(default_factory=LoraSettings)
-    # vision models (resnet, vit_lora; feddle.md §5.1)
+    # vision models (resnet, vit_lora; Feddle spec §5.1)
     image: ImageSettings = Field(default_factory=ImageSettings)
     resnet: ResNetShape = Field(default_factory=ResNetShape)
     vit: ViTShape = Field(default_factory=ViTShape)
-    # next-token models on pre-tokenized sequences (fedbaf.md §4.1, §8.1)
+    # next-token models on pre-tokenized sequences (FedBaF spec §4.1, §8.1)
     transformer: TransformerLMShape = Field(default_factory=TransformerLMShape)
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str = Field("auto", description="auto (cuda if visible, else cpu), cpu, cuda")

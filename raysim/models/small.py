@@ -45,7 +45,7 @@ def build_cnn(cfg: ModelConfig, spec: DataSpec) -> nn.Module:
     1-D. BatchNorm statistics travel as the model's buffers (``models/layout.py``).
 
     A flat 64-feature input (sklearn digits) is viewed as 1×8×8, a flat 40-feature one (mnist1d)
-    as 1×40, and a (C, H, W) input is taken as it is. feddle.md §5.1's CNN on 3×32×32 images is
+    as 1×40, and a (C, H, W) input is taken as it is. Feddle spec §5.1's CNN on 3×32×32 images is
     ``channels: [32, 64, 64]``, ``hidden: [128]``: FC(16384→128)–ReLU–FC(128→C), whose first FC
     output is the body's features (§3.5).
     """

@@ -1,4 +1,4 @@
-"""The TensorFlow-era CNNs of FedOT's experiments (fedot.md §6.3), in PyTorch.
+"""The TensorFlow-era CNNs of FedOT's experiments (FedOT spec §6.3), in PyTorch.
 
 - ``alexnet``: the CIFAR-10 tutorial AlexNet of the authors' notebook: conv 5×5·96 SAME, ReLU →
   max-pool 3/2 VALID → LRN(depth radius 4, bias 1, α 0.001/9, β 0.75) → conv 5×5·256 SAME, ReLU
@@ -126,11 +126,11 @@ class MiniInception(nn.Module):
 
 @register_model("alexnet")
 def build_alexnet(cfg: ModelConfig, spec: DataSpec) -> nn.Module:
-    """fedot.md §6.3's AlexNet (the authors' notebook)."""
+    """FedOT spec §6.3's AlexNet (the authors' notebook)."""
     return AlexNet(_image_shape(spec, "alexnet"), spec.num_classes)
 
 
 @register_model("mini_inception")
 def build_mini_inception(cfg: ModelConfig, spec: DataSpec) -> nn.Module:
-    """fedot.md §6.3's InceptionNet: Zhang et al. (2017)'s mini-Inception with BatchNorm."""
+    """FedOT spec §6.3's InceptionNet: Zhang et al. (2017)'s mini-Inception with BatchNorm."""
     return MiniInception(_image_shape(spec, "mini_inception"), spec.num_classes)

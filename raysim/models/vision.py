@@ -1,4 +1,4 @@
-"""Vision models of feddle.md §5.1, built from ``transformers`` configs (no download):
+"""Vision models of Feddle spec §5.1, built from ``transformers`` configs (no download):
 
 - ``resnet``: ResNet18 by default (``ResNetForImageClassification``), every tensor trained;
 - ``vit_lora``: ViT-B/16 by default (``ViTForImageClassification``) with PEFT LoRA on the
@@ -28,7 +28,7 @@ from raysim.models.registry import DataSpec, ImageSettings, ModelConfig, registe
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-#: feddle.md §5.1: LoRA rank 4, "adaptation scale" 8 (lora_alpha 8), dropout 0, on the attention
+#: Feddle spec §5.1: LoRA rank 4, "adaptation scale" 8 (lora_alpha 8), dropout 0, on the attention
 #: query and value projections (``q_proj``/``v_proj`` in transformers 5)
 VIT_LORA = {"r": 4, "alpha": 8.0, "dropout": 0.0, "targets": ["q_proj", "v_proj"]}
 
@@ -154,7 +154,8 @@ class PreActBlock(nn.Module):
 
 class PreActResNet(nn.Module):
     """Pre-activation ResNet with the CIFAR stem (3×3 conv, no max-pool): PreAct-ResNet-18 at the
-    default ``depths`` [2, 2, 2, 2] and widths [64, 128, 256, 512] (fedbaf.md §4.1 placeholder)."""
+    default ``depths`` [2, 2, 2, 2] and widths [64, 128, 256, 512] (FedBaF spec §4.1
+    placeholder)."""
 
     def __init__(self, channels: int, depths: list[int], widths: list[int], classes: int) -> None:
         super().__init__()
@@ -186,7 +187,7 @@ def build_preact_resnet(cfg: ModelConfig, spec: DataSpec) -> nn.Module:
 
 @register_model("vit")
 def build_vit(cfg: ModelConfig, spec: DataSpec) -> nn.Module:
-    """ViT (default ViT-B/16), every tensor trained (fedbaf.md §4.1: torchvision's ViT-B/16
+    """ViT (default ViT-B/16), every tensor trained (FedBaF spec §4.1: torchvision's ViT-B/16
     unchanged except for the head), or pretrained from ``model.path`` with a new head."""
     from transformers import ViTConfig, ViTForImageClassification
 

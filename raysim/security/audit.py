@@ -1,5 +1,5 @@
 """The leak auditor: every payload the coordinator sends to clients is checked against the
-strategy's server-private blocks (``Strategy.secrets``), as fedbaf.md §6.3 asks, knowing no paper.
+strategy's server-private blocks (``Strategy.secrets``), as FedBaF spec §6.3 asks, knowing no paper.
 
 A payload leaks a block (of ``MIN_VALUES`` values or more) when one of its float arrays (numpy
 float16/32/64, or a torch tensor of any float dtype, bfloat16 included):
@@ -37,7 +37,7 @@ from raysim.errors import LeakError
 from raysim.security.audit_values import ExactCopies, ValueIndex, float32_words
 from raysim.security.audit_windows import SPAN, WindowIndex, extent, sign_keys
 
-MIN_VALUES = 64  # fedbaf.md §6.3: blocks of 64 values or more
+MIN_VALUES = 64  # FedBaF spec §6.3: blocks of 64 values or more
 #: the unit roundoff of bfloat16: a shift below it (relative to the spread) is reported as 0
 U_BF16 = 2.0**-8
 #: a fit explains a copy: its residual's RMS is at most this fraction of the payload's spread

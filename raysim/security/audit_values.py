@@ -1,5 +1,5 @@
 """Exact copies of private values inside larger arrays: whole blocks in order (``ExactCopies``,
-fedbaf.md §6.3 (ii)) and runs of private values in any order (``ValueIndex``, the leak auditor's
+FedBaF spec §6.3 (ii)) and runs of private values in any order (``ValueIndex``, the leak auditor's
 last search, ``LeakAuditor._reordered_inside``).
 
 A reordered copy has no order to index, and its boundaries inside a larger array are unknown, so

@@ -1,4 +1,4 @@
-"""Extraction of FedBaF's foundation weights by clients (fedbaf.md §6.2), and how close it gets.
+"""Extraction of FedBaF's foundation weights by clients (FedBaF spec §6.2), and how close it gets.
 
 Line 11 of Alg. 1 puts ``w_pre`` on a known line each round: ``w_pre = w_{t+1} + u_t / c_t`` with
 ``u_t = w_{t+1} − w'_{t+1}``. Colluders who know the broadcasts and the aggregates solve for it:

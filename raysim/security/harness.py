@@ -1,4 +1,4 @@
-"""The extraction harness of fedbaf.md §6.2–6.3 against a finished run's observer records.
+"""The extraction harness of FedBaF spec §6.2–6.3 against a finished run's observer records.
 
 Attacks, each scored on the matched coordinates against the true foundation (which only the
 researcher running the harness holds):

@@ -1,7 +1,7 @@
-"""Noise robustness of the foundation (fedbaf.md §6.3, the paper's Fig. 8).
+"""Noise robustness of the foundation (FedBaF spec §6.3, the paper's Fig. 8).
 
 ``w_pre + noise`` on its matched tensors, with an error rate ``e = ‖noise‖ / ‖w_pre‖`` per tensor:
-``rms`` mode draws N(0, σ²) with σ = e·RMS(tensor) (the seed's "scaled by the magnitude of each
+``rms`` mode draws N(0, σ²) with σ = e·RMS(tensor) (the paper's "scaled by the magnitude of each
 foundation model's weights"); ``magnitude`` mode scales each element's noise by |w_pre,j| (the
 spec's alternative), normalised to the same e. The noisy foundation keeps its own head and is
 scored on its own source task, which a ``raysim pretrain`` foundation records in its metadata.

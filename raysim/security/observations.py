@@ -1,4 +1,4 @@
-"""What colluding clients know (fedbaf.md §6.2): the broadcasts they received, their own updates,
+"""What colluding clients know (FedBaF spec §6.2): the broadcasts they received, their own updates,
 and the aggregates ``w'`` they rebuild from those with the base method's public rules.
 
 The ``observe`` behaviour writes one record per job; ``read_observations`` groups them by round.

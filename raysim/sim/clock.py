@@ -1,4 +1,5 @@
-"""The virtual clock: a method-independent dispatch schedule and an arrival queue (feddle.md §2.3).
+"""The virtual clock: a method-independent dispatch schedule and an arrival queue
+(Feddle spec §2.3).
 
 Time is measured in rounds; round k is [k, k+1). At the start of round k, ``min(S, #idle)`` idle
 clients are drawn uniformly without replacement (or each idle one with probability S/N:

@@ -1,6 +1,6 @@
 """Client-delay models on the virtual clock (unit: rounds), behind a registry.
 
-A model draws one continuous delay per dispatch (feddle.md §2.2 A3); ``mode: per_client_fixed``
+A model draws one continuous delay per dispatch (Feddle spec §2.2 A3); ``mode: per_client_fixed``
 draws once per client instead. Add a model (e.g. a trace file) with ``@register_delay`` and a
 params class: the coordinator never changes.
 """
@@ -55,7 +55,7 @@ class DelayModel:
         self._fixed = None if fixed is None else np.array(fixed, copy=True)
 
     def delivery_round(self, dispatch_round: int, delay: np.ndarray) -> np.ndarray:
-        """Integer round in which each update is delivered (feddle.md §2.2 A2)."""
+        """Integer round in which each update is delivered (Feddle spec §2.2 A2)."""
         t = dispatch_round + delay
         op = {"floor": np.floor, "round": np.round, "ceil": np.ceil}[self.params.rounding]
         return np.maximum(op(t), dispatch_round).astype(np.int64)
@@ -74,7 +74,7 @@ class NoDelay(DelayModel):
 
 class HalfNormalParams(DelayParams):
     kind: Literal["half_normal"] = "half_normal"
-    sigma: float = Field(5.0, ge=0, description="σ of z ~ N(0, σ²); d = |z| (feddle.md §2.1)")
+    sigma: float = Field(5.0, ge=0, description="σ of z ~ N(0, σ²); d = |z| (Feddle spec §2.1)")
 
 
 class HalfNormal(DelayModel):

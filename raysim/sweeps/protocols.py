@@ -2,8 +2,8 @@
 
 ``leave_one_out`` runs every (held-out setting × method) pair of a base config and collects one
 metric into a table shaped like the FedOA paper's Table 2 (methods × held-out settings + Average,
-fedoa.md §5.1), logged to the parent run as CSV, Markdown and a PNG. Leave-one-task-out holds out
-each task family in turn (``data.text.held_out``, fedoa.md §4.2).
+FedOA spec §5.1), logged to the parent run as CSV, Markdown and a PNG. Leave-one-task-out holds out
+each task family in turn (``data.text.held_out``, FedOA spec §4.2).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from raysim.launch.session import Result, run
 from raysim.tracking.store import default_tracking_uri, ensure_experiment, open_store
 
 #: Method presets: overrides that turn a FedOA base config into each method of Table 2.
-#: Centralized pools the training clients and trains once for 10 epochs (fedoa.md §3.1).
+#: Centralized pools the training clients and trains once for 10 epochs (FedOA spec §3.1).
 TABLE2_METHODS: dict[str, list[str]] = {
     "centralized": [
         "algorithm={name: centralized}",

@@ -144,7 +144,7 @@ def evaluate(
         correct += int((logits.argmax(dim=1) == y).sum())
     n = max(targets.numel(), 1)  # per position for sequence targets (N, L)
     out = {"accuracy": correct / n, "loss": loss / n}
-    if targets.ndim > 1:  # next-token prediction: exp(mean token NLL), fedbaf.md §4.5
+    if targets.ndim > 1:  # next-token prediction: exp(mean token NLL), FedBaF spec §4.5
         out["perplexity"] = math.exp(min(out["loss"], 50.0))
     return out
 
@@ -152,7 +152,7 @@ def evaluate(
 def local_accuracy(
     model: torch.nn.Module, client_labels: torch.Tensor, test: tuple[Any, Any], absent_logits: str
 ) -> float:
-    """fedbaf.md §4.5: the trained local model on the test rows of the classes its client holds
+    """FedBaF spec §4.5: the trained local model on the test rows of the classes its client holds
     (the global test set with the client's class distribution, for equal per-class counts),
     absent logits masked as in training."""
     present = torch.unique(client_labels)

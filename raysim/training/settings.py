@@ -64,14 +64,14 @@ class LocalTrainingConfig(StrictModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
     epochs: int = Field(1, ge=0)
-    #: stop after this many optimizer steps (a fraction of an epoch, fedbaf.md §4.4's E/λ)
+    #: stop after this many optimizer steps (a fraction of an epoch, FedBaF spec §4.4's E/λ)
     max_steps: int | None = Field(None, ge=0)
     batch_size: int = Field(16, ge=1)  # the effective batch of one optimizer step
     sampling: Literal["epochs", "independent"] = Field(
         "epochs",
         description="epochs: shuffled passes over the client's data (the last batch of a pass "
         "may be short); independent: every step draws batch_size distinct samples afresh "
-        "(fedot.md §3.5 'sample B examples'; a client with fewer samples uses them all)",
+        "(FedOT spec §3.5 'sample B examples'; a client with fewer samples uses them all)",
     )
     lr: float = Field(0.05, gt=0)
     optimizer: Literal["sgd", "adam", "adamw"] = "sgd"
@@ -85,7 +85,7 @@ class LocalTrainingConfig(StrictModel):
     absent_logits: Literal["keep", "zero", "neg_inf"] = Field(
         "keep",
         description="classification: logits of classes the client lacks are set to 0 or -inf "
-        "in its loss (fedbaf.md §4.2; zero is the paper's literal reading)",
+        "in its loss (FedBaF spec §4.2; zero is the paper's literal reading)",
     )
     deepspeed: DeepSpeedSettings = Field(default_factory=DeepSpeedSettings)
     dp_sgd: DpSgdSettings | None = Field(

@@ -44,7 +44,7 @@ def mask_absent(logits: torch.Tensor, present: torch.Tensor, mode: str) -> torch
 
 
 class AbsentClassTask(ClassificationTask):
-    """Classification whose loss sees the absent classes' logits masked (fedbaf.md §4.2)."""
+    """Classification whose loss sees the absent classes' logits masked (FedBaF spec §4.2)."""
 
     def __init__(self, present: torch.Tensor, mode: str) -> None:
         super().__init__()

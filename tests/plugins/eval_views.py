@@ -3,7 +3,7 @@
 ``head``: the body is averaged and the last layer stays with each client (FedPer-style,
 Arivazhagan et al. 2019); a known client is evaluated through its own head.
 ``tune``: FedAvg whose clients fine-tune ``tune_epochs`` epochs on their own data before they
-are evaluated (the shape of fedot.md §5's L-FedAvg, shortened).
+are evaluated (the shape of FedOT spec §5's L-FedAvg, shortened).
 """
 
 from __future__ import annotations

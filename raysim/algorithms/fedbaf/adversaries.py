@@ -1,7 +1,7 @@
-"""FedBaF's adversaries (fedbaf.md §4.4, §6.3) as client behaviours (``hooks.clients``).
+"""FedBaF's adversaries (FedBaF spec §4.4, §6.3) as client behaviours (``hooks.clients``).
 
 - ``label_shuffle``: the client permutes the labels of its local data before training, and trains
-  λ× (vision) or 1/λ× (LM) its epochs (fedbaf.md §4.4, the paper's untargeted attacker; next-token
+  λ× (vision) or 1/λ× (LM) its epochs (FedBaF spec §4.4, the paper's untargeted attacker; next-token
   targets for a causal LM).
 - ``backdoor``: a pixel-pattern trigger stamped on part of the client's images, relabelled to a
   target class, with optional update boosting (§6.3's extension); adds the ``backdoor`` evaluation
@@ -38,7 +38,7 @@ def client_generator(seed: int, client: int, name: str) -> torch.Generator:
 
 def scaled_epochs(config: Any, n: int, epochs: float) -> Any:
     """Local settings for a fractional number of epochs: ⌈e⌉ epochs, stopped after ⌈e·steps⌉
-    optimizer steps when e is not whole (fedbaf.md §4.4)."""
+    optimizer steps when e is not whole (FedBaF spec §4.4)."""
     whole = math.ceil(epochs - 1e-9)
     update: dict[str, Any] = {"epochs": whole}
     if not math.isclose(epochs, whole):

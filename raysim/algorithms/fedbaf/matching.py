@@ -1,4 +1,4 @@
-"""Which global tensors FedBaF mixes with which foundation tensors (fedbaf.md §2.4).
+"""Which global tensors FedBaF mixes with which foundation tensors (FedBaF spec §2.4).
 
 ``match_layers`` pairs the global model's floating-point tensors (the run's ``Layout``) with a
 foundation state dict:

@@ -1,5 +1,5 @@
 """``algorithm: {name: fedbaf, base: fedprox, base_params: {mu: 0.01}, foundation: ..., psi: 1}``:
-FedBaF over a base method in one config entry (fedbaf.md §2.6).
+FedBaF over a base method in one config entry (FedBaF spec §2.6).
 
 The base keeps its own ``ClientUpdate`` (the client half is the base's) and its own server update,
 which yields ``w'``; the FedBaF mixer then turns ``w'`` into the next broadcast, and the base

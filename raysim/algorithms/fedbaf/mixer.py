@@ -1,4 +1,4 @@
-"""FedBaF's mixing (fedbaf.md §2.2, Alg. 1 lines 9–11) as a post-aggregation mixer on any base.
+"""FedBaF's mixing (FedBaF spec §2.2, Alg. 1 lines 9–11) as a post-aggregation mixer on any base.
 
 After the base strategy produced ``w'`` from ``w_t``:
 

@@ -74,7 +74,7 @@ class FedBaFMethodParams(FedBaFParams):
 
 
 class LabelShuffleParams(BehaviourParams):
-    """fedbaf.md §4.4. The unstated choices are switches with the spec's defaults."""
+    """FedBaF spec §4.4. The unstated choices are switches with the spec's defaults."""
 
     epoch_scale: float = Field(1.0, gt=0, description="λ: the attacker's epochs are E·λ or E/λ")
     epoch_rule: Literal["multiply", "divide"] = Field(
@@ -86,7 +86,7 @@ class LabelShuffleParams(BehaviourParams):
 
 
 class BackdoorParams(BehaviourParams):
-    """A pixel-pattern trigger (fedbaf.md §6.3, an extension after Bagdasaryan et al. 2020)."""
+    """A pixel-pattern trigger (FedBaF spec §6.3, an extension after Bagdasaryan et al. 2020)."""
 
     target: int = Field(0, ge=0, description="the class triggered inputs are relabelled to")
     size: int = Field(2, ge=1, description="side of the square trigger in the bottom-right corner")
@@ -109,7 +109,7 @@ SPECS = (
         "fedbaf",
         M + "mixer",
         FedBaFParams,
-        "FedBaF (Park et al. 2024): mix a server-private foundation model in; fedbaf.md §2",
+        "FedBaF (Park et al. 2024): mix a server-private foundation model in; FedBaF spec §2",
         secrets=True,  # the foundation's matched tensors: the leak auditor is on by default
     ),
     MethodSpec(
@@ -117,7 +117,7 @@ SPECS = (
         M + "method",
         FedBaFMethodParams,
         Needs(example="examples/fedbaf/mini.yaml"),
-        "FedBaF (Park et al. 2024) over FedAvg, FedProx or FedAdam; fedbaf.md §2",
+        "FedBaF (Park et al. 2024) over FedAvg, FedProx or FedAdam; FedBaF spec §2",
         secrets=True,
         sums=True,
         own_training=True,
@@ -127,21 +127,21 @@ SPECS = (
         "label_shuffle",
         M + "adversaries",
         LabelShuffleParams,
-        "fedbaf.md §4.4 (untargeted attacker)",
+        "FedBaF spec §4.4 (untargeted attacker)",
     ),
     HookSpec(
         "client behaviour",
         "backdoor",
         M + "adversaries",
         BackdoorParams,
-        "fedbaf.md §6.3 (pixel trigger)",
+        "FedBaF spec §6.3 (pixel trigger)",
     ),
     HookSpec(
         "client behaviour",
         "observe",
         M + "adversaries",
         ObserveParams,
-        "fedbaf.md §6.3 (collusion observer)",
+        "FedBaF spec §6.3 (collusion observer)",
     ),
 )
 #: by name, for the implementation modules (``Method.of(METHODS["fedbaf"], ...)``)

@@ -1,4 +1,4 @@
-"""Feddle's model atlas (feddle.md §3.1–§3.3): a bounded set of client deltas used as search
+"""Feddle's model atlas (Feddle spec §3.1–§3.3): a bounded set of client deltas used as search
 directions, with importance-score or FIFO eviction and median-norm normalisation.
 
 Pure numpy; the strategy (``method.py``) owns one and checkpoints it with its state.

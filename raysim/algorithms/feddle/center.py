@@ -1,4 +1,5 @@
-"""Center (feddle.md §4.1 [P + I]): train the initial model on the in-distribution server set only.
+"""Center (Feddle spec §4.1 [P + I]): train the initial model on the in-distribution server set
+only.
 
 No client is ever dispatched (invariant I-13: the Center run touches no clients). The whole
 training (``server_epochs`` epochs of Adam on ``data.server.id_size`` samples) happens at the end

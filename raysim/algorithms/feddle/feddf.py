@@ -1,4 +1,4 @@
-"""FedDF-ID and FedDF-OOD (Lin et al. 2020) as feddle.md §4.8 [O + I]: ensemble distillation on
+"""FedDF-ID and FedDF-OOD (Lin et al. 2020) as Feddle spec §4.8 [O + I]: ensemble distillation on
 the server.
 
 Round end: the student starts from the FedAvg output (§4.2); the teachers are this round's client

@@ -1,4 +1,4 @@
-"""Fed+FT (feddle.md §4.6 [P + I]): aggregate, then fine-tune on the in-distribution server set.
+"""Fed+FT (Feddle spec §4.6 [P + I]): aggregate, then fine-tune on the in-distribution server set.
 
 At every round end: the base aggregation (``base_aggregator``: ``fedavg``, §4.2, the default
 [I, A15]; or ``fedbuff_per_round`` with η = 1, §4.4), then ``server_epochs`` epochs of Adam

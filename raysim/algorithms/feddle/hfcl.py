@@ -1,4 +1,5 @@
-"""HFCL (Elbir et al. 2021) as feddle.md §4.7 [O + I]: the server is an extra, always-fresh client.
+"""HFCL (Elbir et al. 2021) as Feddle spec §4.7 [O + I]: the server is an extra, always-fresh
+client.
 
 Every round end the server trains a copy of ω^k on the in-distribution server set with the
 *client* recipe (``local.*``: same optimiser, lr, epochs, batch; "no additional hyperparameters"

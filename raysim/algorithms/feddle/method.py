@@ -1,4 +1,4 @@
-"""Feddle (feddle.md §3): the server searches for the best combination of recent client deltas
+"""Feddle (Feddle spec §3): the server searches for the best combination of recent client deltas
 (the *atlas*) on its in-distribution data, starting from, and tied to, FedBuff's step.
 
 Every round end (§3.8): this round's arrivals enter the atlas (§3.2); the anchors are normalised

@@ -25,7 +25,7 @@ OOD_CLASSIFIER = Needs(ood_pool=True, model=frozenset({"classifier"}), example=M
 
 
 class ServerTrainingParams(MethodParams):
-    """The server's own optimiser (feddle.md §4.1, §4.6, §4.8: Adam [I]; batch 32, A11)."""
+    """The server's own optimiser (Feddle spec §4.1, §4.6, §4.8: Adam [I]; batch 32, A11)."""
 
     server_lr: float = Field(1e-3, gt=0, description="server learning rate")
     server_epochs: int = Field(1, ge=0, description="server epochs per call")
@@ -42,8 +42,8 @@ class ServerTrainingParams(MethodParams):
 
 
 class CenterParams(ServerTrainingParams):
-    server_lr: float = Field(3e-3, gt=0, description="feddle.md §8.1: Adam 3e-3")
-    server_epochs: int = Field(50, ge=0, description="feddle.md §8.1: 50 epochs")
+    server_lr: float = Field(3e-3, gt=0, description="Feddle spec §8.1: Adam 3e-3")
+    server_epochs: int = Field(50, ge=0, description="Feddle spec §8.1: 50 epochs")
 
 
 class FedFTParams(ServerTrainingParams):
@@ -144,15 +144,15 @@ SPECS = (
         M + "center",
         CenterParams,
         ID_DATA,
-        "feddle.md §4.1",
+        "Feddle spec §4.1",
         each_because="it trains on the server only: no client sends anything",
     ),
-    MethodSpec("fedft", M + "fedft", FedFTParams, ID_DATA, "Fed+FT; feddle.md §4.6", sums=True),
+    MethodSpec("fedft", M + "fedft", FedFTParams, ID_DATA, "Fed+FT; Feddle spec §4.6", sums=True),
     MethodSpec(
         "hfcl",
         M + "hfcl",
         needs=ID_DATA,
-        reference="Elbir et al. 2021; feddle.md §4.7",
+        reference="Elbir et al. 2021; Feddle spec §4.7",
         sums=True,
     ),
     MethodSpec(
@@ -160,7 +160,7 @@ SPECS = (
         M + "feddf",
         FedDFParams,
         ID_CLASSIFIER,
-        "Lin et al. 2020 (FedDF-ID); feddle.md §4.8",
+        "Lin et al. 2020 (FedDF-ID); Feddle spec §4.8",
         each_because="each client's model is a teacher of its own in the distillation",
     ),
     MethodSpec(
@@ -168,7 +168,7 @@ SPECS = (
         M + "feddf",
         FedDFOODParams,
         OOD_CLASSIFIER,
-        "Lin et al. 2020 (FedDF-OOD), on the OOD server pool; feddle.md §4.8",
+        "Lin et al. 2020 (FedDF-OOD), on the OOD server pool; Feddle spec §4.8",
         each_because="each client's model is a teacher of its own in the distillation",
     ),
     MethodSpec(
@@ -176,7 +176,7 @@ SPECS = (
         M + "method",
         FeddleParams,
         ID_DATA,
-        "Feddle (federated dual learning), in-domain server data; feddle.md §3",
+        "Feddle (federated dual learning), in-domain server data; Feddle spec §3",
         asynchronous=True,
         each_because="each arrival may become an anchor of the atlas the server searches",
     ),
@@ -185,7 +185,7 @@ SPECS = (
         M + "method",
         FeddleOODParams,
         OOD_CLASSIFIER,
-        "Feddle with out-of-domain server data (a probe surrogate); feddle.md §3.5",
+        "Feddle with out-of-domain server data (a probe surrogate); Feddle spec §3.5",
         asynchronous=True,
         each_because="each arrival may become an anchor of the atlas the server searches",
     ),

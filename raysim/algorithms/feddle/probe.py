@@ -1,4 +1,4 @@
-"""Feddle's out-of-domain surrogate (feddle.md §3.5): a linear probe θ on the model's features,
+"""Feddle's out-of-domain surrogate (Feddle spec §3.5): a linear probe θ on the model's features,
 fitted on OOD labels (Eq. 9), whose loss ``h`` the coefficient search then minimises (Eq. 10).
 
 The body/head split [I]: the head is the model's last ``nn.Linear`` (the CNN's and MLP's last

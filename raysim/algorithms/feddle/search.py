@@ -1,4 +1,4 @@
-"""Feddle's coefficient search (feddle.md §3.4, §3.7): minimise
+"""Feddle's coefficient search (Feddle spec §3.4, §3.7): minimise
 ``ℓ(D_S; ω + Σ c_m ā_m) + (λ/2)‖c − c'‖²`` over ``c`` with the stop-gradient gradient of App. E
 (Eqs. 16–17): materialise ``ω' = ω + Āᵀc`` into the model, backpropagate once to get
 ``g = ∂ℓ/∂ω'``, and ``∂ℓ/∂c = Ā g``. No graph is ever built through the anchors, so Ā can live

@@ -1,4 +1,4 @@
-"""Training on the server: the shared pieces of Center, Fed+FT, HFCL and FedDF (feddle.md §4).
+"""Training on the server: the shared pieces of Center, Fed+FT, HFCL and FedDF (Feddle spec §4).
 
 The server trains the *shared* group of its own resident model (``ServerContext.model``) on its
 data with a fresh optimiser per call, through the same ``train_local`` loop as the clients, so
@@ -26,7 +26,7 @@ def ood_sample(
 ) -> tuple[ServerPool, tuple[torch.Tensor, torch.Tensor]]:
     """An OOD pool (``pool``, default the first of ``data.server.ood``) and this call's data:
     a fresh uniform subset of ``samples`` rows drawn from the named stream, or the whole pool
-    when ``samples`` is None or not smaller than it (feddle.md §3.5, A12)."""
+    when ``samples`` is None or not smaller than it (Feddle spec §3.5, A12)."""
     pools = ctx.data.ood
     if not pools:
         raise ValueError(f"{method} needs an out-of-domain server pool: set data.server.ood")

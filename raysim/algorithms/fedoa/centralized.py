@@ -1,4 +1,4 @@
-"""Centralized (the FedOA paper's upper-bound-style baseline); fedoa.md §3.1.
+"""Centralized (the FedOA paper's upper-bound-style baseline); FedOA spec §3.1.
 
 All training data of the training environments pooled on one client, one LoRA trained for 10
 epochs: FedIT (FedAvg server, plain CE client) with a single client holding every example, one

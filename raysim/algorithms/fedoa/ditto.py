@@ -1,9 +1,9 @@
 """Ditto (Li et al. 2021, "Ditto: fair and robust federated learning through personalization");
-fedoa.md §3.7 (extra baseline; the paper cites it as parameter regularisation). Runs on any model:
+FedOA spec §3.7 (extra baseline; the paper cites it as parameter regularisation). Runs on any model:
 on a causal LM φ_g and v are two LoRA adapters; on a plain module φ_g is the module's trainable
 tensors and v a personal copy of them (``ModelHandle``; BatchNorm statistics stay shared).
 
-Per round, client e (same two-phase structure as FedOA, fedoa.md §2.3):
+Per round, client e (same two-phase structure as FedOA, FedOA spec §2.3):
 (a) personal model v, K epochs of ``L(v; ξ) + (λ/2) Σ_tensors ‖v − φ_g^{t-1}‖²``; the prox
     centre is the *round-start* global model, fixed for the whole phase (no gradient to it);
 (b) the client's copy of φ_g, K epochs of the plain task loss (exactly FedIT / FedAvg, same RNG

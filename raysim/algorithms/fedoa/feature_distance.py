@@ -1,4 +1,4 @@
-"""Feature pooling and feature distances D(E, G) of fedoa.md §2.4–2.5 (shared by FedOA, FedSDR)."""
+"""Feature pooling and feature distances D(E, G) of FedOA spec §2.4–2.5 (FedOA's and FedSDR's)."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def pool_features(
 
 
 def _safe_norm(x: torch.Tensor, dim=None) -> torch.Tensor:
-    """‖x‖₂ with a finite (zero) gradient at x = 0 (fedoa.md §2.5, invariant I7)."""
+    """‖x‖₂ with a finite (zero) gradient at x = 0 (FedOA spec §2.5, invariant I7)."""
     sq = (x * x).sum() if dim is None else (x * x).sum(dim)
     return torch.sqrt(sq.clamp_min(_TINY))
 
@@ -53,7 +53,7 @@ def _cosine_rows(e: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
 
 
 def feature_distance(e: torch.Tensor, g: torch.Tensor, kind: Distance = "l2") -> torch.Tensor:
-    """D(E, G) for (B, d) student features E and teacher features G (fedoa.md §2.5).
+    """D(E, G) for (B, d) student features E and teacher features G (FedOA spec §2.5).
 
     ``l2`` (default, code form): ‖E − G‖_F over the micro-batch, un-squared, not averaged;
     ``l2_squared`` (theory form); ``l2_mean``: mean per-example ‖e_b − g_b‖; ``mse``;

@@ -1,8 +1,8 @@
-"""FedIT (Zhang et al. 2023, "Towards building the federated GPT"), as fedoa.md §3.2.
+"""FedIT (Zhang et al. 2023, "Towards building the federated GPT"), as FedOA spec §3.2.
 
 FedAvg over the global LoRA adapter: each sampled client trains its copy of φ_g for K epochs on the
-causal-LM loss and uploads it; the server averages tensor-wise by data size (fedoa.md §2.7; A and B
-averaged separately because they are separate coordinates of the flat vector).
+causal-LM loss and uploads it; the server averages tensor-wise by data size (FedOA spec §2.7; A and
+B averaged separately because they are separate coordinates of the flat vector).
 """
 
 from __future__ import annotations

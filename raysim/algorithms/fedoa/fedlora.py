@@ -1,5 +1,5 @@
 """FedLoRA as adapted by the FedOA paper (Yi et al. 2023, "FedLoRA: model-heterogeneous
-personalized federated learning with LoRA tuning"); fedoa.md §3.4.
+personalized federated learning with LoRA tuning"); FedOA spec §3.4.
 
 The paper's adaptation: run FedIT; a client's personalised LoRA is the globally aggregated LoRA
 further fine-tuned on the client's data with CE, used for testing, never persisted across rounds

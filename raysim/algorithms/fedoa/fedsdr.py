@@ -1,5 +1,5 @@
 """FedSDR as the FedOA authors ran it (Tang et al., ICLR 2024, "Learning personalized causally
-invariant representations for heterogeneous federated clients"); fedoa.md §3.6.
+invariant representations for heterogeneous federated clients"); FedOA spec §3.6.
 
 This is the **authors' surrogate, not the original CMI estimator**: no shortcut extractor is trained
 and no conditional mutual information is estimated. The global adapter, trained FedIT-style, plays
@@ -14,7 +14,7 @@ Everything else is FedOA's client (``personal.py``): personal phase then the exa
 global phase, FedAvg server, the personal adapter persists and answers for a known client.
 
 Switches (defaults first): ``lambda`` (alias ``lam``) 0.5 (= the authors' ``regular_weight``);
-as FedOA (fedoa.md §2.4, §2.8): ``feature_layer`` −1, ``feature_pool`` last, ``teacher_dropout``
+as FedOA (FedOA spec §2.4, §2.8): ``feature_layer`` −1, ``feature_pool`` last, ``teacher_dropout``
 false, ``personal_init`` fresh | copy_global, ``personal_start_round`` 0 (paper) | 1 (code),
 ``order``, ``global_update_mode``, ``train_global``; ``log_feature_distance`` true, whose
 ``distance`` (l2) only shapes that logged diagnostic.

@@ -1,13 +1,13 @@
-"""FedOA (papers 000/001; spec fedoa.md §2): a global and a personal LoRA adapter per client, and
+"""FedOA (papers 000/001; spec FedOA spec §2): a global and a personal LoRA adapter per client, and
 Local-only (FedOA with λ = 0).
 
-Per round, client e (fedoa.md §2.3):
+Per round, client e (FedOA spec §2.3):
 (a) personal adapter φ_e, K epochs of ``CE(φ_e; ξ) + λ·D(Φ(φ_e; ξ), stop_grad Φ(φ_g^{t-1}; ξ))``,
     teacher = the *round-start* global adapter on the same minibatch, no gradient through it;
 (b) the client's copy of φ_g, K epochs of plain CE (exactly FedIT), uploaded.
 The server is FedAvg (FedIT). φ_e never leaves the client and persists across rounds.
 
-Switches (fedoa.md §8, defaults first): ``distance`` l2 (un-squared Frobenius per micro-batch,
+Switches (FedOA spec §8, defaults first): ``distance`` l2 (un-squared Frobenius per micro-batch,
 §2.5) | l2_squared | l2_mean | mse | cosine | pearson | l1; ``feature_layer`` −1 (post-final-norm,
 §2.4); ``feature_pool`` last | mean | response_mean | token; ``personal_init`` fresh | copy_global,
 ``personal_start_round`` 0 (paper) or 1 (authors' code) (§2.8); ``teacher_dropout`` off (§2.8);

@@ -20,7 +20,7 @@ LORA_LM = Needs(model=frozenset({"lora", "causal_lm"}), example="examples/fedoa/
 
 
 class FedOAParams(MethodParams):
-    lam: float = Field(0.5, ge=0, alias="lambda", description="λ, weight of D (fedoa.md §2.2)")
+    lam: float = Field(0.5, ge=0, alias="lambda", description="λ, weight of D (FedOA spec §2.2)")
     distance: Distance = "l2"
     feature_layer: int = -1
     feature_pool: Pool = "last"
@@ -43,7 +43,7 @@ class DittoParams(FedOAParams):
     lam: float = Field(0.1, ge=0, alias="lambda", description="λ of (λ/2)‖v − φ_g‖² [proposal]")
 
 
-#: pFedMe's λ: the paper's standard value, and the FedOA authors' code's (fedoa.md §3.3)
+#: pFedMe's λ: the paper's standard value, and the FedOA authors' code's (FedOA spec §3.3)
 STANDARD_LAMBDA, CODE_LAMBDA = 15.0, 0.5
 
 
@@ -85,13 +85,13 @@ class FedSDRParams(FedOAParams):
 
 M = "raysim.algorithms.fedoa."
 SPECS = (
-    MethodSpec("fedit", M + "fedit", reference="Zhang et al. 2023; fedoa.md §3.2", sums=True),
+    MethodSpec("fedit", M + "fedit", reference="Zhang et al. 2023; FedOA spec §3.2", sums=True),
     MethodSpec(
         "fedoa",
         M + "method",
         FedOAParams,
         LORA_LM,
-        "FedOA (seeds 000/001); fedoa.md §2",
+        "FedOA (seeds 000/001); FedOA spec §2",
         False,
         sums=True,
         own_training=True,
@@ -100,7 +100,7 @@ SPECS = (
         "local_only",
         M + "method",
         LocalOnlyParams,
-        reference="Local-only personal models = FedOA with λ = 0; fedoa.md §3.7",
+        reference="Local-only personal models = FedOA with λ = 0; FedOA spec §3.7",
         batchable=False,
         sums=True,
         own_training=True,
@@ -109,7 +109,7 @@ SPECS = (
         "ditto",
         M + "ditto",
         DittoParams,
-        reference="Li et al. 2021 (Ditto); fedoa.md §3.7",
+        reference="Li et al. 2021 (Ditto); FedOA spec §3.7",
         sums=True,
         own_training=True,
     ),
@@ -118,7 +118,7 @@ SPECS = (
         M + "perada",
         PeradaParams,
         LORA_LM,
-        "Xie et al. 2024 (PerAda), without distillation; fedoa.md §3.5",
+        "Xie et al. 2024 (PerAda), without distillation; FedOA spec §3.5",
         False,
         sums=True,
         own_training=True,
@@ -127,7 +127,7 @@ SPECS = (
         "pfedme",
         M + "pfedme",
         PFedMeParams,
-        reference="T. Dinh et al. 2020 (pFedMe); fedoa.md §3.3",
+        reference="T. Dinh et al. 2020 (pFedMe); FedOA spec §3.3",
         batchable=False,
         sums=True,
         own_training=True,
@@ -137,7 +137,7 @@ SPECS = (
         M + "fedlora",
         FedLoRAParams,
         LORA_LM,
-        "Yi et al. 2023 (FedLoRA) as adapted by FedOA; fedoa.md §3.4",
+        "Yi et al. 2023 (FedLoRA) as adapted by FedOA; FedOA spec §3.4",
         False,
         sums=True,
         own_training=True,
@@ -147,7 +147,7 @@ SPECS = (
         M + "fedsdr",
         FedSDRParams,
         LORA_LM,
-        "Tang et al. 2024 (FedSDR), the FedOA authors' surrogate; fedoa.md §3.6",
+        "Tang et al. 2024 (FedSDR), the FedOA authors' surrogate; FedOA spec §3.6",
         False,
         sums=True,
         own_training=True,
@@ -155,7 +155,7 @@ SPECS = (
     MethodSpec(
         "centralized",
         M + "centralized",
-        reference="Centralized: FedIT on one client holding all data, T=1, K=10; fedoa.md §3.1",
+        reference="Centralized: FedIT on one client holding all data, T=1, K=10; FedOA spec §3.1",
         sums=True,
     ),
 )

@@ -1,5 +1,5 @@
 """PERADA without distillation (Xie et al., CVPR 2024, "PerAda: parameter-efficient federated
-learning personalization with generalization guarantees"); fedoa.md §3.5 and §2.13.
+learning personalization with generalization guarantees"); FedOA spec §3.5 and §2.13.
 
 As the FedOA paper runs it, PERADA minus the server-side distillation is Ditto on adapters. Per
 round, client e:

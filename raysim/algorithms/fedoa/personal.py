@@ -5,13 +5,13 @@ FedIT-style, uploaded, averaged) and ``PERSONAL`` (never leaves the client, answ
 client): two LoRA adapters on a causal LM, or on a plain module the module's trainable tensors and
 a personal copy of them (``ModelHandle``; buffers such as BatchNorm statistics stay shared):
 
-- ``FedOAParams`` / ``FedOAClient``: FedOA's client (fedoa.md §2.3): per round the personal adapter
-  with ``CE + λ·R(E, G)`` against the round-start global adapter's features, then the global copy
-  with plain CE (exactly FedIT); ``regularizer`` is the term subclasses swap (FedOA, Local-only,
-  FedSDR);
+- ``FedOAParams`` / ``FedOAClient``: FedOA's client (FedOA spec §2.3): per round the personal
+  adapter with ``CE + λ·R(E, G)`` against the round-start global adapter's features, then the
+  global copy with plain CE (exactly FedIT); ``regularizer`` is the term subclasses swap (FedOA,
+  Local-only, FedSDR);
 - ``ParamProxClient``: the same client with the feature term replaced by a parameter penalty
   (Ditto, PerAda), plus ``squared_distance`` and ``param_distance``;
-- ``detached_code_penalty``: the authors'-code gradient-free prox term (fedoa.md §2.13; PerAda,
+- ``detached_code_penalty``: the authors'-code gradient-free prox term (FedOA spec §2.13; PerAda,
   pFedMe).
 
 Method files import these from here, never from each other; each method registers itself in its
@@ -34,7 +34,7 @@ from .feature_distance import Pool, feature_distance, pool_features
 from .params import FedOAParams
 
 GLOBAL, PERSONAL = "global", "personal"
-#: FedOA-style methods: a shared global adapter and a personal one (fedoa.md §2.1)
+#: FedOA-style methods: a shared global adapter and a personal one (FedOA spec §2.1)
 PERSONAL_GROUPS = (ParamGroup(GLOBAL, "shared"), ParamGroup(PERSONAL, "personal"))
 
 #: a loss on one batch (``train_local``'s ``objective``)
@@ -119,7 +119,7 @@ class FedOAClient(ClientAlgorithm):
 
     @torch.no_grad()
     def mean_distance(self, ctx: ClientContext) -> float:
-        """Mean D(personal, global) over the client's data (fedoa.md §4.8 Fig. 2 diagnostic)."""
+        """Mean D(personal, global) over the client's data (FedOA spec §4.8 Fig. 2 diagnostic)."""
         p, h, module = self.params, ctx.model, ctx.model.module
         module.eval()
         total, n = 0.0, ctx.task.num_examples(ctx.data)
@@ -149,7 +149,7 @@ class FedOAClient(ClientAlgorithm):
         if self.params.order == "global_first" and self.params.train_global:
             metrics.update(self.train_global(ctx))
             trained = h.get_adapter(GLOBAL)
-            h.set_adapter(GLOBAL, round_start)  # teacher = round-start global (fedoa.md §2.3)
+            h.set_adapter(GLOBAL, round_start)  # teacher = round-start global (FedOA spec §2.3)
             metrics.update(self.train_personal(ctx))
             h.set_adapter(GLOBAL, trained)
         else:

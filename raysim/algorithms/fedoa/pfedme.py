@@ -1,5 +1,5 @@
 """pFedMe (T. Dinh, Tran, Nguyen 2020, "Personalized federated learning with Moreau envelopes");
-fedoa.md §3.3 (and §2.13 for the authors'-code mode). Runs on any model: on a causal LM w and θ
+FedOA spec §3.3 (and §2.13 for the authors'-code mode). Runs on any model: on a causal LM w and θ
 are two LoRA adapters; on a plain module w is the module's trainable tensors and θ a personal copy
 of them (``ModelHandle``; BatchNorm statistics stay shared).
 

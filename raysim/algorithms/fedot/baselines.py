@@ -1,4 +1,4 @@
-"""FedOT's personalisation baselines (fedot.md §5), each with its own evaluation rule.
+"""FedOT's personalisation baselines (FedOT spec §5), each with its own evaluation rule.
 
 - ``l_fedavg``: FedAvg; before a client is evaluated it fine-tunes the global model for
   ``finetune_steps`` local SGD iterations on its own data (500 [P]) and is scored with that copy.

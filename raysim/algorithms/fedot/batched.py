@@ -1,6 +1,6 @@
 """FedOT-GDA's clients vectorised over a group (``workers.execution: batched``).
 
-The spec's pilot ran all clients in one vectorised pass (fedot.md §9.3). Here a group's
+The spec's pilot ran all clients in one vectorised pass (FedOT spec §9.3). Here a group's
 predictors, maps ψ_i, heads v_i and trunks U are stacked on a leading client axis and every
 local iteration of ``FedOTClient`` runs once for the whole group:
 

@@ -1,4 +1,4 @@
-"""The names of FedOT's side channels (sync centring, fedot.md §3.3)."""
+"""The names of FedOT's side channels (sync centring, FedOT spec §3.3)."""
 
 #: downlink: the server's head mean v̄, and the personal-step scale (1/n, literal_alg1)
 VBAR, PERSONAL_SCALE = "fedot/vbar", "fedot/personal_scale"

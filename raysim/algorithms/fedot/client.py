@@ -1,4 +1,4 @@
-"""FedOT-GDA's client (fedot.md §3.5): local descent–ascent on the regularised objective.
+"""FedOT-GDA's client (FedOT spec §3.5): local descent–ascent on the regularised objective.
 
 Per local iteration, on one batch B (the client's step stream, ``step_batches``):
 
@@ -301,7 +301,7 @@ class FedOTClient(ClientAlgorithm):
 
     # ------------------------------------------------------- clients together (exact)
     def train_together(self, ctxs: Sequence[ClientContext]) -> list[dict[str, float]]:
-        """The round's clients in lockstep with exact centring (fedot.md §3.3); under sync
+        """The round's clients in lockstep with exact centring (FedOT spec §3.3); under sync
         centring (batched execution's groups) one after another, as ``train`` does."""
         if not self.trains_together:
             return [self.train(ctx) for ctx in ctxs]

@@ -1,4 +1,4 @@
-"""FedOT's map and potential families (fedot.md §4), each starting as the identity / zero.
+"""FedOT's map and potential families (FedOT spec §4), each starting as the identity / zero.
 
 Maps ψ_θ (personal, descent):
 

@@ -1,6 +1,6 @@
 """FedOT-GDA with every client in lockstep in one process: the reference for the simulator.
 
-With sync centring (fedot.md §3.3) the simulator runs FedOT's clients as independent jobs: a
+With sync centring (FedOT spec §3.3) the simulator runs FedOT's clients as independent jobs: a
 client cannot see the others' heads during its round. ``dual_centering: exact`` (the companion
 code) needs them all at every ascent step: v_i = ṽ_i − mean_k ṽ_k inside one graph, i.e. each
 ascent step moves v_i by η2·(g_i − mean_k g_k); the simulator then trains a round's clients

@@ -1,4 +1,4 @@
-"""FedOT-GDA (fedot.md §3, Algorithm 1) registered as ``fedot``.
+"""FedOT-GDA (FedOT spec §3, Algorithm 1) registered as ``fedot``.
 
 A personal map ψ_i in front of the shared predictor, zero-sum dual potentials, local alternating
 descent–ascent and FedAvg-style averaging of the shared parts only (§3.2). A known client is

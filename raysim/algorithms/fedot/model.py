@@ -1,6 +1,6 @@
 """The resident model of a FedOT run: a personal map, the shared predictor and the potentials.
 
-``FedOTModel(x) = predictor(ψ(x))`` (the inference rule of fedot.md §3.6); the potential is used
+``FedOTModel(x) = predictor(ψ(x))`` (the inference rule of FedOT spec §3.6); the potential is used
 only in training, on the mapped inputs of the last forward pass (``mapped``). Its parameters fall
 into the method's groups by name (§3.2, §8.1):
 

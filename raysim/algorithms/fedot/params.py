@@ -1,4 +1,4 @@
-"""FedOT-GDA's hyper-parameters and switches (fedot.md §3–4, §6.4, §10), defaults first; its
+"""FedOT-GDA's hyper-parameters and switches (FedOT spec §3–4, §6.4, §10), defaults first; its
 personalisation baselines' parameters; and their specs (torch-free: a config is checked against
 them before any model loads, ``raysim/algorithms/spec.py``)."""
 
@@ -15,7 +15,7 @@ MapFamily = Literal["affine_diag", "affine_full", "pixel_relu", "lowrank_affine"
 
 PotentialFamily = Literal["quad_diag", "quad_full", "nn"]
 
-#: FedOT-GDA and Fed-FOMAML step by hand with plain SGD (fedot.md §6.4)
+#: FedOT-GDA and Fed-FOMAML step by hand with plain SGD (FedOT spec §6.4)
 PLAIN_SGD = Needs(plain_sgd=True, example="examples/fedot/mini.yaml")
 
 
@@ -163,7 +163,7 @@ SPECS = (
         M + "method",
         FedOTParams,
         PLAIN_SGD,
-        "FedOT-GDA (seed 004, Farnia et al.); fedot.md §3",
+        "FedOT-GDA (seed 004, Farnia et al.); FedOT spec §3",
         sums=True,
         own_training=True,
     ),
@@ -171,7 +171,7 @@ SPECS = (
         "l_fedavg",
         M + "baselines",
         LFedAvgParams,
-        reference="L-FedAvg (local fine-tuning of FedAvg); fedot.md §5",
+        reference="L-FedAvg (local fine-tuning of FedAvg); FedOT spec §5",
         sums=True,
     ),
     MethodSpec(
@@ -179,7 +179,7 @@ SPECS = (
         M + "baselines",
         FOMAMLParams,
         PLAIN_SGD,
-        "Fallah et al. 2020 (Per-FedAvg, first order); fedot.md §5",
+        "Fallah et al. 2020 (Per-FedAvg, first order); FedOT spec §5",
         batchable=False,
         sums=True,
         own_training=True,
@@ -188,7 +188,7 @@ SPECS = (
         "fedmi",
         M + "baselines",
         FedMIParams,
-        reference="Mansour et al. 2020 (model interpolation); fedot.md §5",
+        reference="Mansour et al. 2020 (model interpolation); FedOT spec §5",
         batchable=False,
         sums=True,
         own_training=True,

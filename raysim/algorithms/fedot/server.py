@@ -1,4 +1,4 @@
-"""FedOT-GDA's server (fedot.md §3.5, §3.3, §8.1).
+"""FedOT-GDA's server (FedOT spec §3.5, §3.3, §8.1).
 
 At round end: w (and the nn potential's trunk U, which travels in the global vector) ← the mean
 of the participants' copies (FedAvg's sample-weighted mean: uniform for the paper's equal m);
@@ -110,7 +110,7 @@ class FedOTStrategy(FedAvg):
                         "or lower lr_ascent, k_max or the local steps"
                         if exact
                         else "lower the step sizes (lr_map, lr_ascent, local.lr) or λ, raise "
-                        "ρ_v or ρ_U, or set gamma_cap (fedot.md §9.2)"
+                        "ρ_v or ρ_U, or set gamma_cap (FedOT spec §9.2)"
                     )
                 )
         self.round_deltas.append(np.asarray(update.extras[DUAL_DELTA], dtype=np.float64))

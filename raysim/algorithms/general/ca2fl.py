@@ -1,11 +1,11 @@
-"""CA2FL (Wang et al., ICLR 2024) as feddle.md §4.5 [O + P grid]: FedBuff with cached calibration.
+"""CA2FL (Wang et al., ICLR 2024) as Feddle spec §4.5 [O + P grid]: FedBuff with cached calibration.
 
 The server caches each client's latest delta ``h_i`` (0 for all J clients at the start) and their
 mean ``h̄ = (1/J) Σ_i h_i``. When the buffer holds K updates:
 ``v = h̄ + (1/K) Σ_{u∈buf} (Δ_u − h_{i(u)})`` (h, h̄ as before this flush), ``ω ← ω + η v``, then
 ``h_{i(u)} ← Δ_u`` for every buffered update (a client's latest wins) and h̄ is recomputed. No
 staleness weighting. A partial buffer at the end of the run is dropped (§2.2). Memory: one delta
-per client ever seen (feddle.md §7.1 item 12).
+per client ever seen (Feddle spec §7.1 item 12).
 """
 
 from __future__ import annotations

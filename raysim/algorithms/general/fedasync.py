@@ -1,10 +1,10 @@
-"""FedAsync (Xie et al. 2019), as feddle.md §4.3: per-arrival mixing with a staleness function.
+"""FedAsync (Xie et al. 2019), as Feddle spec §4.3: per-arrival mixing with a staleness function.
 
 ``α_t = α · s(τ)`` with τ = ``tau_versions`` (or, ``staleness_unit: rounds``, the rounds since
 the download: one version per arrival makes τ about S a round) and s one of (Xie et al. §5.2):
 constant ``1``; polynomial ``(τ+1)^(−a)``; hinge ``1`` if τ ≤ b else ``1/(a(τ−b)+1)``.
 Model-mixing form (default, the original): ``ω ← (1−α_t) ω + α_t (ω^{k_j} + Δ_j)``;
-delta form (switch ``form: delta``, feddle.md A16): ``ω ← ω + α_t Δ_j``.
+delta form (switch ``form: delta``, Feddle spec A16): ``ω ← ω + α_t Δ_j``.
 """
 
 from __future__ import annotations

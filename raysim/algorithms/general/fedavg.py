@@ -1,7 +1,7 @@
-"""FedAvg (McMahan et al. 2017) on the virtual clock, as feddle.md §4.2.
+"""FedAvg (McMahan et al. 2017) on the virtual clock, as Feddle spec §4.2.
 
 Round-synchronous: the round's arrivals R_k are averaged by sample count and *added* to the current
-model at round end, stale deltas included (the "naive asynchronous" reading, feddle.md Eq. 2/4):
+model at round end, stale deltas included (the "naive asynchronous" reading, Feddle spec Eq. 2/4):
 ``ω ← ω + Σ_{j∈R_k} n_j/Σn · Δ_j``; no arrival ⇒ no change (the version still increments, §2.4).
 """
 

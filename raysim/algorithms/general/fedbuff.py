@@ -1,10 +1,10 @@
-"""FedBuff (Nguyen et al. 2022), as feddle.md §4.4: a count-triggered buffer across rounds.
+"""FedBuff (Nguyen et al. 2022), as Feddle spec §4.4: a count-triggered buffer across rounds.
 
 On each arrival the update joins the buffer; when it holds ``buffer_size`` (K) updates the server
 applies ``ω ← ω + η (1/K) Σ w(τ) Δ`` and empties it (one version per flush). ``w ≡ 1`` by default;
-``staleness_weight: inv_sqrt`` gives ``1/√(1+τ_versions)`` (feddle.md A9). ``per_round: true`` is
+``staleness_weight: inv_sqrt`` gives ``1/√(1+τ_versions)`` (Feddle spec A9). ``per_round: true`` is
 ``fedbuff_per_round`` (flush at every round end with K := |R_k|), the rule Feddle's fallback uses.
-A partial buffer left when the run ends is dropped (feddle.md §2.2).
+A partial buffer left when the run ends is dropped (Feddle spec §2.2).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from .params import METHODS, FedBuffParams, StalenessWeight
 
 
 def staleness_weight(rule: StalenessWeight, update: Update) -> float:
-    """FedBuff's ``w(τ)``: 1, or ``1/√(1+τ_versions)`` (feddle.md A9)."""
+    """FedBuff's ``w(τ)``: 1, or ``1/√(1+τ_versions)`` (Feddle spec A9)."""
     return 1.0 / math.sqrt(1.0 + update.tau_versions) if rule == "inv_sqrt" else 1.0
 
 

@@ -1,7 +1,7 @@
 """Built-in post-aggregation mixers (``hooks.server``); each composes on any base strategy.
 
 - ``damp``: ``w ← (1−μ)·w_agg + μ·w_prev``, server-side damping towards the previous model; with a
-  FedAvg base this is fedbaf.md §2.6's ``paper_damped`` reading of FedProx's changed line 8.
+  FedAvg base this is FedBaF spec §2.6's ``paper_damped`` reading of FedProx's changed line 8.
 - ``clip_step``: bound the server step, ``w ← w_prev + min(1, C/‖w_agg − w_prev‖)(w_agg − w_prev)``
   (norm bounding of the aggregate, a standard robustness defence).
 """

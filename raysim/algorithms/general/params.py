@@ -29,7 +29,7 @@ class FedAsyncParams(MethodParams):
     form: Literal["model_mixing", "delta"] = "model_mixing"
     staleness_unit: Literal["versions", "rounds"] = Field(
         "versions",
-        description="τ in s(τ): versions elapsed since the download (feddle.md §4.3, one per "
+        description="τ in s(τ): versions elapsed since the download (Feddle spec §4.3, one per "
         "arrival, so about S a round) or rounds elapsed (Xie et al.'s epochs, one per round)",
     )
 
@@ -114,7 +114,9 @@ class MinSumParams(MinMaxParams):
 M = "raysim.algorithms.general."
 A = M + "attacks"
 SPECS = (
-    MethodSpec("fedavg", M + "fedavg", reference="McMahan et al. 2017; feddle.md §4.2", sums=True),
+    MethodSpec(
+        "fedavg", M + "fedavg", reference="McMahan et al. 2017; Feddle spec §4.2", sums=True
+    ),
     MethodSpec(
         "fedprox",
         M + "fedprox",
@@ -129,7 +131,7 @@ SPECS = (
         "fedasync",
         M + "fedasync",
         FedAsyncParams,
-        reference="Xie et al. 2019; feddle.md §4.3",
+        reference="Xie et al. 2019; Feddle spec §4.3",
         asynchronous=True,
         each_because="each arrival is mixed into the model on its own, at a weight that its "
         "staleness sets, before the next one arrives",
@@ -138,7 +140,7 @@ SPECS = (
         "fedbuff",
         M + "fedbuff",
         FedBuffParams,
-        reference="Nguyen et al. 2022; feddle.md §4.4",
+        reference="Nguyen et al. 2022; Feddle spec §4.4",
         sums=True,
         asynchronous=True,
     ),
@@ -146,14 +148,14 @@ SPECS = (
         "fedbuff_per_round",
         M + "fedbuff",
         FedBuffPerRoundParams,
-        reference="FedBuff flushed at every round end (K := |R_k|); feddle.md §4.4, I-4, I-6",
+        reference="FedBuff flushed at every round end (K := |R_k|); Feddle spec §4.4, I-4, I-6",
         sums=True,
     ),
     MethodSpec(
         "ca2fl",
         M + "ca2fl",
         CA2FLParams,
-        reference="Wang et al. 2024 (CA2FL); feddle.md §4.5",
+        reference="Wang et al. 2024 (CA2FL); Feddle spec §4.5",
         asynchronous=True,
         each_because="it keeps each client's latest update as that client's calibration",
     ),
@@ -162,7 +164,7 @@ SPECS = (
         "damp",
         M + "mixers",
         DampParams,
-        "fedbaf.md §2.6 (paper_damped FedProx server)",
+        "FedBaF spec §2.6 (paper_damped FedProx server)",
     ),
     HookSpec(
         "server hook", "clip_step", M + "mixers", ClipStepParams, "norm bounding of the server step"

@@ -21,7 +21,7 @@ demo: $(STAMP)
 
 # The fast suite (pyproject's addopts leave out the tests marked matrix and e2e)
 test: $(STAMP)
-	$(BIN)/ruff check raysim tests benchmarks
+	$(BIN)/ruff check raysim tests benchmarks examples docs/hooks docs/figures
 	$(BIN)/python -m pytest -q
 
 # The slower tier: the fault matrix, long end-to-end runs, the rest of the grids (CI runs it
@@ -30,18 +30,21 @@ test-matrix: $(STAMP)
 	$(BIN)/python -m pytest -q -m matrix
 
 lint: $(STAMP)
-	$(BIN)/ruff check raysim tests benchmarks
-	$(BIN)/ruff format --check raysim tests benchmarks
+	$(BIN)/ruff check raysim tests benchmarks examples docs/hooks docs/figures
+	$(BIN)/ruff format --check raysim tests benchmarks examples docs/hooks docs/figures
 
 # The documentation site (mkdocs.yml, docs/) into site/: MkDocs, Material and mkdocstrings at the
 # versions of requirements-docs.txt; a warning fails the build (strict). NO_MKDOCS_2_WARNING
-# silences Material's notice about its own end of life, which is not about this site.
+# silences Material's notice about its own end of life, which is not about this site. Then every
+# link of the built site, and every relative link of the Markdown files as a forge shows them.
 $(DOCS_STAMP): $(STAMP) requirements-docs.txt
 	$(BIN)/pip install -q --disable-pip-version-check -r requirements-docs.txt
 	touch $(DOCS_STAMP)
 
 docs: $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+	$(BIN)/python docs/hooks/check_links.py site site
+	$(BIN)/python docs/hooks/check_links.py forge
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py

@@ -93,7 +93,10 @@ class ClientsConfig(StrictModel):
         "them without replacement (a fixed size); poisson: each independently with probability "
         "per_round/num (a size that varies; privacy's pld accountant analyses it)",
     )
-    state: ClientStateConfig = Field(default_factory=ClientStateConfig)
+    state: ClientStateConfig = Field(
+        default_factory=ClientStateConfig,
+        description="where clients' personal state (personalised methods) lives between visits",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -211,9 +214,16 @@ class AlgorithmConfig(StrictModel):
     in this process and in every Ray process that reads the config (``docs/adding-a-method.md``).
     """
 
-    name: str = "fedavg"
-    module: str | None = None
-    params: SerializeAsAny[MethodParams] = Field(default_factory=MethodParams)
+    name: str = Field("fedavg", description="the method (its parameters sit beside it)")
+    module: str | None = Field(
+        None,
+        description="a module of yours imported first, in every process, so that a method it "
+        "registers can be named: a dotted module name or a .py file, e.g. my_method.py",
+    )
+    params: SerializeAsAny[MethodParams] = Field(
+        default_factory=MethodParams,
+        description="the method's parameters, written flat beside name (not under a key)",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -238,9 +248,16 @@ class AlgorithmConfig(StrictModel):
 class _HookConfig(StrictModel):
     """One hook entry: ``name``, optionally the user's ``module`` that registers it, its params."""
 
-    name: str
-    module: str | None = None
-    params: SerializeAsAny[HookParams] = Field(default_factory=HookParams)
+    name: str = Field(description="the registered hook; its parameters sit beside it")
+    module: str | None = Field(
+        None,
+        description="a module of yours imported first, in every process, so that a hook it "
+        "registers can be named: a dotted module name or a .py file",
+    )
+    params: SerializeAsAny[HookParams] = Field(
+        default_factory=HookParams,
+        description="the hook's parameters, written flat beside name (not under a key)",
+    )
 
     @model_serializer
     def _flat(self) -> dict[str, Any]:
@@ -278,8 +295,14 @@ class HooksConfig(StrictModel):
     method's aggregation; ``clients`` behaviours wrap the chosen clients' local work. An entry's
     ``module`` imports the user's file or package that registers it."""
 
-    server: list[ServerHookConfig] = Field(default_factory=list)
-    clients: list[ClientHookConfig] = Field(default_factory=list)
+    server: list[ServerHookConfig] = Field(
+        default_factory=list,
+        description="server mixers, applied in this order to the model after each aggregation",
+    )
+    clients: list[ClientHookConfig] = Field(
+        default_factory=list,
+        description="client behaviours (faults, attacks, observers) around chosen clients' jobs",
+    )
 
 
 class WorkersConfig(StrictModel):
@@ -287,8 +310,13 @@ class WorkersConfig(StrictModel):
         "auto",
         description="pool size; 'auto' sizes it from the cluster; 'per_client' pins one each",
     )
-    num_cpus: float = Field(1.0, ge=0)
-    num_gpus: float = Field(0.0, ge=0)
+    num_cpus: float = Field(1.0, ge=0, description="CPUs Ray reserves for each worker actor")
+    num_gpus: float = Field(
+        0.0,
+        ge=0,
+        description="GPUs Ray reserves for each worker actor; a fraction (0.25) shares one GPU "
+        "among workers, above 1 a whole number",
+    )
     threads: int = Field(1, ge=1, description="torch intra-op threads per worker")
     max_restarts: int = Field(3, ge=0, description="times a dead worker is replaced")
     execution: Literal["auto", "sequential", "batched"] = Field(
@@ -353,8 +381,14 @@ class WorkersConfig(StrictModel):
 
 
 class CoordinatorConfig(StrictModel):
-    num_cpus: float = Field(0.0, ge=0)
-    num_gpus: float = Field(0.0, ge=0)
+    num_cpus: float = Field(
+        0.0,
+        ge=0,
+        description="CPUs Ray reserves for the coordinator (server-side methods compute there)",
+    )
+    num_gpus: float = Field(
+        0.0, ge=0, description="GPUs Ray reserves for the coordinator; a fraction shares one"
+    )
     node: Literal["store", "any"] = Field(
         "store",
         description="store: with a tracking store only this node reaches (a sqlite or file path, "
@@ -370,8 +404,12 @@ class EvalConfig(StrictModel):
     rouge: Literal["every", "final", "never"] = Field(
         "every", description="when to decode and score ROUGE-1 (loss is computed at every eval)"
     )
-    max_new_tokens: int = Field(16, ge=1)
-    batch_size: int = Field(16, ge=1)
+    max_new_tokens: int = Field(
+        16, ge=1, description="language models: tokens greedily generated per prompt for ROUGE-1"
+    )
+    batch_size: int = Field(
+        16, ge=1, description="language models: examples per forward pass of evaluation"
+    )
     id: bool = Field(True, description="also evaluate each client on its own test split")
     clients: int | None = Field(
         None,
@@ -395,14 +433,22 @@ class EvalConfig(StrictModel):
 
 
 class TrackingConfig(StrictModel):
-    enabled: bool = True
+    enabled: bool = Field(
+        True, description="log to MLflow; false: console only (checkpoints need checkpoint.dir)"
+    )
     uri: str | None = Field(
         None, description="MLflow URI; default: $MLFLOW_TRACKING_URI, else sqlite"
     )
-    experiment: str = "raysim"
-    run_name: str | None = None
+    experiment: str = Field("raysim", description="the MLflow experiment the run goes in")
+    run_name: str | None = Field(
+        None,
+        description="the MLflow run name; None: config name · method · dataset and partition · "
+        "seed",
+    )
     parent_run_id: str | None = Field(None, description="nest this run under an MLflow run")
-    tags: dict[str, str] = Field(default_factory=dict)
+    tags: dict[str, str] = Field(
+        default_factory=dict, description="extra MLflow tags of the run, e.g. {team: vision}"
+    )
     client_states: Literal["auto", "arrays", "manifest", "none"] = Field(
         "auto",
         description="clients' personal state at the run's end: arrays (client_states."
@@ -410,7 +456,9 @@ class TrackingConfig(StrictModel):
         "client_states.json), none; auto: arrays up to client_states_max_mb, above it a "
         "manifest (disk) or nothing (memory), said in one line",
     )
-    client_states_max_mb: float = Field(1024.0, ge=0, description="auto's limit")
+    client_states_max_mb: float = Field(
+        1024.0, ge=0, description="client_states auto: the largest arrays artifact, in MiB"
+    )
 
 
 class CheckpointConfig(StrictModel):
@@ -425,14 +473,16 @@ class CheckpointConfig(StrictModel):
 
 
 class CorruptUpdate(StrictModel):
-    client: int = Field(ge=0)
-    round: int = Field(ge=0)
-    value: Literal["nan", "inf"] = "nan"
+    client: int = Field(ge=0, description="the client id whose update is corrupted")
+    round: int = Field(ge=0, description="the dispatch round of the corrupted job")
+    value: Literal["nan", "inf"] = Field(
+        "nan", description="what replaces the update's first entry (the server rejects it)"
+    )
 
 
 class KillWorker(StrictModel):
-    round: int = Field(ge=0)
-    worker: int = Field(0, ge=0)
+    round: int = Field(ge=0, description="the worker is killed after this round's dispatch")
+    worker: int = Field(0, ge=0, description="the index of the worker in the pool")
 
 
 class KillCoordinator(StrictModel):
@@ -473,34 +523,89 @@ class AuditConfig(StrictModel):
 class FaultsConfig(StrictModel):
     """Fault injection for robustness experiments (and the recovery tests)."""
 
-    kill_worker: KillWorker | None = None
-    kill_coordinator: KillCoordinator | None = None
-    corrupt_updates: list[CorruptUpdate] = Field(default_factory=list)
+    kill_worker: KillWorker | None = Field(
+        None, description="kill one worker process once (a new one replaces it); None: never"
+    )
+    kill_coordinator: KillCoordinator | None = Field(
+        None,
+        description="kill the coordinator once; a new one resumes from the newest checkpoint "
+        "(else replays from round 0); None: never",
+    )
+    corrupt_updates: list[CorruptUpdate] = Field(
+        default_factory=list,
+        description="updates replaced by NaN or Inf (corrupt client behaviours), e.g. "
+        "[{client: 3, round: 2}]",
+    )
 
 
 class RunConfig(StrictModel):
     """A whole run. See ``examples/quickstart.yaml`` for an annotated instance."""
 
-    name: str = "run"
-    seed: int = 0
-    rounds: int = Field(30, ge=1)
-    clients: ClientsConfig = Field(default_factory=ClientsConfig)
-    data: DataSection = Field(default_factory=DigitsData)
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    local: LocalTrainingConfig = Field(default_factory=LocalTrainingConfig)
-    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
-    hooks: HooksConfig = Field(default_factory=HooksConfig)
-    delays: SerializeAsAny[DelayParams] = Field(default_factory=NoDelayParams)
-    devices: DevicesConfig = Field(default_factory=DevicesConfig)
-    eval: EvalConfig = Field(default_factory=EvalConfig)
-    workers: WorkersConfig = Field(default_factory=WorkersConfig)
-    coordinator: CoordinatorConfig = Field(default_factory=CoordinatorConfig)
-    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
-    faults: FaultsConfig = Field(default_factory=FaultsConfig)
-    audit: AuditConfig = Field(default_factory=AuditConfig)
-    privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
-    robust: RobustConfig = Field(default_factory=RobustConfig)
-    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    name: str = Field("run", description="the config's name, first in the MLflow run name")
+    seed: int = Field(
+        0,
+        description="the run's seed: the data split and partition, the model's initialisation, "
+        "client sampling, delays and every client's random stream follow from it",
+    )
+    rounds: int = Field(
+        30, ge=1, description="rounds of the run: dispatch, arrivals and the server's step"
+    )
+    clients: ClientsConfig = Field(
+        default_factory=ClientsConfig, description="the client population and its sampling"
+    )
+    data: DataSection = Field(
+        default_factory=DigitsData, description="the data source, picked by data.name"
+    )
+    model: ModelConfig = Field(default_factory=ModelConfig, description="the model, by name")
+    local: LocalTrainingConfig = Field(
+        default_factory=LocalTrainingConfig,
+        description="how every client trains locally (the same for every method)",
+    )
+    algorithm: AlgorithmConfig = Field(
+        default_factory=AlgorithmConfig, description="the method, by name, and its parameters"
+    )
+    hooks: HooksConfig = Field(
+        default_factory=HooksConfig, description="server mixers and client behaviours"
+    )
+    delays: SerializeAsAny[DelayParams] = Field(
+        default_factory=NoDelayParams,
+        description="how many rounds a client's update takes to arrive, picked by delays.kind",
+    )
+    devices: DevicesConfig = Field(
+        default_factory=DevicesConfig,
+        description="clients as devices: speed, bandwidth and availability (docs/devices.md)",
+    )
+    eval: EvalConfig = Field(
+        default_factory=EvalConfig, description="when and how the models are evaluated"
+    )
+    workers: WorkersConfig = Field(
+        default_factory=WorkersConfig, description="the worker actors that train the clients"
+    )
+    coordinator: CoordinatorConfig = Field(
+        default_factory=CoordinatorConfig, description="the coordinator actor's resources"
+    )
+    tracking: TrackingConfig = Field(
+        default_factory=TrackingConfig, description="MLflow logging of the run"
+    )
+    faults: FaultsConfig = Field(
+        default_factory=FaultsConfig, description="faults injected on purpose (robustness tests)"
+    )
+    audit: AuditConfig = Field(
+        default_factory=AuditConfig,
+        description="the leak auditor's checks on what clients receive (docs/leak-auditor.md)",
+    )
+    privacy: PrivacyConfig = Field(
+        default_factory=PrivacyConfig,
+        description="user-level differential privacy (docs/privacy.md)",
+    )
+    robust: RobustConfig = Field(
+        default_factory=RobustConfig,
+        description="a Byzantine-robust rule in place of the server's mean (docs/robustness.md)",
+    )
+    checkpoint: CheckpointConfig = Field(
+        default_factory=CheckpointConfig,
+        description="whole-run checkpoints for raysim run --resume",
+    )
     runtime: Literal["auto", "ray", "local"] = Field(
         "auto",
         description="where the run's processes are: ray: a coordinator actor and worker actors; "

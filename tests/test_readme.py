@@ -25,6 +25,8 @@ PAGES = [README, *sorted((ROOT / "docs").rglob("*.md"))]
 ELSEWHERE = {
     "make demo": "the quickstart run (tests/test_runtime.py, tests/test_regression.py)",
     "make test": "what CI runs",
+    "source .venv/bin/activate": "the shell's (tests/test_tutorials.py runs the tutorials with "
+    ".venv/bin first on PATH)",
     "raysim run CONFIG.yaml --address auto": "a placeholder config and a cluster to join "
     "(tests/test_first_hour.py, tests/test_multinode.py)",
     "raysim ui": "tests/test_ui_browser.py (serves on 127.0.0.1; the runs view in Chromium)",

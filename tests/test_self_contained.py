@@ -19,7 +19,7 @@ PAPERS = ("fedoa", "feddle", "fedbaf", "fedot")
 #: what a clone does not have: the team's notes, the papers' text files, a sibling folder
 OUTSIDE = [
     (r"\.\./shared\b|(?<![\w/-])shared/(?:specs|seeds)/", "a folder beside the repository"),
-    (r"\b(?:DESIGN|ENVIRONMENT|ARCHITECTURE-ANCHORS)\.md\b", "a design note outside the repository"),
+    (r"\b(?:DESIGN|ENVIRONMENT|ARCHITECTURE-ANCHORS)\.md\b", "a team note outside the repository"),
     (r"\b\d{3}_[0-9a-f]{16}\.txt\b", "a paper's text file (cite the paper instead)"),
     (
         rf"(?<![\w/-])(?<!\]\()(?:{'|'.join(PAPERS)})\.md\b",

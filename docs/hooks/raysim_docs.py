@@ -3,10 +3,15 @@
 1. The configuration reference: ``config_reference()`` walks ``raysim.config.RunConfig`` and
    every model nested in it (through ``X | None``, ``list[X]``, ``dict[str, X]``, ``Annotated``
    and unions, discriminated or not: one table per variant) and renders each field's key, type,
-   default and description. The registries a config names by ``name``/``kind`` (methods, server
-   hooks, client behaviours, delay models) are rendered one variant per registered entry. The
-   page ``configuration.md`` holds the prose; this hook appends the tables where it says
-   ``<!-- config-reference -->``, so the reference is the schema itself and cannot drift.
+   default and description (``Field(description=...)``). The registries a config names by
+   ``name``/``kind`` (methods, server hooks, client behaviours, delay models) are rendered one
+   variant per registered entry, and the names they hold (with the data sources and the models)
+   are listed from the registries (``_choices``). Nothing is repeated: fields that several
+   variants inherit from one base are one table ("keys of every ``name``"), and a section that
+   fields of several models hold (``data.hf_image``) is rendered once, linked from each
+   (``shared_sections``). The page ``configuration.md`` holds the prose; this hook appends the
+   tables where it says ``<!-- config-reference -->``, so the reference is the schema itself and
+   cannot drift.
 2. Pages kept beside their code (``examples/*/RESULTS.md``, ``benchmarks/RESULTS.md``,
    ``cluster/README.md``) are added to the site at build time, with their images, not copied
    into ``docs/``. A docs page links to them by their path in the repository (so the link works
@@ -55,9 +60,9 @@ def _families() -> dict[tuple[type, str], tuple[str, bool, Callable[[], dict[str
     """Fields whose model is picked by a registry, not by the type: (owning model, field) →
     (the key that names the entry, whether its parameters sit flat beside that key, name → the
     entry's params model)."""
-    from raysim.sim import delays
     from raysim.algorithms.registry import BEHAVIOURS, MIXERS, method_names, method_spec
     from raysim.config import AlgorithmConfig, ClientHookConfig, RunConfig, ServerHookConfig
+    from raysim.sim import delays
 
     return {
         (AlgorithmConfig, "params"): (
@@ -80,6 +85,38 @@ def _families() -> dict[tuple[type, str], tuple[str, bool, Callable[[], dict[str
             False,
             lambda: {k: delays._REGISTRY[k][0] for k in delays.delay_kinds()},
         ),
+    }
+
+
+def _references() -> dict[tuple[type, str], Callable[[str], str]]:
+    """For a registry's entries: name → the reference its spec gives (paper, spec section)."""
+    from raysim.algorithms.registry import BEHAVIOURS, MIXERS, method_spec
+    from raysim.config import AlgorithmConfig, ClientHookConfig, ServerHookConfig
+
+    return {
+        (AlgorithmConfig, "params"): lambda n: method_spec(n).reference,
+        (ServerHookConfig, "params"): lambda n: MIXERS.spec(n).reference,
+        (ClientHookConfig, "params"): lambda n: BEHAVIOURS.spec(n).reference,
+    }
+
+
+def _choices() -> dict[tuple[type, str], tuple[str, Callable[[], list[str]]]]:
+    """Keys whose values a registry holds (a bare ``str`` checked elsewhere, or the name or kind
+    that picks a section): (owning model, field) → (the key below the field that takes the
+    values, "" for the field itself; the registry's names). The page lists them from here."""
+    from raysim.algorithms.registry import BEHAVIOURS, MIXERS, method_names
+    from raysim.config import AlgorithmConfig, ClientHookConfig, RunConfig, ServerHookConfig
+    from raysim.data.federated import SOURCE_NAMES
+    from raysim.models.registry import ModelConfig, model_names
+    from raysim.sim.delays import delay_kinds
+
+    return {
+        (RunConfig, "data"): ("name", lambda: list(SOURCE_NAMES)),
+        (ModelConfig, "name"): ("", model_names),
+        (AlgorithmConfig, "name"): ("", method_names),
+        (ServerHookConfig, "name"): ("", MIXERS.names),
+        (ClientHookConfig, "name"): ("", BEHAVIOURS.names),
+        (RunConfig, "delays"): ("kind", delay_kinds),
     }
 
 
@@ -125,7 +162,7 @@ def nested_models(tp: Any) -> tuple[str, list[type]]:
 
 
 def type_text(tp: Any) -> str:
-    """A short, readable type: ``int``, ``"a" or "b"``, ``list[float]``, a model's name."""
+    """A short, readable type: ``int``, ``"a" or "b"``, ``list[float]``, ``section``."""
     tp = _strip_annotated(tp)
     if tp is type(None):
         return "null"
@@ -134,8 +171,8 @@ def type_text(tp: Any) -> str:
     origin = typing.get_origin(tp)
     if origin is typing.Literal:
         return " or ".join(json.dumps(a) for a in typing.get_args(tp))
-    if _is_union(tp):
-        return " or ".join(type_text(a) for a in typing.get_args(tp))
+    if _is_union(tp):  # a union of sections is one "section"
+        return " or ".join(dict.fromkeys(type_text(a) for a in typing.get_args(tp)))
     if origin is not None:
         args = ", ".join(type_text(a) for a in typing.get_args(tp))
         name = getattr(origin, "__name__", str(origin))
@@ -176,22 +213,29 @@ def _key(name: str, field: Any) -> str:
     return field.alias or name
 
 
+def _literal_values(field: Any) -> set | None:
+    tp = _strip_annotated(field.annotation)
+    return set(typing.get_args(tp)) if typing.get_origin(tp) is typing.Literal else None
+
+
 def _discriminator(field: Any, variants: list[type]) -> str | None:
     """The key that tells a union's variants apart: the field's declared discriminator, else a
-    field every variant fixes to one literal value."""
+    key that every variant fixes to literal values no other variant takes."""
     disc = getattr(field, "discriminator", None)
     if isinstance(disc, str):
         return disc
-    common = None
+    common: dict[str, list[set]] | None = None
     for v in variants:
-        fixed = {
-            _key(n, f)
-            for n, f in v.model_fields.items()
-            if typing.get_origin(_strip_annotated(f.annotation)) is typing.Literal
-            and len(typing.get_args(_strip_annotated(f.annotation))) == 1
-        }
-        common = fixed if common is None else common & fixed
-    return sorted(common)[0] if common else None
+        fixed = {_key(n, f): _literal_values(f) for n, f in v.model_fields.items()}
+        fixed = {k: [s] for k, s in fixed.items() if s}
+        common = (
+            fixed if common is None else {k: common[k] + fixed[k] for k in common if k in fixed}
+        )
+    for key in sorted(common or {}):
+        sets = common[key]
+        if sum(len(s) for s in sets) == len(set().union(*sets)):  # pairwise disjoint
+            return key
+    return None
 
 
 def _variant_label(cls: type, disc: str | None) -> str:
@@ -210,6 +254,53 @@ def _heading(level: int, text: str) -> str:
     return "#" * min(level, 6) + " " + text
 
 
+def _top(path: str) -> str:
+    """The top-level key a dotted path starts with."""
+    return re.split(r"[.\[]", path, maxsplit=1)[0]
+
+
+class _Page:
+    """What one rendering of the reference shares: the registries, the sections rendered once
+    (``shared``: model → where it occurs, as (key path, title of the table holding it)), and
+    every nested section met on the way (``seen``: (model, owner, field, path, owner's title))."""
+
+    def __init__(
+        self,
+        families: dict,
+        choices: dict | None = None,
+        references: dict | None = None,
+        shared: dict[type, list[tuple[str, str]]] | None = None,
+    ) -> None:
+        self.families = families
+        self.choices = choices or {}
+        self.references = references or {}
+        self.shared = shared or {}
+        self.seen: list[tuple[type, type, str, str, str]] = []
+        self.documented: set[type] = set()  # bases of common keys whose docstring is shown
+        self.listed: list[tuple[str, list[str]]] = []  # (key, the registry's names) on the page
+
+    def canonical(self, model: type) -> str:
+        """The path a shared section's keys are written under: its shortest."""
+        paths = list(dict.fromkeys(p for p, _ in self.shared[model]))
+        return min(paths, key=lambda p: (p.count(".") + p.count("["), paths.index(p)))
+
+    def anchor(self, model: type) -> str:
+        return re.sub(r"[^a-z0-9]+", "-", self.canonical(model).lower()).strip("-")
+
+
+def shared_sections(page: _Page) -> dict[type, list[tuple[str, str]]]:
+    """The nested sections that fields of more than one model hold (``data.partition`` under
+    every pooled data source), from ``page.seen``: each is rendered once and linked to."""
+    owners: dict[type, set[tuple[type, str]]] = {}
+    places: dict[type, list[tuple[str, str]]] = {}
+    for model, owner, name, path, where in page.seen:
+        owners.setdefault(model, set()).add((owner, name))
+        places.setdefault(model, [])
+        if (path, where) not in places[model]:
+            places[model].append((path, where))
+    return {m: places[m] for m in places if len(owners[m]) > 1}
+
+
 def render_model(
     cls: type,
     path: str = "",
@@ -217,55 +308,153 @@ def render_model(
     title: str | None = None,
     skip: frozenset[str] = frozenset(),
     families: dict | None = None,
+    page: _Page | None = None,
 ) -> list[str]:
     """Markdown lines for ``cls`` at dotted ``path``: a heading, the class docstring, a table of
-    its fields, then (recursively) every nested model and every variant of a union."""
-    if families is None:
-        families = _families()
-    out = [_heading(level, title or (f"`{path}`" if path else "Top-level keys")), ""]
-    doc = _doc(cls)
-    if doc:
-        out += [doc, ""]
+    its fields, then (recursively) every nested model and every variant of a union. A model in
+    ``page.shared`` is not rendered below its field but linked to (``reference`` renders it
+    once)."""
+    if page is None:
+        page = _Page(_families() if families is None else families, _choices(), _references())
+    heading = title or (f"`{path}`" if path else "Top-level keys")
+    return [_heading(level, heading), ""] + _body(cls, path, level, heading, skip, page)
+
+
+def _sentences(parts: list[str]) -> str:
+    """A field's description and what the page adds to it (its choices, a link), as sentences."""
+    parts = [p.strip() for p in parts if p and p.strip()]
+    return " ".join(
+        p if p[-1] in ".!?" or i == len(parts) - 1 else p + "." for i, p in enumerate(parts)
+    )
+
+
+def _choice_text(page: _Page, cls: type, name: str, full: str) -> str:
+    entry = page.choices.get((cls, name))
+    if entry is None:
+        return ""
+    sub, registry = entry
+    key, names = (f"{full}.{sub}" if sub else full), list(registry())
+    if (key, names) not in page.listed:
+        page.listed.append((key, names))
+    return f"`{key}` is one of: " + ", ".join(f"`{n}`" for n in names) + "."
+
+
+def _body(
+    cls: type,
+    path: str,
+    level: int,
+    heading: str,
+    skip: frozenset[str],
+    page: _Page,
+    intro: tuple[str, ...] = (),
+    doc: bool = True,
+    also: tuple[str, ...] = (),
+) -> list[str]:
+    out = [" ".join(intro), ""] if intro else []
+    text = _doc(cls) if doc else ""
+    if text:
+        out += [text, ""]
+    if also:
+        out += [" ".join(also), ""]
     rows, children = [], []
-    for name, field in cls.model_fields.items():
-        key = _key(name, field)
+    for name, field_info in cls.model_fields.items():
+        key = _key(name, field_info)
         if key in skip:
             continue
         full = f"{path}.{key}" if path else key
-        family = families.get((cls, name))
+        meaning = [field_info.description or ""]
+        family = page.families.get((cls, name))
         if family is not None:
-            children.append(("family", full, field, family))
+            children.append(
+                ("family", full, field_info, (*family, page.references.get((cls, name))))
+            )
             if family[1]:  # flat beside the name: no key of its own
                 continue
         else:
-            suffix, models = nested_models(field.annotation)
+            suffix, models = nested_models(field_info.annotation)
             if models:
-                children.append(("models", full + suffix, field, models))
+                children.append(("models", full + suffix, field_info, models))
+                if len(models) == 1:
+                    page.seen.append((models[0], cls, name, full + suffix, heading))
+                    if models[0] in page.shared:
+                        target = page.canonical(models[0])
+                        meaning.append(f"Its keys: [`{target}`](#{page.anchor(models[0])}).")
+        meaning.append(_choice_text(page, cls, name, full))
         rows.append(
-            f"| `{full}` | {_cell(type_text(field.annotation))} | {_cell(default_text(field))} "
-            f"| {_cell(field.description or '')} |"
+            f"| `{full}` | {_cell(type_text(field_info.annotation))} "
+            f"| {_cell(default_text(field_info))} | {_cell(_sentences(meaning))} |"
         )
     if rows:
         out += ["| key | type | default | meaning |", "|---|---|---|---|", *rows, ""]
-    for what, full, field, detail in children:
+    chunks: list[tuple[str, list[str]]] = []
+    for what, full, field_info, detail in children:
         if what == "family":
-            key, flat, entries = detail
+            key, flat, entries, about = detail
             owner = path if flat else full
-            out += _render_family(owner, key, flat, entries(), level + 1, families)
+            lines = _render_family(owner, key, flat, entries(), level + 1, page, about)
         elif len(detail) == 1:
-            out += render_model(detail[0], full, level + 1, families=families)
+            if detail[0] in page.shared:
+                continue  # rendered once, where _place_shared puts it
+            lines = render_model(detail[0], full, level + 1, page=page)
         else:
-            disc = _discriminator(field, detail)
-            for variant in detail:
-                label = _variant_label(variant, disc)
-                out += render_model(
-                    variant, full, level + 1, f"`{full}` with {label}", families=families
-                )
+            disc = _discriminator(field_info, detail)
+            items = [(_variant_label(v, disc), _variant_names(v, disc), v, ()) for v in detail]
+            lines = _render_siblings(full, disc or "type", items, level + 1, page)
+        chunks.append((_top(full), lines))
+    if not path:  # the top: each shared section after the last section of its top-level key
+        chunks = _place_shared(chunks, level + 1, page)
+    return out + [line for _, lines in chunks for line in lines]
+
+
+def _place_shared(
+    chunks: list[tuple[str, list[str]]], level: int, page: _Page
+) -> list[tuple[str, list[str]]]:
+    """The top's sections (top-level key, lines) with each shared section after the last one of
+    the top-level key all its places are under (``data.hf_image`` after the data sources), or
+    at the end."""
+    after: dict[int, list[type]] = {}
+    for model, places in page.shared.items():
+        tops = {_top(p) for p, _ in places}
+        last = [i for i, (top, _) in enumerate(chunks) if top in tops]
+        at = last[-1] if len(tops) == 1 and last else len(chunks) - 1
+        after.setdefault(at, []).append(model)
+    out = []
+    for i, chunk in enumerate(chunks):
+        out.append(chunk)
+        for model in after.get(i, []):
+            out.append(("", _render_shared(model, level, page)))
     return out
 
 
+def _render_shared(model: type, level: int, page: _Page) -> list[str]:
+    """A section that several models hold, once: where it occurs, then its keys."""
+    canonical = page.canonical(model)
+    where = list(dict.fromkeys(w for _, w in page.shared[model]))
+    where = ["the top-level keys" if w == "Top-level keys" else w for w in where]
+    intro = [f"Held by {', '.join(where)}: listed once here, linked from each."]
+    others = [p for p in dict.fromkeys(p for p, _ in page.shared[model]) if p != canonical]
+    if others:
+        intro.append(
+            "The keys are written under `"
+            + canonical
+            + "`; under "
+            + ", ".join(f"`{p}`" for p in others)
+            + " they are the same, after that prefix."
+        )
+    heading = f"`{canonical}`"
+    return [_heading(level, f"{heading} {{#{page.anchor(model)}}}"), ""] + _body(
+        model, canonical, level, heading, frozenset(), page, (" ".join(intro),)
+    )
+
+
 def _render_family(
-    path: str, key: str, flat: bool, entries: dict[str, type], level: int, families: dict
+    path: str,
+    key: str,
+    flat: bool,
+    entries: dict[str, type],
+    level: int,
+    page: _Page,
+    about: Callable[[str], str] | None = None,
 ) -> list[str]:
     """One table per params model of a registry (entries sharing a model share it)."""
     by_model: dict[type, list[str]] = {}
@@ -276,21 +465,123 @@ def _render_family(
     if bare:
         out += [f"With `{key}` one of {', '.join(f'`{n}`' for n in sorted(bare))}: no "
                 "further keys.", ""]  # fmt: skip
+    items = []
     for model, names in by_model.items():
         if not model.model_fields:
             continue
         label = ", ".join(f"`{key}: {n}`" for n in names)
-        out += render_model(model, path, level, f"`{path}` with {label}", families=families)
+        refs = tuple(f"`{n}`: {about(n)}." for n in names if about is not None and about(n))
+        items.append((label, names, model, refs))
+    return out + _render_siblings(path, key, items, level, page)
+
+
+def _variant_names(cls: type, disc: str | None) -> list[str]:
+    for n, f in cls.model_fields.items():
+        if disc and _key(n, f) == disc and _literal_values(f):
+            return [str(a) for a in typing.get_args(_strip_annotated(f.annotation))]
+    return [cls.__name__]
+
+
+def _owner(cls: type, name: str) -> type:
+    """The class that declares field ``name`` of ``cls`` (itself, or the base it inherits from)."""
+    return next((c for c in cls.__mro__ if name in c.__dict__.get("__annotations__", {})), cls)
+
+
+def _render_siblings(
+    path: str,
+    key: str,
+    items: list[tuple[str, list[str], type, tuple[str, ...]]],
+    level: int,
+    page: _Page,
+) -> list[str]:
+    """The tables of the models one key picks among at ``path`` (a union's variants, a
+    registry's entries): items are (label, the names that pick it, model, intro lines). Fields
+    that several of them inherit unchanged from one base are one table of their own ("keys of
+    every ``name``"), which each model's table links to instead of repeating them."""
+    users: dict[tuple[type, str], list[int]] = {}
+    for i, (_, _, model, _) in enumerate(items):
+        for name in model.model_fields:
+            users.setdefault((_owner(model, name), name), []).append(i)
+    common: dict[tuple[type, tuple[int, ...]], list[str]] = {}  # (base, takers) → fields
+    for (base, name), who in users.items():
+        if len(who) > 1:
+            common.setdefault((base, tuple(who)), []).append(name)
+    out: list[str] = []
+    links: dict[int, list[str]] = {}
+    skips: dict[int, set[str]] = {}
+    own = [m for _, _, m, _ in items]
+    for n_group, ((base, takers), fields) in enumerate(common.items()):
+        if len(takers) == len(items):
+            heading = f"`{path}`: keys of every `{key}`"
+        else:
+            names = [n for i in takers for n in items[i][1]]
+            heading = f"`{path}`: keys of `{key}` " + ", ".join(f"`{n}`" for n in names)
+        anchor = re.sub(r"[^a-z0-9]+", "-", f"{path} keys {n_group + 1}".lower()).strip("-")
+        keys = [_key(n, f) for n, f in base.model_fields.items() if n in fields]
+        out += [_heading(level, f"{heading} {{#{anchor}}}"), ""]
+        out += _body(
+            base,
+            path,
+            level,
+            heading,
+            frozenset(_key(n, f) for n, f in base.model_fields.items() if n not in fields),
+            page,
+            doc=base not in own and base not in page.documented,  # its docstring once
+        )
+        page.documented.add(base)
+        for i in takers:
+            links.setdefault(i, []).append(f"[{', '.join(f'`{k}`' for k in keys)}](#{anchor})")
+            skips.setdefault(i, set()).update(keys)
+    for i, (label, _, model, intro) in enumerate(items):
+        heading = f"`{path}` with {label}"
+        also = links.get(i, [])
+        also = (f"Also takes {', '.join(also)}.",) if also else ()
+        out += [_heading(level, heading), ""]
+        out += _body(
+            model, path, level, heading, frozenset(skips.get(i, ())), page, intro, also=also
+        )
     return out
 
 
+def reference(
+    root: type,
+    families: dict | None = None,
+    choices: dict | None = None,
+    references: dict | None = None,
+) -> str:
+    """Every key of the model ``root``, recursively (``render_model``), with each section that
+    several models hold rendered once and linked to from each (``shared_sections``): a first
+    pass finds them, the second renders. Registries default to raysim's (``_families`` etc.)."""
+    page = _Page(
+        _families() if families is None else families,
+        _choices() if choices is None else choices,
+        _references() if references is None else references,
+    )
+    render_model(root, page=page)
+    page = _Page(page.families, page.choices, page.references, shared_sections(page))
+    lines = render_model(root, page=page)
+    return "\n".join(_choices_table(page) + lines) + "\n"
+
+
+def _choices_table(page: _Page) -> list[str]:
+    """The names the registries hold, for the keys that name a registry's entry."""
+    rows = [
+        f"| `{key}` | " + ", ".join(f"`{n}`" for n in names) + " |" for key, names in page.listed
+    ]
+    if not rows:
+        return []
+    return ["## Choices", "", "The names that pick a data source, a model, a method, a hook "
+            "and a delay model, read from their registries.", "",
+            "| key | one of |", "|---|---|", *rows, ""]  # fmt: skip
+
+
 def config_reference() -> str:
-    """The generated part of the configuration page: every key of ``RunConfig``, recursively."""
+    """The generated part of the configuration page: every key of ``RunConfig``."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     from raysim.config import RunConfig
 
-    return "\n".join(render_model(RunConfig)) + "\n"
+    return reference(RunConfig)
 
 
 # --------------------------------------------------------------------- MkDocs events

@@ -35,8 +35,9 @@ if TYPE_CHECKING:  # the server half loads without torch; the client half import
     from ..training.settings import LocalTrainingConfig
     from ..training.tasks import Task
 
-#: one client's parameter groups as tensors: group name → its tensors in group order
 Snapshot = dict[str, list["torch.Tensor"]]
+"""One client's parameter groups as tensors: group name → its tensors in group order
+(``ClientAlgorithm.train_batched``)."""
 
 
 @dataclass(frozen=True)
@@ -48,17 +49,31 @@ class Update:
     """
 
     client_id: int
+    """The client that trained it."""
     delta: np.ndarray
+    """Its local weights after training minus ``base``: a flat float32 vector in the order of
+    ``ServerContext.layout`` (the shared parameters, then the buffers). A ``HeldDelta`` instead
+    where the strategy sets ``sums_updates`` and the workers sum (``workers.partial_sums``)."""
     num_samples: int
+    """How many training examples the client holds (the usual aggregation weight)."""
     dispatch_round: int
+    """The round in which the client was dispatched and downloaded ``base``."""
     dispatch_version: int
+    """The version of the global model it downloaded (``base``)."""
     arrival_time: float
+    """When the virtual clock delivers it, in rounds."""
     arrival_round: int
+    """The round in which the server receives it."""
     tau_versions: int
+    """Staleness in model versions: how often the global model changed between its dispatch and
+    its delivery (a hook that returns True makes a new version)."""
     base: np.ndarray
+    """The global weights the client downloaded (version ``dispatch_version``)."""
     metrics: Mapping[str, float] = field(default_factory=dict)
-    #: named extra tensors the client sent up (``ClientContext.upload``)
+    """The client's metrics: what its ``ClientAlgorithm.train`` returned (``train_loss``,
+    ``local_steps``, ...), with any the run adds (``local_accuracy``)."""
     extras: Mapping[str, np.ndarray] = field(default_factory=dict)
+    """Named extra tensors the client sent up (``ClientContext.upload``)."""
 
     @property
     def tau_rounds(self) -> int:
@@ -79,9 +94,13 @@ class Secret:
     a 2-D block's transpose); None where the values are no tensor of their own."""
 
     name: str
+    """The block's name, as the auditor reports a leak of it."""
     indices: np.ndarray
+    """Its values' flat indices in the global vector."""
     values: np.ndarray
+    """The values, kept as a read-only ``PrivateArray`` that refuses to be pickled."""
     shape: tuple[int, ...] | None = None
+    """The block's shape (its values in row-major order), or None."""
 
     def __post_init__(self) -> None:
         # the auditor's own copy of the block: a ``PrivateArray``, which refuses to be pickled
@@ -100,8 +119,8 @@ class Stateful:
     ``private_state``). Override both methods for a leaner or versioned format.
     """
 
-    #: attributes rebuilt by ``setup`` on every start and resume, never checkpointed
     transient: tuple[str, ...] = ()
+    """Attributes rebuilt by ``setup`` on every start and resume, never checkpointed."""
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume; numpy arrays, lists, dicts and ``Update``s allowed."""
@@ -113,6 +132,8 @@ class Stateful:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what ``state_dict`` returned (on resume, after ``setup``): each entry
+        becomes an attribute again."""
         for k, v in state.items():
             setattr(self, k, v)
 
@@ -122,6 +143,8 @@ class Stateful:
         return {}
 
     def load_private_state(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """Restore what ``private_state`` wrote (on resume, after ``setup``). The default keeps
+        none and refuses any."""
         if arrays:
             raise ValueError(f"{type(self).__name__} keeps no private state to restore")
 
@@ -135,12 +158,17 @@ class Downlink:
     """
 
     tensors: Mapping[str, np.ndarray] = field(default_factory=dict)
+    """Named arrays for every client dispatched that round (published once)."""
     per_client: Mapping[int, Mapping[str, np.ndarray]] = field(default_factory=dict)
+    """Client id → named arrays for that client alone (over ``tensors`` of the same name)."""
 
     def for_client(self, client: int) -> dict[str, np.ndarray]:
+        """What ``client`` receives as ``ClientContext.downlink``: ``tensors``, then its own
+        ``per_client`` entries."""
         return {**self.tensors, **self.per_client.get(client, {})}
 
     def nbytes(self, client: int) -> int:
+        """The bytes ``client`` receives (counted in ``bytes_down``)."""
         return sum(a.nbytes for a in self.for_client(client).values())
 
 
@@ -154,29 +182,33 @@ class Strategy(Stateful):
     ``self.weights`` in place: assign a new array (published versions are shared).
     """
 
-    #: False for server-only methods (Center): the coordinator then dispatches no client at all
     uses_clients: bool = True
-    #: True: a non-finite client update stops the run (``Diverged``) instead of being rejected
-    #: with a warning (for methods where a NaN means divergence, not one faulty client)
+    """False for a server-only method (Center): the coordinator then dispatches no client."""
     stop_on_nonfinite: bool = False
-    #: True: the server step reads its clients' deltas only through ``WeightedMean.combine``,
-    #: with weights from what an ``Update`` says besides its delta (sizes, staleness), so the
-    #: workers may keep the deltas and sum them where they are (``workers.partial_sums``;
-    #: ``Update.delta`` is then a ``HeldDelta``). False: each delta reaches the server whole.
-    #: A method's spec says the same (``MethodSpec.sums``), checked when it registers
+    """True: a non-finite client update stops the run (``Diverged``) instead of being rejected
+    with a warning (for methods where a NaN means divergence, not one faulty client)."""
     sums_updates: bool = False
-    #: True: one sum a round, over that round's arrivals, taken at ``on_round_end`` (what
-    #: differential privacy's Poisson analysis assumes: a round that sampled no client then
-    #: releases noise alone); False: sums at other times (FedBuff's full buffer)
+    """True: the server step reads its clients' deltas only through ``WeightedMean.combine``,
+    with weights from what an ``Update`` says besides its delta (sizes, staleness), so the
+    workers may keep the deltas and sum them where they are (``workers.partial_sums``;
+    ``Update.delta`` is then a ``HeldDelta``). False: each delta reaches the server whole.
+    A method's spec says the same (``MethodSpec.sums``), checked when it registers."""
     sums_each_round: bool = True
-    #: why the run ends before its planned rounds, as a finished run, where the strategy says
-    #: so (a privacy budget spent); None: it runs them all
+    """True: one sum a round, over that round's arrivals, taken at ``on_round_end`` (what
+    differential privacy's Poisson analysis assumes: a round that sampled no client then
+    releases noise alone); False: sums at other times (FedBuff's full buffer)."""
     stop_reason: str | None = None
+    """Why the run ends before its planned rounds, as a finished run, where the strategy says
+    so (a privacy budget spent); None: it runs them all."""
 
     def __init__(self, params: MethodParams, initial_weights: np.ndarray, num_clients: int) -> None:
         self.params = params
+        """The method's parameters (its ``MethodParams`` subclass, from the config)."""
         self.weights = np.array(initial_weights, dtype=np.float32, copy=True)
+        """The global model: a flat float32 vector in the order of ``ServerContext.layout``.
+        Assign a new array, never modify it in place (published versions are shared)."""
         self.num_clients = num_clients
+        """K, the number of clients in the run."""
 
     def setup(self, ctx: ServerContext) -> None:
         """Take the server context (random streams, layout, server model and data, metric sink).
@@ -220,9 +252,9 @@ class Strategy(Stateful):
         setting that is allowed but known to misbehave; none by default."""
         return []
 
-    #: True: ``state_metrics`` is called after each round with every client's personal state
-    #: (a simulator's check of what a real server could not see; it reads them all: O(clients))
     reads_client_states: bool = False
+    """True: ``state_metrics`` is called after each round with every client's personal state
+    (a simulator's check of what a real server could not see; it reads them all: O(clients))."""
 
     def state_metrics(self, states: Mapping[int, Mapping[str, np.ndarray]]) -> dict[str, float]:
         """Diagnostics computed from the personal states of the clients that have one (by
@@ -240,26 +272,41 @@ class ClientContext:
     """Everything one virtual client's local work may use (built by the worker per job)."""
 
     model: ModelHandle
+    """The resident model (a ``ModelHandle``), loaded with the global weights this job received
+    and the client's personal state; train it in place."""
     task: Task
+    """How ``data`` is batched and its loss computed (a ``Task``)."""
     data: Any
+    """The client's training data, in the form ``task`` takes (as a client behaviour left it)."""
     config: LocalTrainingConfig
+    """The local-training settings (the config's ``local`` section: ``lr``, ``epochs``,
+    ``batch_size``, ...), as a client behaviour or a device's partial work (``max_steps``) left
+    them for this job."""
     generator: torch.Generator
+    """The job's shuffling generator, seeded with ``seed``."""
     client_id: int
+    """The virtual client this job trains."""
     dispatch_round: int
-    first_visit: bool = False  # no personal state yet (the model's fresh init was loaded)
-    seed: int = 0  # the job seed; ``generator`` and torch's global RNG start from it
-    #: tensors the strategy sent with this job (``Strategy.configure``)
+    """The round in which this job was dispatched."""
+    first_visit: bool = False
+    """True on the client's first job: no personal state yet (personal groups hold the values
+    the model was built with, and ``state`` is empty)."""
+    seed: int = 0
+    """The job seed, a function of (run seed, client id, dispatch round): ``generator`` and
+    torch's global RNG start from it, and ``phase`` derives others from it."""
     downlink: Mapping[str, np.ndarray] = field(default_factory=dict)
-    #: tensors this job sends up besides the delta (filled by ``upload``)
+    """Tensors the strategy sent with this job (``Strategy.configure``)."""
     uplink: dict[str, np.ndarray] = field(default_factory=dict)
-    #: the global weights this job received (what a curious client can record)
+    """Tensors this job sends up besides the delta (filled by ``upload``)."""
     received: np.ndarray | None = None
-    #: this client's own named arrays that are no model parameter (SCAFFOLD's control variate,
-    #: FedDyn's linear term, running statistics): empty on the first visit, loaded before
-    #: ``train`` and saved after it, kept with the client's personal state (checkpointed, safe
-    #: from a killed worker, the same in pooled and per-client modes) and never sent to the
-    #: server; ``upload`` what the server should see. numpy or torch values (bf16 is kept as fp32)
+    """The global weights this job received (what a curious client can record)."""
     state: dict[str, Any] = field(default_factory=dict)
+    """This client's own named arrays that are no model parameter (SCAFFOLD's control variate,
+    FedDyn's linear term, running statistics): empty on the first visit, loaded before
+    ``train`` and saved after it, kept with the client's personal state (checkpointed, safe
+    from a killed worker, the same in pooled and per-client modes) and never sent to the
+    server; ``upload`` what the server should see. numpy or torch values (bf16 is kept as
+    fp32)."""
 
     def upload(self, name: str, value: np.ndarray | torch.Tensor) -> None:
         """Send a named extra tensor up with this job's update (``Update.extras``)."""
@@ -298,6 +345,8 @@ class ClientAlgorithm:
 
     def __init__(self, params: MethodParams) -> None:
         self.params = params
+        """The method's parameters (its ``MethodParams`` subclass). One instance serves every
+        client a worker runs, so nothing of one job may be kept on it for the next."""
 
     def penalty(self, global_params: Sequence[torch.Tensor]) -> PenaltyFn | None:
         """A term added to the local loss, given the downloaded global parameters; None = none."""
@@ -386,6 +435,28 @@ class ClientAlgorithm:
         return unbatchable(ctxs[0].model, ctxs[0].task, [c.config for c in ctxs])
 
     def train(self, ctx: ClientContext) -> dict[str, float]:
+        """One client's local work: train ``ctx.model`` in place and return the job's metrics.
+
+        The worker calls it once per job, with the model loaded with the global weights the job
+        received and the client's personal state. Leave the model holding the result: the
+        update is ``ctx.model.get_global()`` minus those weights (a flat float32 vector of the
+        size of ``ServerContext.layout``: the shared group, then the buffers) and the new
+        personal state is ``ctx.model.get_state()``; ``ctx.state`` is saved as ``train`` left
+        it, and what it ``ctx.upload``-ed goes up as ``Update.extras``. Return a dict of
+        numbers (``train_local``'s ``train_loss`` and ``local_steps``, or your own), which the
+        run averages over clients and the strategy sees as ``Update.metrics``.
+
+        The default trains ``ctx.model.global_parameters()`` on the task's loss, plus
+        ``penalty`` where it gives one, through ``train_local``. An override must keep a job
+        deterministic: randomness only from ``ctx.generator``, ``ctx.phase(name)`` and torch's
+        global RNG (seeded per job), so that the result depends on (run seed, client id,
+        dispatch round) alone, on any worker. It keeps nothing on ``self`` between jobs (one
+        instance trains many clients, in any order; per-client values go in ``ctx.state``),
+        leaves the model's tensors their shapes and dtypes, and honours ``ctx.config``
+        (``train_local`` does: ``epochs``, ``max_steps``, the optimiser). Overriding it makes
+        batched execution train the clients one after another (unless ``train_batched`` is
+        overridden too) and refuses ``local.dp_sgd`` (unless ``trains_privately`` says
+        otherwise)."""
         from ..training.loop import train_local
 
         params = ctx.model.global_parameters()
@@ -424,19 +495,30 @@ class Method:
     """
 
     name: str
+    """The name a config gives it (``algorithm.name``)."""
     strategy: type[Strategy]
+    """The server half, a ``Strategy`` subclass."""
     params: type[MethodParams] = MethodParams
+    """Its parameters class, which validates the config's ``algorithm`` entries."""
     client: type[ClientAlgorithm] = ClientAlgorithm
+    """The client half, a ``ClientAlgorithm`` subclass (the default trains on the task loss)."""
     reference: str = ""
+    """The paper (and section) it implements, as ``raysim methods`` shows it."""
     groups: tuple[ParamGroup, ...] = DEFAULT_GROUPS
+    """The parameter groups it trains; the first is the shared, averaged one."""
     evaluate_with: str = "global"
+    """The group that answers for a known client when it is evaluated."""
     wrap_model: ModelWrapper | None = None
+    """``(module, data_spec, params) -> module``: modules put around the resident model, or
+    None."""
     needs: Needs = Needs()
-    #: where its strategy does not sum its updates, why it needs each (``MethodSpec``)
+    """What the run must give it, checked against the config before Ray starts."""
     each_because: str = MethodSpec.each_because
-    #: devices: it accepts a client's partial work / delivers late updates (``MethodSpec``)
+    """Where its strategy does not sum its updates, why it needs each (``MethodSpec``)."""
     partial_work: bool = False
+    """With devices: it accepts a client's partial work (``MethodSpec.partial_work``)."""
     asynchronous: bool = False
+    """With devices: it takes late updates in a later round (``MethodSpec.asynchronous``)."""
 
     @classmethod
     def of(cls, spec: MethodSpec, strategy: type[Strategy], **implementation: Any) -> Method:
@@ -532,11 +614,14 @@ class Method:
         return self.client.adapt is not ClientAlgorithm.adapt
 
     def build_client(self, params: Mapping[str, Any]) -> ClientAlgorithm:
+        """The client half, given the config's method parameters (validated by ``params``)."""
         return self.client(self.params(**params))
 
     def build_strategy(
         self, params: Mapping[str, Any], initial_weights: np.ndarray, num_clients: int
     ) -> Strategy:
+        """The server half, given the config's method parameters, the initial global vector and
+        the number of clients."""
         return self.strategy(self.params(**params), initial_weights, num_clients)
 
 

@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # a server that computes in numpy loads no torch
     from ..training.tasks import Task
 
 SERVER_STREAM = 0x5E7E
+"""The tag that keeps the server's streams apart from every other stream of the run seed."""
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,9 @@ class ServerPool:
     """
 
     data: Any
+    """The pool's rows as a ``Task`` takes them: ``(inputs, labels)``, or a dict of tokens."""
     num_classes: int
+    """The size of the pool's label space."""
 
     def __len__(self) -> int:
         return len(self.data[1]) if isinstance(self.data, tuple) else len(self.data["input_ids"])
@@ -48,11 +51,20 @@ class ServerData:
     ``ood``: out-of-distribution pools by name."""
 
     id: ServerPool | None = None
+    """The in-distribution pool, or None where ``data.server.id_size`` is 0."""
     ood: Mapping[str, ServerPool] = field(default_factory=dict)
+    """The out-of-distribution pools by name (``data.server.ood``)."""
 
 
 class ServerContext:
-    """The server's resources for one run. Everything here stays in the coordinator's process."""
+    """The server's resources for one run, given to ``Strategy.setup`` and ``Mixer.setup``.
+    Everything here stays in the coordinator's process.
+
+    Randomness: ``rng(name)`` / ``torch_generator(name)``, named streams of the run seed (keep
+    a generator on the strategy: it is checkpointed, so a resume continues it). The vector:
+    ``layout``. Compute: ``model()`` (the resident model and its task on ``device``), ``data``
+    (the server's own data), ``local`` (the clients' training recipe). Metrics: ``log``.
+    """
 
     def __init__(
         self,
@@ -68,13 +80,21 @@ class ServerContext:
         clients_per_round: int | None = None,
     ) -> None:
         self.seed = seed
-        #: S, the clients dispatched per round (None where the run does not say)
+        """The run seed (draw from ``rng`` or ``torch_generator``, not from it directly)."""
         self.clients_per_round = clients_per_round
+        """S, the clients dispatched per round (None where the run does not say)."""
         self.layout = layout
+        """Names, shapes and groups of the global vector (``Layout``): the shared parameters,
+        then the buffers."""
         self.num_clients = num_clients
+        """K, the number of clients in the run."""
         self.client_sizes = client_sizes
+        """Each client's number of training examples, by client id (None where not given)."""
         self.data = data or ServerData()
+        """The server's own data (``data.server``): ``data.id`` and ``data.ood[name]``."""
         self.local = local or LocalTrainingConfig()
+        """The clients' local-training settings (the config's ``local`` section), for a server
+        that trains as they do."""
         self._model_factory = model_factory
         self._model: tuple[ModelHandle, Task] | None = None
         self._log = log
@@ -95,6 +115,7 @@ class ServerContext:
         return np.random.default_rng(self.stream_seed(name))
 
     def torch_generator(self, name: str) -> torch.Generator:
+        """A torch generator (CPU) for one named purpose, seeded as ``rng(name)`` is."""
         import torch
 
         return torch.Generator().manual_seed(self.stream_seed(name))
@@ -108,6 +129,7 @@ class ServerContext:
 
     @property
     def has_model(self) -> bool:
+        """Whether ``model()`` can build a model (a context from ``minimal`` cannot)."""
         return self._model_factory is not None
 
     def model(self) -> tuple[ModelHandle, Task]:

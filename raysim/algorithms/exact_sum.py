@@ -158,12 +158,18 @@ class HeldDelta:
     ) -> None:
         """``key``: what ``source`` finds the delta by (a Ray object ref); ``node``: where."""
         self.source = source
+        """Where it lives (a Ray pool's nodes), which sums it there or fetches it."""
         self.key = key
+        """What ``source`` finds it by (a Ray object ref)."""
         self.shape = tuple(shape)
+        """The delta's shape: that of the global vector."""
         self.nbytes = int(nbytes)
+        """The delta's size in bytes."""
         self.node = node
+        """The id of the node that holds it."""
 
     def fetch(self) -> np.ndarray:
+        """The delta itself, copied to this process (what a checkpoint writes)."""
         return self.source.fetch(self)
 
     def __array__(self, *args: Any, **kwargs: Any) -> np.ndarray:

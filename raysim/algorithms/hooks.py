@@ -32,8 +32,11 @@ class Mixer(Stateful):
 
     def __init__(self, params: HookParams) -> None:
         self.params = params
+        """The hook's parameters (its ``HookParams`` subclass, from the config's entry)."""
 
     def setup(self, ctx: ServerContext) -> None:
+        """Take the server context (``ServerContext``), on a fresh run and on resume, after the
+        base strategy's ``setup``."""
         self.ctx = ctx
 
     def mix(self, round_index: int, previous: np.ndarray, aggregated: np.ndarray) -> np.ndarray:
@@ -53,14 +56,17 @@ class Mixer(Stateful):
         return []
 
     def metrics(self) -> dict[str, float]:
+        """Server-side diagnostics to log after each round, with the strategy's."""
         return {}
 
     def tables(self) -> dict[str, list[dict[str, Any]]]:
+        """Named tables the run saves at its end as ``strategy/NAME.csv``, with the
+        strategy's."""
         return {}
 
 
-#: rng = default_rng([seed, ATTACKERS_TAG]) orders the clients; ζ·K first ones attack
 ATTACKERS_TAG = 0xA77A
+"""``default_rng([seed, ATTACKERS_TAG])`` orders the clients; the first ζ·K ones attack."""
 
 
 def chosen_clients(fraction: float, seed: int, num_clients: int) -> list[int]:
@@ -74,13 +80,17 @@ class ClientBehaviour:
     """Changes what chosen clients do; runs on the workers around the method's client side."""
 
     params: BehaviourParams
+    """The behaviour's parameters: its own, and which jobs it applies to."""
 
     def __init__(self, params: BehaviourParams) -> None:
         self.params = params
         self.run_seed = 0
+        """The run seed, set by ``setup``."""
         self.members: frozenset[int] | None = (
             None if params.clients is None else frozenset(params.clients)
         )
+        """The clients it applies to (None: every one): those listed, or those ``setup`` drew
+        for a ``fraction``."""
 
     def setup(self, run_seed: int, num_clients: int) -> None:
         """Called once per process before any job: fixes the attacking set from the run seed."""
@@ -89,6 +99,8 @@ class ClientBehaviour:
             self.members = frozenset(chosen_clients(self.params.fraction, run_seed, num_clients))
 
     def applies(self, client: int, dispatch_round: int) -> bool:
+        """Whether it changes ``client``'s job of ``dispatch_round``: a member, in one of the
+        listed rounds (needs ``setup`` first where it has a ``fraction``)."""
         p = self.params
         if p.fraction is not None and self.members is None:
             raise RuntimeError("a behaviour with a fraction needs setup() before it applies")
@@ -113,8 +125,9 @@ class ClientBehaviour:
         attack success rate); built once on the coordinator."""
         return {}
 
-    #: an adversary's behaviour: the server's robust metrics count the updates of its clients
     attack: bool = False
+    """True for an adversary's behaviour: the server's robust metrics count its clients'
+    updates."""
 
     def forge(self, honest: np.ndarray, n: int, f: int) -> np.ndarray | None:
         """An omniscient attacker's update, forged on the server from the round's benign updates
@@ -136,18 +149,23 @@ class ComposedStrategy(Strategy):
 
     def __init__(self, base: Strategy, mixers: Sequence[Mixer]) -> None:
         self.base = base
+        """The method's own strategy, which aggregates."""
         self.mixers = list(mixers)
+        """The mixers, in the order they apply."""
 
     @property
     def params(self) -> MethodParams:
+        """The base's."""
         return self.base.params
 
     @property
     def uses_clients(self) -> bool:
+        """The base's."""
         return self.base.uses_clients
 
     @property
     def stop_on_nonfinite(self) -> bool:
+        """The base's."""
         return self.base.stop_on_nonfinite
 
     @property
@@ -157,27 +175,34 @@ class ComposedStrategy(Strategy):
 
     @property
     def sums_each_round(self) -> bool:
+        """The base's."""
         return self.base.sums_each_round
 
     @property
     def reads_client_states(self) -> bool:
+        """The base's."""
         return self.base.reads_client_states
 
     @property
     def stop_reason(self) -> str | None:
+        """The base's."""
         return self.base.stop_reason
 
     def updates_per_aggregation(self, clients_per_round: int) -> int:
+        """The base's."""
         return self.base.updates_per_aggregation(clients_per_round)
 
     def notices(self) -> list[str]:
+        """The base's."""
         return self.base.notices()
 
     def state_metrics(self, states: Mapping[int, Mapping[str, np.ndarray]]) -> dict[str, float]:
+        """The base's."""
         return self.base.state_metrics(states)
 
     @property
     def weights(self) -> np.ndarray:
+        """The global model: the base's (setting it sets the base's)."""
         return self.base.weights
 
     @weights.setter
@@ -185,6 +210,8 @@ class ComposedStrategy(Strategy):
         self.base.weights = value
 
     def setup(self, ctx: ServerContext) -> None:
+        """Set the base up, then each mixer, which may change the initial model in turn
+        (``Mixer.initial``)."""
         self.base.setup(ctx)
         for m in self.mixers:
             m.setup(ctx)
@@ -210,43 +237,53 @@ class ComposedStrategy(Strategy):
         return changed
 
     def configure(self, round_index: int, clients: Sequence[int]) -> Downlink | None:
+        """The base's."""
         return self.base.configure(round_index, clients)
 
     def on_arrival(self, update: Update) -> bool:
+        """The base's, then every mixer where the base changed the global model."""
         previous = self.base.weights
         return self._mixed(update.arrival_round, previous, self.base.on_arrival(update))
 
     def on_round_end(self, round_index: int) -> bool:
+        """The base's, then every mixer where the base changed the global model."""
         previous = self.base.weights
         return self._mixed(round_index, previous, self.base.on_round_end(round_index))
 
     def metrics(self) -> dict[str, float]:
+        """The base's, then every mixer's (a later one wins a name they share)."""
         out = dict(self.base.metrics())
         for m in self.mixers:
             out.update(m.metrics())
         return out
 
     def tables(self) -> dict[str, list[dict[str, Any]]]:
+        """The base's, then every mixer's (a later one wins a name they share)."""
         out = dict(self.base.tables())
         for m in self.mixers:
             out.update(m.tables())
         return out
 
     def state_dict(self) -> dict[str, Any]:
+        """The base's and every mixer's, apart."""
         return {"base": self.base.state_dict(), "mixers": [m.state_dict() for m in self.mixers]}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what ``state_dict`` returned."""
         self.base.load_state_dict(state["base"])
         for m, s in zip(self.mixers, state["mixers"], strict=True):
             m.load_state_dict(s)
 
     def private_state(self) -> dict[str, np.ndarray]:
+        """The base's and every mixer's, their names prefixed (``base/``, ``mixer{i}/``)."""
         out = {f"base/{k}": v for k, v in self.base.private_state().items()}
         for i, m in enumerate(self.mixers):
             out.update({f"mixer{i}/{k}": v for k, v in m.private_state().items()})
         return out
 
     def load_private_state(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """Restore what ``private_state`` wrote."""
+
         def part(prefix: str) -> dict[str, np.ndarray]:
             return {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}
 

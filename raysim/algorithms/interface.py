@@ -12,21 +12,23 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-#: MAJOR.MINOR: a major step changes a call plugins make or receive, a minor one adds to it
 INTERFACE_VERSION = "3.8"
+"""The method interface's version, MAJOR.MINOR (``raysim methods`` prints it): a major step
+changes a call plugins make or receive, a minor one adds to it."""
 
-#: Where a callable's shape changed, what changed (a hint on the refusal; CHANGELOG.md has all)
 CHANGED: dict[str, str] = {
     "wrap_model": "2.0 added params (the method's parameters)",
 }
+"""Where a callable's shape changed, what changed: a hint on the refusal (``CHANGELOG.md`` has
+every change)."""
 
-#: the call the runtime makes of ``Method.wrap_model``
 WRAP_MODEL = inspect.Signature(
     [
         inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD)
         for p in ("module", "spec", "params")
     ]
 )
+"""The call the runtime makes of ``Method.wrap_model``: ``(module, spec, params)``."""
 
 
 class InterfaceError(TypeError):

@@ -26,6 +26,7 @@ REFUSAL = (
     "server-private tensors cannot be serialised: keep them on the server (rebuild them in "
     "Strategy.setup, or persist them through Strategy.private_state)"
 )
+"""The message of every refusal to serialise server-private state."""
 
 
 class PrivateArray(np.ndarray):

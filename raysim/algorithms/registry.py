@@ -48,10 +48,8 @@ if TYPE_CHECKING:
     from .hooks import ClientBehaviour, Mixer
 
 ENTRY_POINT_GROUP = "raysim.methods"
+"""The entry-point group in which an installed package names its method modules."""
 
-#: The built-in specs, imported on first lookup: one torch-free module per paper package, plus
-#: the general-purpose methods every paper compares with. Each lists its methods' and hooks'
-#: specs in ``SPECS``.
 BUILTIN_SPECS = (
     "raysim.algorithms.general.params",
     "raysim.algorithms.feddle.params",
@@ -59,6 +57,9 @@ BUILTIN_SPECS = (
     "raysim.algorithms.fedoa.params",
     "raysim.algorithms.fedot.params",
 )
+"""The built-in specs, imported on first lookup: one torch-free module per paper package, plus
+the general-purpose methods every paper compares with. Each lists its methods' and hooks'
+specs in ``SPECS``."""
 #: kind ("algorithm", "server hook", "client behaviour") → name → the built-in's spec
 _BUILTIN: dict[str, dict[str, Any]] = {}
 _specs_loaded = False
@@ -76,13 +77,15 @@ class ModulePolicy:
     ``source``, a checkpoint or an MLflow run, that the user has not said they trust)."""
 
     mode: str = "import"
+    """``import``, ``skip`` or ``refuse``."""
     source: str = ""
+    """Where a refused config came from, as the refusal names it."""
 
 
 _IMPORT = ModulePolicy()  # frozen: safe to share as the default
 _POLICY: ContextVar[ModulePolicy] = ContextVar("raysim_module_policy", default=_IMPORT)  # noqa: B039
-#: The flag (CLI) or argument (API) that lets a stored config's modules be imported.
 TRUST_FLAG = "--trust-modules"
+"""The flag (CLI) or argument (API) that lets a stored config's modules be imported."""
 
 
 @contextmanager
@@ -210,6 +213,8 @@ class Registry(Generic[T, S]):
         check: Callable[[T], None],
     ) -> None:
         self.kind = kind
+        """What it holds (``algorithm``, ``server hook`` or ``client behaviour``), as its errors
+        say."""
         self._spec_of = spec_of  # a registered implementation's spec
         self._source = source  # what tells two registrations of one name apart
         self._check = check  # refuses callables of another shape than the interface's
@@ -259,6 +264,8 @@ class Registry(Generic[T, S]):
         return self._registered[name]
 
     def names(self) -> list[str]:
+        """Every known name of this kind, sorted: the built-ins, the entry points' and those
+        registered so far."""
         _load_entry_points()
         return sorted(set(self._builtin()) | set(self._plugin_specs))
 
@@ -268,9 +275,13 @@ class Hook(Generic[T]):
     """A registered hook: name, implementation class, params class, reference."""
 
     name: str
+    """The name a config gives it (a ``hooks.server`` or ``hooks.clients`` entry's ``name``)."""
     cls: type[T]
+    """The implementation, a ``Mixer`` or ``ClientBehaviour`` subclass."""
     params: type[HookParams] = HookParams
+    """Its parameters class, which validates the entry's other keys."""
     reference: str = ""
+    """The paper (and section) it comes from."""
 
     @classmethod
     def of(cls, spec: HookSpec, implementation: type[T]) -> Hook[T]:
@@ -305,6 +316,7 @@ class Hook(Generic[T]):
         return issubclass(self.cls, Mixer) and self.cls.secrets is not Mixer.secrets
 
     def build(self, params: Mapping[str, Any] | HookParams) -> T:
+        """An instance of ``cls``, given its params or the config's entries for them."""
         if not isinstance(params, HookParams):
             params = self.params(**params)
         return self.cls(params)
@@ -345,10 +357,21 @@ ALGORITHMS: Registry[Method, MethodSpec] = Registry(
     lambda m: (m.strategy.__qualname__, m.client.__qualname__, _file(m.strategy)),
     _check_method,
 )
+"""The methods' registry: name → ``Method`` (``register``, ``method_spec``, ``get_method``)."""
 MIXERS: Registry[Mixer, HookSpec] = _hooks("server hook", "Mixer")
+"""The server hooks' registry (``hooks.server``): name → ``Hook`` of a ``Mixer``."""
 BEHAVIOURS: Registry[ClientBehaviour, HookSpec] = _hooks("client behaviour", "ClientBehaviour")
+"""The client behaviours' registry (``hooks.clients``): name → ``Hook`` of a
+``ClientBehaviour``."""
 # the method registry's operations, by the names methods and docs use
 register = ALGORITHMS.register
+"""Register a ``Method`` under its name and return it: ``METHOD = register(Method(...))`` at
+the top of a plugin's module. Its callables are checked against the interface, and a name
+another source registered, or a built-in's, is refused (``Registry.register``)."""
 method_spec = ALGORITHMS.spec
+"""A method's torch-free ``MethodSpec`` by name, its implementation not imported
+(``Registry.spec``)."""
 get_method = ALGORITHMS.get
+"""A method's ``Method`` by name, its module imported (``Registry.get``)."""
 method_names = ALGORITHMS.names
+"""Every known method's name, sorted (``Registry.names``)."""

@@ -69,11 +69,15 @@ class Needs:
     """
 
     model: frozenset[str] = frozenset()
+    """Traits the model must have (``raysim methods`` lists each model's)."""
     server_id: bool = False
+    """Labelled in-distribution server data (``data.server.id_size``)."""
     ood_pool: bool = False
-    #: local steps taken by hand as plain SGD: no momentum, weight decay or accumulation
+    """An out-of-domain server pool (``data.server.ood``)."""
     plain_sgd: bool = False
+    """Local steps taken by hand as plain SGD: no momentum, weight decay or accumulation."""
     example: str = ""
+    """A config that shows how to give it all (the refusal names it)."""
 
     def unmet(
         self,
@@ -140,26 +144,37 @@ class MethodSpec:
     that ``local.dp_sgd`` is refused for it before Ray starts.
     """
 
-    kind: ClassVar[str] = "algorithm"  # the registry's word for a method, as in its errors
+    kind: ClassVar[str] = "algorithm"
+    """The registry's word for a method, as in its errors."""
     name: str
+    """The name a config gives it (``algorithm.name``)."""
     module: str
+    """The module whose import registers its implementation."""
     params: type[MethodParams] = MethodParams
+    """Its parameters class (torch-free)."""
     needs: Needs = Needs()
+    """What it needs from a run."""
     reference: str = ""
+    """The paper (and section) it implements."""
     batchable: bool = True
+    """Whether its client can train in a batched pass (``ClientAlgorithm.may_batch``)."""
     secrets: bool = False
+    """Whether its strategy declares server-private values (overrides ``Strategy.secrets``)."""
     sums: bool = False
+    """Whether its server step reads the deltas only as a weighted sum
+    (``Strategy.sums_updates``)."""
     each_because: str = "its strategy does not declare sums_updates"
-    #: its client trains its own way (``ClientAlgorithm.trains_privately`` is False), which
-    #: sample-level DP-SGD (``local.dp_sgd``) does not cover; checked when it registers
+    """Where it does not sum, why it needs each delta."""
     own_training: bool = False
-    #: with devices (``devices.partial_work: auto``): a client that cannot finish its local work
-    #: by a round's deadline sends the steps it did (FedProx, Li et al. 2020 §3: "variable
-    #: amount of work") instead of being dropped
+    """Its client trains its own way (``ClientAlgorithm.trains_privately`` is False), which
+    sample-level DP-SGD (``local.dp_sgd``) does not cover; checked when it registers."""
     partial_work: bool = False
-    #: with devices (``devices.late: auto``): an update done after its round closed arrives in a
-    #: later round, stale (an asynchronous method), instead of being dropped
+    """With devices (``devices.partial_work: auto``): a client that cannot finish its local work
+    by a round's deadline sends the steps it did (FedProx, Li et al. 2020 §3: "variable
+    amount of work") instead of being dropped."""
     asynchronous: bool = False
+    """With devices (``devices.late: auto``): an update done after its round closed arrives in a
+    later round, stale (an asynchronous method), instead of being dropped."""
 
     @property
     def updates(self) -> str:
@@ -178,9 +193,17 @@ class HookSpec:
     (overrides ``ClientBehaviour.forge``: the updates then travel whole, ``raysim.robust``)."""
 
     kind: str
+    """The registry's word: ``"server hook"`` or ``"client behaviour"``."""
     name: str
+    """The name a config gives it (a ``hooks.server`` or ``hooks.clients`` entry's ``name``)."""
     module: str
+    """The module whose import registers its implementation (``Hook.of(spec, cls)``)."""
     params: type[HookParams] = HookParams
+    """Its parameters class (torch-free)."""
     reference: str = ""
+    """The paper (and section) it comes from."""
     secrets: bool = False
+    """A mixer that declares server-private values (overrides ``Mixer.secrets``)."""
     forges: bool = False
+    """A client behaviour whose updates the server forges (overrides
+    ``ClientBehaviour.forge``)."""

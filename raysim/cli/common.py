@@ -4,10 +4,11 @@ one-line report of a user's mistake."""
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from rich.console import Console
@@ -56,3 +57,51 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from raysim.util.kernels import KernelsError
 
     return (ConfigError, PluginError, ResourceError, ClusterError, MissingInput, KernelsError)
+
+
+def check_overrides(items: Iterable[str]) -> None:
+    """Refuse, in one line that shows how to write it, an override whose YAML value holds a
+    mapping key with a colon and no value: ``'algorithm={name:fedit}'`` (no space after the
+    colon), which YAML reads as the key ``name:fedit``, where ``{name: fedit}`` was meant."""
+    from raysim.config import ConfigError, parse_value
+
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or ":" not in text:
+            continue
+        glued = _glued_keys(parse_value(text))
+        if not glued:
+            continue
+        fixed = text
+        for k in glued:
+            name, _, value = k.partition(":")
+            fixed = fixed.replace(k, f"{name}: {value}", 1)
+        raise ConfigError(
+            f"override {item!r}: YAML reads {glued[0]!r} as one key with no value (a colon "
+            f"needs a space after it); write '{key}={fixed}'"
+        )
+
+
+def _glued_keys(value: Any) -> list[str]:
+    """The keys ``a:b`` with no value in a parsed override, nested ones included."""
+    out: list[str] = []
+    if isinstance(value, dict):
+        for k, v in value.items():
+            name, colon, rest = k.partition(":") if isinstance(k, str) else ("", "", "")
+            if colon and name.strip() and rest.strip() and v is None:
+                out.append(k)
+            out += _glued_keys(v)
+    elif isinstance(value, list):
+        for v in value:
+            out += _glued_keys(v)
+    return out
+
+
+def command_overrides(args: Any) -> list[str]:
+    """The ``key=value`` overrides a command was given (``raysim run --resume`` may take its first
+    as CONFIG: ``cli.run._run_args``)."""
+    items = list(getattr(args, "overrides", None) or ())
+    config = getattr(args, "config", None)
+    if isinstance(config, str) and "=" in config and not os.path.isfile(config):
+        items.insert(0, config)
+    return items

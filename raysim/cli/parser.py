@@ -27,6 +27,31 @@ def _tiny_llama_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+class _CommandParser(argparse.ArgumentParser):
+    """A command's parser: its positionals (CONFIG, then ``key=value`` overrides) may come before,
+    between or after its options (``raysim run CONFIG --dry-run rounds=3``), where plain argparse
+    stops taking positionals at the first option."""
+
+    _intermixing = False
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        if self._intermixing:  # parse_known_intermixed_args calls this, twice
+            return super().parse_known_args(args, namespace)
+        self._intermixing = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixing = False
+
+
+#: ``--address``: what ``raysim.launch.private_ray`` takes (``ray_address``, ``check_reachable``)
+ADDRESS_HELP = (
+    "a Ray cluster to join: auto (the one `ray start` made on this machine), HOST:PORT (its head "
+    "node, e.g. 10.0.0.5:6379) or ray://HOST:PORT (Ray Client); default: $RAY_ADDRESS, else a "
+    "private Ray of this command's own"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="raysim",
@@ -40,11 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
         "Without --address a run starts its own private Ray; errors exit 2, Ctrl-C 130.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_CommandParser)
     p = sub.add_parser("run", help="run one simulation from a YAML config")
     p.add_argument("config", nargs="?", help="path to a YAML config (optional with --resume)")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rounds=50 delays.sigma=20")
-    p.add_argument("--address", default=None, help="existing Ray cluster: auto or ray://host:port")
+    p.add_argument("--address", default=None, metavar="ADDRESS", help=ADDRESS_HELP)
     p.add_argument(
         "--resume",
         default=None,
@@ -69,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--methods", default="centralized,fedit,pfedme,fedlora,perada,fedsdr,fedoa")
         p.add_argument("--held-out", default=None, help="comma-separated settings (default: all)")
         p.add_argument("--metric", default="ood_rouge1")
-        p.add_argument("--address", default=None)
+        p.add_argument("--address", default=None, metavar="ADDRESS", help=ADDRESS_HELP)
         p.add_argument(
             "--dry-run", action="store_true", help="validate every run's config, then stop"
         )
@@ -84,8 +109,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tune", help="a Ray Tune sweep over the config's tune: section")
     p.add_argument("config", help="a YAML config with a tune: section")
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides")
-    p.add_argument("--address", default=None, help="a Ray cluster to join (default: private)")
-    p.add_argument("--resume", default=None, help="continue the sweep whose Tune state is DIR")
+    p.add_argument("--address", default=None, metavar="ADDRESS", help=ADDRESS_HELP)
+    p.add_argument(
+        "--resume",
+        default=None,
+        metavar="DIR",
+        help="continue the stopped sweep whose Tune state is DIR (checked by --dry-run too)",
+    )
     p.add_argument("--storage", default="tune", help="where Tune keeps its state (default ./tune)")
     p.add_argument("--dry-run", action="store_true", help="check the sweep; start nothing")
     p.set_defaults(func=cmd_tune)
@@ -104,7 +134,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=("csv", "parquet"), default="csv")
     p.set_defaults(func=cmd_traces)
     p = sub.add_parser("methods", help="list registered methods and their parameters")
-    p.add_argument("name", nargs="?", help="one method: its parameters' defaults and meaning")
+    p.add_argument("name", nargs="?", help="one method: each parameter's type, default and meaning")
+    p.add_argument(
+        "--module",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import a module of your own first (a dotted name or a .py file, as algorithm.module "
+        "takes), so that the methods it registers are listed; may be repeated",
+    )
     p.set_defaults(func=cmd_methods)
     p = sub.add_parser(
         "pretrain",

@@ -27,11 +27,16 @@ def cmd_tune(args: argparse.Namespace) -> int:
         from raysim.algorithms.registry import module_policy
 
         with module_policy("skip"):
-            line = tune(load_config(args.config, args.overrides), address=args.address,
-                        dry_run=True)  # fmt: skip
+            cfg = load_config(args.config, args.overrides)
+            if args.resume is not None:  # what the sweep would resume: checked as it would be
+                check_resume(args.resume)
+            line = tune(cfg, address=args.address, resume=args.resume, dry_run=True)
         console.print(line, soft_wrap=True, markup=False, highlight=False)
         return 0
+
     cfg = load_config(args.config, args.overrides)
+    if args.resume is not None:
+        check_resume(args.resume)
     metric = cfg.tune.metric if cfg.tune is not None else "accuracy"
     rows: dict[str, dict[str, Any]] = {}
 
@@ -105,3 +110,42 @@ def cmd_tune(args: argparse.Namespace) -> int:
         markup=False,
     )
     return 0
+
+
+def check_resume(path: str) -> None:
+    """``--resume DIR``, checked in one line before anything starts (a dry run too): DIR is a
+    folder holding what ``raysim.sweeps.tuner.tune`` reads back when it resumes: the sweep's own
+    file (``SWEEP_FILE``: its MLflow parent run) and the Tune experiment ``Tuner.restore`` loads
+    (``Tuner.can_restore``: its ``tuner.pkl``). The file is read, the pickle is not (a dry run
+    runs nothing the folder holds)."""
+    import json
+    from pathlib import Path
+
+    from ray.tune import Tuner
+
+    from raysim.config import ConfigError
+    from raysim.sweeps.tuner import SWEEP_FILE
+
+    folder = Path(path).expanduser()
+    hint = "give the folder a stopped sweep named in its `--resume` line"
+    if not folder.exists():
+        raise ConfigError(f"--resume {path}: no such directory; {hint}")
+    if not folder.is_dir():
+        raise ConfigError(f"--resume {path}: not a directory; {hint}")
+    sweep = folder / SWEEP_FILE
+    if not sweep.is_file():  # the words raysim.sweeps.tuner.tune uses
+        inside = sorted(folder.glob(f"*/{SWEEP_FILE}"), key=lambda f: f.stat().st_mtime)
+        if inside:  # --storage itself: the newest sweep in it
+            hint = f"did you mean {inside[-1].parent}?"
+        raise ConfigError(f"{path} is not a raysim sweep's directory (no {SWEEP_FILE}); {hint}")
+    try:
+        state = json.loads(sweep.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ConfigError(f"--resume {path}: its {SWEEP_FILE} cannot be read ({e})") from None
+    if not isinstance(state, dict) or "parent_run_id" not in state:
+        raise ConfigError(f"--resume {path}: its {SWEEP_FILE} names no parent_run_id")
+    if not Tuner.can_restore(str(folder.resolve())):
+        raise ConfigError(
+            f"--resume {path}: no Tune experiment to resume there (no tuner.pkl, the state "
+            "Tune's restore reads); start the sweep again without --resume"
+        )

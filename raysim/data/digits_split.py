@@ -66,7 +66,11 @@ class DigitsConfig(StrictModel):
     only (§8.1's optional widening of the gaps), drawn from the run seed. ``split: fedot`` is
     FedOT spec §9.1's: ``train_size`` shuffled images for the clients, the rest for testing."""
 
-    split: Literal["random", "fedbaf", "fedot"] = "random"
+    split: Literal["random", "fedbaf", "fedot"] = Field(
+        "random",
+        description="random: all 1,797 images, data.test_fraction held out; fedbaf: FedBaF spec "
+        "§8.1's fixed FL and test pools; fedot: FedOT spec §9.1's shuffled train_size",
+    )
     split_seed: int = Field(0, description="fixes the fedbaf pools, whatever the run seed")
     train_size: int = Field(
         1500,

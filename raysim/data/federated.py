@@ -84,7 +84,7 @@ class DataConfig(StrictModel, metaclass=_Dispatch):
     source's default it is dropped, as configs written before the split into classes have it).
     """
 
-    name: str
+    name: str = Field(description="the data source")
     #: why an option of other sources does not apply to this one (key → reason)
     WHY_NOT: ClassVar[dict[str, str]] = {}
 
@@ -180,9 +180,19 @@ def _at_default(key: str, value: Any) -> bool:
 class PooledData(DataConfig):
     """A source whose rows are loaded, split train/test and partitioned among the clients."""
 
-    test_fraction: float = Field(0.2, gt=0, lt=1)
-    partition: PartitionConfig = Field(default_factory=PartitionConfig)
-    server: ServerDataConfig = Field(default_factory=ServerDataConfig)
+    test_fraction: float = Field(
+        0.2,
+        gt=0,
+        lt=1,
+        description="share of the rows held out for testing where the source has no test split",
+    )
+    partition: PartitionConfig = Field(
+        default_factory=PartitionConfig, description="how the training rows go to the clients"
+    )
+    server: ServerDataConfig = Field(
+        default_factory=ServerDataConfig,
+        description="data the server holds (Feddle, Center, FedDF, ...); none by default",
+    )
 
     @model_validator(mode="after")
     def _check_natural(self) -> PooledData:
@@ -220,7 +230,10 @@ class PooledData(DataConfig):
 class ShiftedData(PooledData):
     """A pooled source whose inputs are dense or tokenized text: it takes ``data.shift``."""
 
-    shift: ShiftConfig = Field(default_factory=ShiftConfig)
+    shift: ShiftConfig = Field(
+        default_factory=ShiftConfig,
+        description="a per-client transform of the inputs (FedOT spec §6.2); none by default",
+    )
 
     @model_validator(mode="after")
     def _check_shift(self) -> ShiftedData:
@@ -247,8 +260,12 @@ class ShiftedData(PooledData):
 class TokenisedText(DataConfig):
     """Options of a source whose text is tokenized here (listed first among a class's bases)."""
 
-    vocab_size: int = Field(5000, ge=3)  # embedding rows incl. pad (0) and unk (1)
-    max_tokens: int = Field(256, ge=1)  # tokens per sample after truncate/pad
+    vocab_size: int = Field(
+        5000,
+        ge=3,
+        description="the word vocabulary's size, pad (0) and unknown (1) included (no tokenizer)",
+    )
+    max_tokens: int = Field(256, ge=1, description="tokens per sample, truncated or padded")
     tokenizer: str | None = Field(
         None,
         description="text classification: token ids from this Hugging Face tokenizer (a "
@@ -272,8 +289,10 @@ class TokenisedText(DataConfig):
 class DigitsData(ShiftedData):
     """sklearn's 8×8 digits; ``data.digits`` picks FedBaF's or FedOT's split of them."""
 
-    name: Literal["digits"] = "digits"
-    digits: DigitsConfig = Field(default_factory=DigitsConfig)
+    name: Literal["digits"] = Field("digits", description="the data source")
+    digits: DigitsConfig = Field(
+        default_factory=DigitsConfig, description="which split of the digits (FedBaF's, FedOT's)"
+    )
 
     def load(self, seed: int) -> RawData:
         if self.digits.split == "fedbaf":
@@ -286,13 +305,13 @@ class DigitsData(ShiftedData):
 class Mnist1dData(ShiftedData):
     """MNIST-1D, 40 features a sample."""
 
-    name: Literal["mnist1d"] = "mnist1d"
+    name: Literal["mnist1d"] = Field("mnist1d", description="the data source")
 
 
 class BBCNewsData(TokenisedText, ShiftedData):
     """BBC News articles in 5 topics (text classification)."""
 
-    name: Literal["bbc_news"] = "bbc_news"
+    name: Literal["bbc_news"] = Field("bbc_news", description="the data source")
 
     def token_inputs(self) -> bool:
         return True
@@ -301,8 +320,10 @@ class BBCNewsData(TokenisedText, ShiftedData):
 class HFData(TokenisedText, ShiftedData):
     """Any Hugging Face ``datasets`` source with numeric feature columns or a text column."""
 
-    name: Literal["hf"] = "hf"
-    hf: HFConfig = Field(default_factory=HFConfig)
+    name: Literal["hf"] = Field("hf", description="the data source")
+    hf: HFConfig = Field(
+        default_factory=HFConfig, description="the dataset and its columns (path is required)"
+    )
 
     @model_validator(mode="after")
     def _check_hf(self) -> HFData:
@@ -329,8 +350,10 @@ class HFData(TokenisedText, ShiftedData):
 class HFImageData(ShiftedData):
     """Image sets through ``datasets`` (Feddle spec §5.2), with presets (``raysim.data.images``)."""
 
-    name: Literal["hf_image"] = "hf_image"
-    hf_image: HFImageConfig = Field(default_factory=HFImageConfig)
+    name: Literal["hf_image"] = Field("hf_image", description="the data source")
+    hf_image: HFImageConfig = Field(
+        default_factory=HFImageConfig, description="the image dataset: a preset, or path"
+    )
 
     @model_validator(mode="after")
     def _check_image(self) -> HFImageData:
@@ -360,8 +383,10 @@ def _source_inputs(key: str, source: HFConfig | HFImageConfig) -> Iterator[Input
 class MarkovData(PooledData):
     """Token sequences from Markov chains (FedBaF spec §8.1's language-model proxy)."""
 
-    name: Literal["markov"] = "markov"
-    markov: MarkovConfig = Field(default_factory=MarkovConfig)
+    name: Literal["markov"] = Field("markov", description="the data source")
+    markov: MarkovConfig = Field(
+        default_factory=MarkovConfig, description="the two Markov chains and their corpora"
+    )
     WHY_NOT: ClassVar[dict[str, str]] = {"shift": "shifts are for inputs of classifiers"}
 
     def load(self, seed: int) -> RawData:
@@ -371,8 +396,10 @@ class MarkovData(PooledData):
 class HFLMData(PooledData):
     """A Hugging Face text corpus as language-model windows (WikiText-2, PTB presets)."""
 
-    name: Literal["hf_lm"] = "hf_lm"
-    hf_lm: HFTextLMConfig = Field(default_factory=HFTextLMConfig)
+    name: Literal["hf_lm"] = Field("hf_lm", description="the data source")
+    hf_lm: HFTextLMConfig = Field(
+        default_factory=HFTextLMConfig, description="the corpus: a preset, or path"
+    )
     WHY_NOT: ClassVar[dict[str, str]] = MarkovData.WHY_NOT
 
     @model_validator(mode="after")
@@ -394,8 +421,15 @@ class TextTaskData(DataConfig):
     """The instruction-tuning sets ``flan_mini`` and ``flan`` (fedoa spec §4): clients follow
     leave-one-task-out."""
 
-    name: Literal["flan_mini", "flan"] = "flan_mini"
-    text: TextTaskConfig = Field(default_factory=TextTaskConfig)
+    name: Literal["flan_mini", "flan"] = Field(
+        "flan_mini",
+        description="flan_mini: FedOA spec §7.1's 8 generated sub-datasets, offline; flan: the "
+        "released Flan files (data.text.data_dir)",
+    )
+    text: TextTaskConfig = Field(
+        default_factory=TextTaskConfig,
+        description="the leave-one-out protocol, sizes, template and tokenizer",
+    )
     vocab_size: int = Field(5000, ge=3, description="text.tokenizer word: its vocabulary size")
     WHY_NOT: ClassVar[dict[str, str]] = {
         "partition": "clients follow leave-one-task-out (use data.text.shards_per_task)",
@@ -425,9 +459,13 @@ class SyntheticData(DataConfig):
     """Synthetic(α, β) of FedProx §5.1: each client's rows come from its own generator, made
     when the client is dispatched (``raysim.data.generated``)."""
 
-    name: Literal["synthetic"] = "synthetic"
-    test_fraction: float = Field(0.2, gt=0, lt=1)
-    synthetic: SyntheticConfig = Field(default_factory=SyntheticConfig)
+    name: Literal["synthetic"] = Field("synthetic", description="the data source")
+    test_fraction: float = Field(
+        0.2, gt=0, lt=1, description="share of each client's samples held out for testing"
+    )
+    synthetic: SyntheticConfig = Field(
+        default_factory=SyntheticConfig, description="Synthetic(α, β)'s generator"
+    )
     WHY_NOT: ClassVar[dict[str, str]] = dict.fromkeys(
         ("partition", "server", "shift"),
         "each client's data is its own generator's (data.synthetic sets how they differ)",

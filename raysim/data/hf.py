@@ -19,24 +19,43 @@ class HFSource(StrictModel):
     ``data.test_fraction`` out of the train split.
     """
 
-    path: str | None = None
-    name: str | None = None
-    data_files: str | list[str] | dict[str, str | list[str]] | None = None
-    data_dir: str | None = None
-    load_from_disk: bool = False
-    cache_dir: str | None = None
-    train_split: str = "train"
-    test_split: str | None = None
-    label_column: str = "label"
-    client_column: str | None = Field(None, description="natural client ids")
+    path: str | None = Field(
+        None,
+        description="datasets.load_dataset's path: a hub id, a builder (csv, parquet, json, "
+        "imagefolder) or a folder; with load_from_disk, a save_to_disk folder",
+    )
+    name: str | None = Field(None, description="the dataset's configuration (load_dataset's name)")
+    data_files: str | list[str] | dict[str, str | list[str]] | None = Field(
+        None, description="files for a builder, e.g. {train: a.csv, test: b.csv}"
+    )
+    data_dir: str | None = Field(None, description="load_dataset's data_dir")
+    load_from_disk: bool = Field(
+        False, description="path is a folder written by save_to_disk (datasets.load_from_disk)"
+    )
+    cache_dir: str | None = Field(None, description="the datasets cache; None: datasets' own")
+    train_split: str = Field("train", description="the split the clients train on")
+    test_split: str | None = Field(
+        None,
+        description="the split evaluation uses; None: data.test_fraction of the train split",
+    )
+    label_column: str = Field(
+        "label", description="the label column (integers, or strings numbered in sorted order)"
+    )
+    client_column: str | None = Field(
+        None, description="natural client ids (partition.kind natural): one client per value"
+    )
 
 
 class HFConfig(HFSource):
     """Options for ``DataConfig(name="hf", hf=HFConfig(...))``: exactly one of
     ``feature_columns`` (numeric, -> float32 features) and ``text_column`` (-> token ids)."""
 
-    feature_columns: list[str] | None = None
-    text_column: str | None = None
+    feature_columns: list[str] | None = Field(
+        None, description="numeric columns that make the float32 features (not with text_column)"
+    )
+    text_column: str | None = Field(
+        None, description="a text column, tokenized into the inputs (not with feature_columns)"
+    )
 
     def check(self) -> None:
         """Raise ValueError if the options cannot describe a usable dataset."""

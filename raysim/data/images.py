@@ -78,9 +78,16 @@ class HFImageConfig(HFSource):
     """Options for ``DataConfig(name="hf_image", hf_image=HFImageConfig(...))`` and for an
     ``hf_image`` OOD pool; a ``preset`` fills the fields the config leaves unset."""
 
-    preset: Preset | None = None
-    test_split: str | None = "test"
-    image_column: str = "image"
+    preset: Preset | None = Field(
+        None,
+        description="a named set whose path and columns it fills (a key the config sets wins); "
+        "None: give path",
+    )
+    test_split: str | None = Field(
+        "test",
+        description="the split evaluation uses; None: data.test_fraction of the train split",
+    )
+    image_column: str = Field("image", description="the column of the images")
     partition_label_column: str | None = Field(
         None, description="partition over this column instead of the label (CIFAR-100 fine)"
     )

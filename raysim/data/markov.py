@@ -33,8 +33,8 @@ class MarkovConfig(StrictModel):
         "federated", description="federated: chain B (the FL task); foundation: chain A"
     )
     chain_seed: int = Field(0, description="fixes both chains and corpora, whatever the run seed")
-    vocab_foundation: int = Field(300, ge=4)
-    vocab_federated: int = Field(250, ge=4)
+    vocab_foundation: int = Field(300, ge=4, description="tokens of chain A (the foundation)")
+    vocab_federated: int = Field(250, ge=4, description="tokens of chain B (the FL task)")
     shared: float = Field(0.7, ge=0, le=1, description="share of B's contexts that follow A")
     classes: int = Field(16, ge=1, description="latent token classes; a context is a class pair")
     branching: int = Field(12, ge=1, description="candidate next tokens per context")

@@ -20,13 +20,24 @@ class PartitionConfig(StrictModel):
 
     kind: Literal[
         "iid", "dirichlet", "shards", "natural", "contiguous", "iid_balanced", "class_subset"
-    ] = "dirichlet"
-    alpha: float = Field(0.3, gt=0)  # dirichlet concentration over labels
-    shards_per_client: int = Field(2, ge=1)  # shards partition (McMahan et al. 2017)
+    ] = Field(
+        "dirichlet",
+        description="iid: shuffled, equal sizes; dirichlet: each class split by Dir(alpha) "
+        "shares (label skew, Hsu et al. 2019); shards: label-sorted shards dealt out (McMahan et "
+        "al. 2017); natural: one client per id of the source's client column; contiguous: "
+        "consecutive blocks in data order; iid_balanced: every client holds every class in "
+        "equal numbers; class_subset: classes_per_client classes each",
+    )
+    alpha: float = Field(
+        0.3, gt=0, description="dirichlet: the concentration; small (0.1) is very skewed"
+    )
+    shards_per_client: int = Field(2, ge=1, description="shards: shards each client gets")
     classes_per_client: int = Field(
         2, ge=1, description="class_subset: classes each client holds (FedBaF spec §4.2)"
     )
-    min_size: int = Field(1, ge=0)  # dirichlet: redraw until every client has >= min_size
+    min_size: int = Field(
+        1, ge=0, description="dirichlet: redraw until every client has at least this many samples"
+    )
     natural_clients: Literal["all", "sample"] = Field(
         "all",
         description="natural: every id is a client (num clients must match), or keep num "

@@ -25,8 +25,15 @@ class OODPoolConfig(StrictModel):
     (§5.2: a 250K ImageNet subset, ``hf_image: {preset: imagenet}``), stored at the clients'
     image shape."""
 
-    name: str = "shapes"
-    kind: Literal["shapes", "label_disjoint", "hf_image"] = "shapes"
+    name: str = Field(
+        "shapes", description="the pool's name, which a method's ood_pool parameter picks"
+    )
+    kind: Literal["shapes", "label_disjoint", "hf_image"] = Field(
+        "shapes",
+        description="shapes: generated bar, diagonal and box images (4 labels); label_disjoint: "
+        "the dataset's own images of labels, kept from the clients; hf_image: images of another "
+        "dataset (hf_image)",
+    )
     size: int = Field(1000, ge=1, description="pool size (label_disjoint: at most this many)")
     noise: float = Field(0.2, ge=0, description="shapes: amplitude of the additive noise")
     labels: list[int] = Field(
@@ -48,7 +55,11 @@ class ServerDataConfig(StrictModel):
     spec A20) leave the test split for the server; evaluation uses the rest."""
 
     id_size: int = Field(0, ge=0, description="in-distribution server samples from the test split")
-    ood: list[OODPoolConfig] = Field(default_factory=list)
+    ood: list[OODPoolConfig] = Field(
+        default_factory=list,
+        description="out-of-distribution pools the server holds (Feddle spec §8.1), e.g. "
+        "[{kind: shapes}]",
+    )
 
 
 def carve_id_split(n_test: int, size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

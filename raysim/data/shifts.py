@@ -40,7 +40,12 @@ SHIFT_TAG = 0xF07  # rng = default_rng([seed, SHIFT_TAG, client])
 class ShiftConfig(StrictModel):
     """``data.shift``: a per-client transform of the inputs (FedOT spec §6.2)."""
 
-    kind: Literal["none", "affine", "colour", "embedding"] = "none"
+    kind: Literal["none", "affine", "colour", "embedding"] = Field(
+        "none",
+        description="none; affine: dense inputs, each client's own s ⊙ x + z; colour: each "
+        "pixel coloured by the client's own background and foreground RGB (Colored-MNIST); "
+        "embedding: token data, the client's shift applied to the input embeddings",
+    )
     affine_mode: Literal["paper_diag", "code_full"] = Field(
         "paper_diag", description="paper_diag: diag(s)x + z (paper); code_full: x + xM + z (code)"
     )

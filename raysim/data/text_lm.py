@@ -35,9 +35,15 @@ PRESETS: dict[str, dict[str, Any]] = {
 class HFTextLMConfig(HFSource):
     """``data.hf_lm`` (``data.name: hf_lm``); a ``preset`` fills the fields the config leaves."""
 
-    preset: Literal["wikitext2", "ptb"] | None = None
-    text_column: str = "text"
-    test_split: str | None = "test"
+    preset: Literal["wikitext2", "ptb"] | None = Field(
+        None,
+        description="WikiText-2 or Penn Treebank: fills path, name, text_column and test_split "
+        "(a key the config sets wins); None: give path",
+    )
+    text_column: str = Field("text", description="the column of the text lines")
+    test_split: str | None = Field(
+        "test", description="the split perplexity is measured on (required)"
+    )
     seq_len: int = Field(35, ge=2, description="tokens per window (bptt)")
     vocab_size: int | None = Field(None, ge=3, description="None: every train word")
 

@@ -209,26 +209,56 @@ class TextTaskConfig(StrictModel):
     only) holds one folder per family with ``<name>_train.jsonl``/``<name>_test.jsonl``.
     """
 
-    held_out: Family = "reading_comprehension"
-    #: ``task``: leave one task family out (spec §4.2 item 1); ``domain``: leave one domain of
-    #: every family out (``held_out_domain``), a text analogue of the vision LODO (item 4).
-    protocol: Literal["task", "domain"] = "task"
-    held_out_domain: str = "d2"
-    n_train: int = Field(60, ge=1)
-    n_test: int = Field(20, ge=1)
-    #: Seed of the data (Flan-mini words and examples, Flan sampling, shards); None = the run seed.
-    #: Fix it to vary only the training randomness across seeds (the papers' data are fixed).
-    data_seed: int | None = None
-    shards_per_task: int = Field(1, ge=1)
-    template: TemplateName = "alpaca_short"
-    cutoff_len: int = Field(128, ge=2)
-    tokenizer: str = "word"
-    data_dir: str | None = None
-    cache_dir: str | None = None  # flan: the ``datasets`` cache for the jsonl files
-    eval_id: bool = True
-    #: Centralized (spec §3.1): merge the training clients into one (needs ``num_clients = 1``);
-    #: ``id/0`` is then the union of the training sub-datasets' test splits.
-    pool_clients: bool = False
+    held_out: Family = Field(
+        "reading_comprehension",
+        description="protocol task: the task family held out as the unseen (OOD) task",
+    )
+    protocol: Literal["task", "domain"] = Field(
+        "task",
+        description="task: leave one task family out (FedOA spec §4.2 item 1); domain: leave "
+        "one domain of every family out (held_out_domain), a text analogue of the vision "
+        "leave-one-domain-out (item 4)",
+    )
+    held_out_domain: str = Field(
+        "d2",
+        description="protocol domain: the domain held out (d1, d2: a sub-dataset's rank within "
+        "its family)",
+    )
+    n_train: int = Field(60, ge=1, description="training examples per sub-dataset")
+    n_test: int = Field(20, ge=1, description="test examples per sub-dataset")
+    data_seed: int | None = Field(
+        None,
+        description="the seed of the data (Flan-mini's words and examples, Flan's sampling, the "
+        "shards); None: the run seed. Fix it to vary only the training randomness across seeds",
+    )
+    shards_per_task: int = Field(
+        1, ge=1, description="clients per training sub-dataset (disjoint random shards)"
+    )
+    template: TemplateName = Field(
+        "alpaca_short", description="the prompt template (FedOA spec §4.5)"
+    )
+    cutoff_len: int = Field(
+        128, ge=2, description="tokens per example at most (prompt and answer, truncated)"
+    )
+    tokenizer: str = Field(
+        "word",
+        description="word: a word-level tokenizer built from every sub-dataset's train split; "
+        "else a local Hugging Face tokenizer folder, or smollm2",
+    )
+    data_dir: str | None = Field(
+        None,
+        description="flan: the folder of the released files, one folder per family with "
+        "<name>_train.jsonl and <name>_test.jsonl",
+    )
+    cache_dir: str | None = Field(None, description="flan: the datasets cache for the jsonl files")
+    eval_id: bool = Field(
+        True, description="also evaluate each client on its own sub-dataset's test split"
+    )
+    pool_clients: bool = Field(
+        False,
+        description="Centralized (FedOA spec §3.1): merge the training clients into one (needs "
+        "clients.num 1); its own test set is then the training sub-datasets' test splits",
+    )
 
     def check(self, name: str) -> None:
         """Raise ValueError if these options cannot describe dataset ``name``."""

@@ -29,11 +29,17 @@ class SyntheticDevices(StrictModel):
     bandwidth_kbps_median: float = Field(5000.0, gt=0, description="kbit/s up and down")
     bandwidth_sigma: float = Field(1.0, ge=0, description="σ of log bandwidth")
     night_start_h: float = Field(22.0, ge=0, lt=24, description="mean hour a night window opens")
-    night_start_spread_h: float = Field(2.0, ge=0)
-    night_hours_median: float = Field(7.0, gt=0, le=20)
-    night_hours_sigma: float = Field(0.4, ge=0)
+    night_start_spread_h: float = Field(
+        2.0, ge=0, description="std of the night window's start, in hours"
+    )
+    night_hours_median: float = Field(
+        7.0, gt=0, le=20, description="median length of the night window, in hours"
+    )
+    night_hours_sigma: float = Field(0.4, ge=0, description="σ of the log night length")
     day_session_rate: float = Field(0.3, ge=0, le=1, description="chance of a day window too")
-    day_hours_median: float = Field(1.0, gt=0, le=10)
+    day_hours_median: float = Field(
+        1.0, gt=0, le=10, description="median length of a day window (starts 8–18 h), in hours"
+    )
     timezone_spread_h: float = Field(0.0, ge=0, le=24, description="devices' clocks spread")
     always_available: float = Field(0.0, ge=0, le=1, description="share online all day")
 
@@ -43,7 +49,10 @@ class DevicesConfig(StrictModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    enabled: bool = False
+    enabled: bool = Field(
+        False,
+        description="clients as devices on a clock in seconds; false: rounds, with delays",
+    )
     traces: Literal["synthetic", "fedscale", "files"] = Field(
         "synthetic",
         description="synthetic: the seeded generator; fedscale: FedScale's pickled dicts "
@@ -54,7 +63,9 @@ class DevicesConfig(StrictModel):
     availability_path: str | None = Field(
         None, description="fedscale: client_behave_trace (none: always available)"
     )
-    synthetic: SyntheticDevices = Field(default_factory=SyntheticDevices)
+    synthetic: SyntheticDevices = Field(
+        default_factory=SyntheticDevices, description="traces synthetic: the generator's settings"
+    )
     availability: bool = Field(
         True, description="respect availability windows (false: speeds and bandwidths only)"
     )

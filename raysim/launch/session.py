@@ -41,24 +41,37 @@ log = logging.getLogger("raysim")
 
 @dataclass
 class Result:
-    """What a finished run gives back."""
+    """What a finished run gives back (``raysim.run``, ``RunSession.finish``)."""
 
     metrics: dict[str, float]
+    """The final metrics: the last evaluation's scores (``accuracy``, ``loss``, ...), then the
+    run's totals (``rounds``, ``wall_time_s``, ``total_bytes_up``, ``total_updates``, ...)."""
     history: list[dict[str, float]]
+    """Every round's metrics, in round order."""
     run_id: str | None
+    """The MLflow run's id (None without tracking)."""
     weights_digest: str
+    """sha256 of the final global weights as little-endian float32 bytes: equal digests, equal
+    models (the reproducibility check)."""
     config: RunConfig
+    """The config the run ran with, validated."""
     tracking_uri: str | None = None
+    """The MLflow tracking URI the run was logged to (None without tracking)."""
     clients: list[dict[str, Any]] = field(default_factory=list)
+    """One row per client that took part (its counters, then its last evaluation's scores), as
+    in the ``clients.csv`` artifact; empty above 100,000 clients."""
     weights: np.ndarray | None = None
+    """The final global vector (flat float32, in the model's ``Layout`` order)."""
     client_states: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
-    #: set when the run finished but its artifacts could not be written: why, and where the
-    #: driver saved the weights instead (the MLflow run is then marked FAILED)
+    """Each client's personal state at the end, by client id, as ``tracking.client_states``
+    records it (empty where it records none)."""
     unsaved: str | None = None
-    #: ``clients.state.store: disk``: the folder of the run's personal-state store
+    """Set when the run finished but its artifacts could not be written: why, and where the
+    driver saved the weights instead (the MLflow run is then marked FAILED)."""
     state_store: str | None = None
-    #: the plan the run followed (``RunPlan.describe``: what ``raysim run --dry-run`` prints)
+    """``clients.state.store: disk``: the folder of the run's personal-state store."""
     plan: str = ""
+    """The plan the run followed (``RunPlan.describe``: what ``raysim run --dry-run`` prints)."""
 
 
 #: where the driver saves a finished run's weights when the artifact store refuses them

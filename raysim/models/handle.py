@@ -53,19 +53,27 @@ class ModelHandle:
 
     Personal and ascent groups start, on a client's first visit, from the values the model was
     built with (every process builds it from the run's init stream).
+
+    A client's ``train`` gets it as ``ctx.model``: ``module`` is the ``torch.nn.Module`` to run,
+    ``global_parameters()`` the shared tensors local training updates, ``group_parameters(name)``
+    a declared group's. After ``train`` the worker reads the update from ``get_global()`` and the
+    personal state from ``get_state()``. A LoRA model's handle
+    (``raysim.models.causal_lm.LoraHandle``) has the same methods, each group an adapter.
     """
 
-    #: whether ``use`` chooses which groups forward passes apply (LoRA adapters, copies of the
-    #: rest) rather than every group always being applied
     switches_groups = False
-    #: whether ``module(..., output_hidden_states=True)`` returns per-layer features
+    """Whether ``use`` chooses which groups forward passes apply (LoRA adapters, copies of the
+    rest) rather than every group always being applied."""
     has_hidden_states = False
+    """Whether ``module(..., output_hidden_states=True)`` returns per-layer features."""
 
     def __init__(
         self, module: torch.nn.Module, groups: Sequence[ParamGroup] = DEFAULT_GROUPS
     ) -> None:
         self.module = module
+        """The resident ``torch.nn.Module``: what forward passes run."""
         self.groups = check_groups(groups)
+        """The method's parameter groups (``Method.groups``); the first is the shared one."""
         rest = [g for g in self.groups if g.params is None]
         self._by_group: dict[str, list[tuple[str, torch.nn.Parameter]]] = {
             g.name: [] for g in self.groups
@@ -80,6 +88,7 @@ class ModelHandle:
         if len(rest) > 1:
             self._copy_rest([g.name for g in rest])
         self.global_adapter = self.groups[0].name
+        """The shared group's name."""
         self._global = self._by_group[self.global_adapter]
         self._buffers = _persistent_buffers(module)
         self._initial_state = self.get_state()
@@ -99,18 +108,24 @@ class ModelHandle:
 
     # --------------------------------------------------------------- groups
     def group_parameters(self, group: str) -> list[torch.nn.Parameter]:
+        """The trainable tensors of ``group``, in module order."""
         return [p for _, p in self._by_group[group]]
 
     def get_group(self, group: str) -> np.ndarray:
+        """``group``'s tensors as one flat float32 vector (a copy)."""
         return flatten(self.group_parameters(group))
 
     def set_group(self, group: str, flat: np.ndarray) -> None:
+        """Load a flat vector of ``get_group``'s form into ``group``'s tensors."""
         assign(self.group_parameters(group), flat)
 
     # the fedoa clients' names: on a LoRA model a group is the adapter of the same name
     adapter_parameters = group_parameters
+    """``group_parameters``, by the name a LoRA adapter goes by."""
     get_adapter = get_group
+    """``get_group``, by the name a LoRA adapter goes by."""
     set_adapter = set_group
+    """``set_group``, by the name a LoRA adapter goes by."""
 
     def global_parameters(self) -> list[torch.nn.Parameter]:
         """The shared group: what local training updates and the server aggregates."""
@@ -130,11 +145,13 @@ class ModelHandle:
 
     # --------------------------------------------------------------- the global vector
     def layout(self) -> Layout:
+        """The global vector's layout: the shared group's tensors, then the buffers."""
         entries = [(n, tuple(p.shape), SHARED) for n, p in self._global]
         entries += [(n, tuple(b.shape), BUFFERS) for n, b in self._buffers]
         return Layout(entries)
 
     def global_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
+        """(name, shape) of every tensor of the global vector, in order."""
         return self.layout().shapes()
 
     @property
@@ -143,12 +160,16 @@ class ModelHandle:
         return not self._buffers
 
     def get_global(self) -> np.ndarray:
+        """The global vector now held: the shared group's tensors, then the buffers, flat
+        float32 (a copy)."""
         flat = flatten(self.global_parameters())
         if not self._buffers:
             return flat
         return np.concatenate([flat, flatten([b for _, b in self._buffers])])
 
     def set_global(self, flat: np.ndarray) -> None:
+        """Load a global vector (``get_global``'s form) into the module; integer buffers get
+        their values rounded."""
         if not self._buffers:
             assign(self.global_parameters(), flat)
             return
@@ -167,6 +188,7 @@ class ModelHandle:
 
     # --------------------------------------------------------------- personal state
     def personal_groups(self) -> list[str]:
+        """The names of the groups that stay with a client (``personal`` and ``ascent``)."""
         return [g.name for g in self.groups if g.role != "shared"]
 
     def get_state(self) -> dict[str, np.ndarray]:

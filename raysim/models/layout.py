@@ -24,8 +24,13 @@ from typing import Literal
 import numpy as np
 
 Role = Literal["shared", "personal", "ascent"]
-#: The layout group of the shared trainable parameters and of the buffers.
-SHARED, BUFFERS = "shared", "buffers"
+"""A parameter group's role: ``shared`` (averaged by the server), ``personal`` (kept by its
+client) or ``ascent`` (kept by its client, trained by gradient ascent)."""
+SHARED = "shared"
+"""The layout group of the shared trainable parameters (``Layout.mask(SHARED)``: their
+coordinates of the global vector)."""
+BUFFERS = "buffers"
+"""The layout group of the buffers (BatchNorm statistics), after the shared parameters."""
 
 
 @dataclass(frozen=True)
@@ -39,15 +44,19 @@ class ParamGroup:
     """
 
     name: str
+    """The group's name (``model.use(name)``, ``Method.evaluate_with``)."""
     role: Role = "shared"
+    """``shared``, ``personal`` or ``ascent``."""
     params: str | None = None
+    """A regular expression over parameter names, or None (see above)."""
 
     def matches(self, param_name: str) -> bool:
+        """Whether ``params`` is set and finds ``param_name`` (``re.search``)."""
         return self.params is not None and re.search(self.params, param_name) is not None
 
 
-#: What a method gets when it declares nothing: every trainable tensor is shared.
 DEFAULT_GROUPS: tuple[ParamGroup, ...] = (ParamGroup("global", "shared"),)
+"""What a method gets when it declares nothing: every trainable tensor is shared."""
 
 
 def check_groups(groups: Sequence[ParamGroup]) -> tuple[ParamGroup, ...]:
@@ -67,16 +76,22 @@ class TensorSpec:
     """One tensor of the global vector."""
 
     name: str
+    """The tensor's name (the model's name of the parameter or buffer)."""
     shape: tuple[int, ...]
-    group: str  # SHARED or BUFFERS
+    """Its shape."""
+    group: str
+    """``SHARED`` or ``BUFFERS``."""
     offset: int
+    """Where its values start in the vector."""
 
     @property
     def size(self) -> int:
+        """How many values it has."""
         return int(np.prod(self.shape, dtype=np.int64))
 
     @property
     def slice(self) -> slice:
+        """Its coordinates in the vector: ``flat[spec.slice]`` are its values, row-major."""
         return slice(self.offset, self.offset + self.size)
 
 
@@ -94,7 +109,9 @@ class Layout:
             specs.append(spec)
             offset += spec.size
         self.tensors: tuple[TensorSpec, ...] = tuple(specs)
+        """Every tensor of the vector, in vector order."""
         self.size = offset
+        """The vector's length."""
 
     def __len__(self) -> int:
         return len(self.tensors)
@@ -108,13 +125,16 @@ class Layout:
 
     @property
     def groups(self) -> list[str]:
+        """The groups present, in vector order (``SHARED``, then ``BUFFERS`` if any)."""
         return list(dict.fromkeys(t.group for t in self.tensors))
 
     @property
     def names(self) -> list[str]:
+        """Every tensor's name, in vector order."""
         return [t.name for t in self.tensors]
 
     def shapes(self, group: str | None = None) -> list[tuple[str, tuple[int, ...]]]:
+        """(name, shape) of every tensor of ``group`` (None: all), in vector order."""
         return [(t.name, t.shape) for t in self.tensors if group is None or t.group == group]
 
     def select(self, group: str | None = None, pattern: str | None = None) -> list[TensorSpec]:

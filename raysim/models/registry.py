@@ -38,23 +38,30 @@ class DataSpec:
 class LlamaShape(StrictModel):
     """A LLaMA architecture built from a config (random init); ``vocab_size`` None = tokenizer's."""
 
-    vocab_size: int | None = None
-    hidden_size: int = Field(64, ge=8)
-    intermediate_size: int = Field(128, ge=8)
-    num_hidden_layers: int = Field(2, ge=1)
-    num_attention_heads: int = Field(4, ge=1)
-    num_key_value_heads: int = Field(4, ge=1)
-    max_position_embeddings: int = Field(512, ge=8)
-    rms_norm_eps: float = 1e-6
+    vocab_size: int | None = Field(
+        None, description="embedding rows; None: the tokenizer's vocabulary"
+    )
+    hidden_size: int = Field(64, ge=8, description="the model width d")
+    intermediate_size: int = Field(128, ge=8, description="the MLP's inner width")
+    num_hidden_layers: int = Field(2, ge=1, description="decoder layers")
+    num_attention_heads: int = Field(4, ge=1, description="attention heads (they divide d)")
+    num_key_value_heads: int = Field(
+        4, ge=1, description="key/value heads; fewer than the attention heads: grouped queries"
+    )
+    max_position_embeddings: int = Field(512, ge=8, description="the longest sequence, in tokens")
+    rms_norm_eps: float = Field(1e-6, description="ε of RMSNorm")
 
 
 class LoraSettings(StrictModel):
     """PEFT LoRA on the frozen base (FedOA spec §4.3 defaults: r 8, α 16, dropout 0.05, q/v)."""
 
-    r: int = Field(8, ge=1)
-    alpha: float = Field(16.0, gt=0)
-    dropout: float = Field(0.05, ge=0, lt=1)
-    targets: list[str] = Field(default_factory=lambda: ["q_proj", "v_proj"])
+    r: int = Field(8, ge=1, description="the adapters' rank")
+    alpha: float = Field(16.0, gt=0, description="the LoRA scaling numerator: updates scale by α/r")
+    dropout: float = Field(0.05, ge=0, lt=1, description="dropout on the adapters' input")
+    targets: list[str] = Field(
+        default_factory=lambda: ["q_proj", "v_proj"],
+        description="names of the modules that get adapters (PEFT's target_modules)",
+    )
     adapter_dtype: Literal["float32", "model"] = Field(
         "float32",
         description="float32: PEFT's default, adapters in float32 on a lower-precision base; "
@@ -79,53 +86,96 @@ class ImageSettings(StrictModel):
 class ResNetShape(StrictModel):
     """``transformers.ResNetConfig`` fields; the defaults are ResNet18."""
 
-    depths: list[int] = Field(default_factory=lambda: [2, 2, 2, 2])
-    hidden_sizes: list[int] = Field(default_factory=lambda: [64, 128, 256, 512])
-    embedding_size: int = Field(64, ge=1)
-    layer_type: Literal["basic", "bottleneck"] = "basic"
+    depths: list[int] = Field(
+        default_factory=lambda: [2, 2, 2, 2], description="blocks per stage (resnet, preact_resnet)"
+    )
+    hidden_sizes: list[int] = Field(
+        default_factory=lambda: [64, 128, 256, 512],
+        description="channels per stage (resnet, preact_resnet)",
+    )
+    embedding_size: int = Field(64, ge=1, description="resnet: channels of the stem convolution")
+    layer_type: Literal["basic", "bottleneck"] = Field(
+        "basic", description="resnet: basic (ResNet18/34) or bottleneck (ResNet50 and up) blocks"
+    )
 
 
 class ViTShape(StrictModel):
     """``transformers.ViTConfig`` fields; the defaults are ViT-B/16."""
 
-    patch_size: int = Field(16, ge=1)
-    hidden_size: int = Field(768, ge=8)
-    num_hidden_layers: int = Field(12, ge=1)
-    num_attention_heads: int = Field(12, ge=1)
-    intermediate_size: int = Field(3072, ge=8)
+    patch_size: int = Field(16, ge=1, description="side of a square patch, in pixels")
+    hidden_size: int = Field(768, ge=8, description="the model width")
+    num_hidden_layers: int = Field(12, ge=1, description="encoder layers")
+    num_attention_heads: int = Field(12, ge=1, description="attention heads per layer")
+    intermediate_size: int = Field(3072, ge=8, description="the MLP's inner width")
 
 
 class TransformerLMShape(StrictModel):
     """``transformer_lm`` (PyTorch's word_language_model Transformer: sinusoidal positions, a
     causal encoder, an untied decoder); d_model is ``embed_dim``, dropout ``dropout``."""
 
-    layers: int = Field(2, ge=1)
-    heads: int = Field(2, ge=1)
+    layers: int = Field(2, ge=1, description="encoder layers")
+    heads: int = Field(2, ge=1, description="attention heads (they divide model.embed_dim)")
     ffn: int = Field(128, ge=1, description="the feed-forward width")
 
 
 class ModelConfig(StrictModel):
     """Which model to build; unused fields are ignored by builders that do not need them."""
 
-    name: str = "mlp"
-    hidden: list[int] = Field(default_factory=lambda: [128])
-    channels: list[int] = Field(default_factory=lambda: [16, 32])
-    embed_dim: int = Field(64, ge=1)
-    dropout: float = Field(0.0, ge=0, lt=1)
+    name: str = Field(
+        "mlp", description="the model (a plugin may register more; algorithm.module loads it)"
+    )
+    hidden: list[int] = Field(
+        default_factory=lambda: [128],
+        description="widths of the hidden layers of mlp, and of the head of cnn and "
+        "bag_of_embeddings",
+    )
+    channels: list[int] = Field(
+        default_factory=lambda: [16, 32], description="cnn: output channels of each convolution"
+    )
+    embed_dim: int = Field(
+        64, ge=1, description="bag_of_embeddings: embedding width; transformer_lm: d_model"
+    )
+    dropout: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="dropout probability after each hidden layer of mlp and cnn's head, and in "
+        "transformer_lm",
+    )
     batch_norm: bool = Field(False, description="cnn: BatchNorm after every convolution")
     # causal LMs (llama, hf_causal_lm, smollm2)
     path: str | None = Field(
         None, description="HF model id or local directory (hf_causal_lm; resnet/vit_lora weights)"
     )
-    llama: LlamaShape = Field(default_factory=LlamaShape)
-    lora: LoraSettings = Field(default_factory=LoraSettings)
+    llama: LlamaShape = Field(
+        default_factory=LlamaShape,
+        description="llama, and lm_classifier without model.path: the LLaMA built at random",
+    )
+    lora: LoraSettings = Field(
+        default_factory=LoraSettings,
+        description="the LoRA adapters of llama, hf_causal_lm, smollm2 and lm_classifier; vit_lora "
+        "where set (else r 4, α 8 on query and value)",
+    )
     # vision models (resnet, vit_lora; Feddle spec §5.1)
-    image: ImageSettings = Field(default_factory=ImageSettings)
-    resnet: ResNetShape = Field(default_factory=ResNetShape)
-    vit: ViTShape = Field(default_factory=ViTShape)
+    image: ImageSettings = Field(
+        default_factory=ImageSettings,
+        description="how inputs reach resnet, preact_resnet, vit and vit_lora",
+    )
+    resnet: ResNetShape = Field(
+        default_factory=ResNetShape,
+        description="resnet's and preact_resnet's shape without model.path (ResNet18)",
+    )
+    vit: ViTShape = Field(
+        default_factory=ViTShape, description="vit's and vit_lora's shape without model.path"
+    )
     # next-token models on pre-tokenized sequences (FedBaF spec §4.1, §8.1)
-    transformer: TransformerLMShape = Field(default_factory=TransformerLMShape)
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    transformer: TransformerLMShape = Field(
+        default_factory=TransformerLMShape, description="transformer_lm's layers and heads"
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32",
+        description="the weights' dtype of llama, hf_causal_lm and smollm2 (other models: float32)",
+    )
     device: str = Field("auto", description="auto (cuda if visible, else cpu), cpu, cuda")
 
 

@@ -33,7 +33,9 @@ class AdaptiveClipping(StrictModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    enabled: bool = False
+    enabled: bool = Field(
+        False, description="adapt C to the update norms each aggregation (central mode only)"
+    )
     target_quantile: float = Field(0.5, gt=0, lt=1, description="γ, the quantile C tracks")
     learning_rate: float = Field(0.2, gt=0, description="η_C of the geometric update")
     count_stddev: float | None = Field(
@@ -60,7 +62,9 @@ class PrivacyAudit(StrictModel):
         description="r, the canaries guessed: half in (the highest scores), half out (the "
         "lowest); default m/5",
     )
-    confidence: float = Field(0.95, gt=0, lt=1, description="of the lower bound")
+    confidence: float = Field(
+        0.95, gt=0, lt=1, description="the confidence level of the lower bound on ε"
+    )
 
     def split(self) -> tuple[int, int]:
         """(k+, k−): the guesses in and out, fixed before any score is seen."""
@@ -77,7 +81,9 @@ class SecureAggregation(StrictModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    enabled: bool = False
+    enabled: bool = Field(
+        False, description="simulate secure aggregation of the clipped deltas (central mode only)"
+    )
     modulus_bits: int = Field(32, ge=8, le=62, description="k: sums are taken modulo 2^k")
     scale_bits: int = Field(16, ge=0, description="f: a value x is encoded as rint(x·2^f)")
     threshold: float = Field(
@@ -150,9 +156,18 @@ class PrivacyConfig(StrictModel):
         description="stop the run, as a finished one, before an aggregation that would take ε "
         "past this budget",
     )
-    adaptive: AdaptiveClipping = Field(default_factory=AdaptiveClipping)
-    audit: PrivacyAudit = Field(default_factory=PrivacyAudit)
-    secure_aggregation: SecureAggregation = Field(default_factory=SecureAggregation)
+    adaptive: AdaptiveClipping = Field(
+        default_factory=AdaptiveClipping,
+        description="adaptive clipping: C follows a quantile of the update norms; off by default",
+    )
+    audit: PrivacyAudit = Field(
+        default_factory=PrivacyAudit,
+        description="an empirical lower bound on ε from canary clients; off by default",
+    )
+    secure_aggregation: SecureAggregation = Field(
+        default_factory=SecureAggregation,
+        description="secure aggregation's effects, simulated; off by default",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> PrivacyConfig:

@@ -70,12 +70,24 @@ class RobustConfig(StrictModel):
     adversaries per round it is set to tolerate (each rule refuses an f its paper does not
     cover, for the round's n = clients.per_round)."""
 
-    rule: Rule = "none"
+    rule: Rule = Field(
+        "none",
+        description="the robust aggregation rule (docs/robustness.md); norm_bound clips each "
+        "update and keeps the method's mean; none: the method's own",
+    )
     f: int = Field(0, ge=0, description="adversaries per round the rule tolerates")
-    krum: KrumSettings = Field(default_factory=KrumSettings)
-    geometric_median: GeometricMedianSettings = Field(default_factory=GeometricMedianSettings)
-    centered_clipping: CenteredClippingSettings = Field(default_factory=CenteredClippingSettings)
-    norm_bound: NormBoundSettings = Field(default_factory=NormBoundSettings)
+    krum: KrumSettings = Field(
+        default_factory=KrumSettings, description="krum, multi_krum and bulyan's options"
+    )
+    geometric_median: GeometricMedianSettings = Field(
+        default_factory=GeometricMedianSettings, description="geometric_median's options (RFA)"
+    )
+    centered_clipping: CenteredClippingSettings = Field(
+        default_factory=CenteredClippingSettings, description="centered_clipping's options"
+    )
+    norm_bound: NormBoundSettings = Field(
+        default_factory=NormBoundSettings, description="norm_bound's options"
+    )
 
     @property
     def enabled(self) -> bool:

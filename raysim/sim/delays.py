@@ -20,9 +20,17 @@ from raysim.schema import StrictModel
 class DelayParams(StrictModel):
     """Fields shared by every delay model."""
 
-    kind: str = "none"
-    rounding: Literal["floor", "round", "ceil"] = "floor"
-    mode: Literal["per_dispatch", "per_client_fixed"] = "per_dispatch"
+    kind: str = Field("none", description="the delay model")
+    rounding: Literal["floor", "round", "ceil"] = Field(
+        "floor",
+        description="the round an update arrives in: dispatch round + delay, rounded this way "
+        "(never before its dispatch; Feddle spec §2.2 A2)",
+    )
+    mode: Literal["per_dispatch", "per_client_fixed"] = Field(
+        "per_dispatch",
+        description="per_dispatch: a fresh delay for every job; per_client_fixed: one per "
+        "client, drawn once",
+    )
 
 
 class DelayModel:
@@ -62,7 +70,9 @@ class DelayModel:
 
 
 class NoDelayParams(DelayParams):
-    kind: Literal["none"] = "none"
+    kind: Literal["none"] = Field(
+        "none", description="synchronous rounds: every update arrives in its dispatch round"
+    )
 
 
 class NoDelay(DelayModel):
@@ -73,7 +83,9 @@ class NoDelay(DelayModel):
 
 
 class HalfNormalParams(DelayParams):
-    kind: Literal["half_normal"] = "half_normal"
+    kind: Literal["half_normal"] = Field(
+        "half_normal", description="delays |z| in rounds, z ~ N(0, σ²)"
+    )
     sigma: float = Field(5.0, ge=0, description="σ of z ~ N(0, σ²); d = |z| (Feddle spec §2.1)")
 
 
@@ -83,7 +95,9 @@ class HalfNormal(DelayModel):
 
 
 class LogNormalParams(DelayParams):
-    kind: Literal["log_normal"] = "log_normal"
+    kind: Literal["log_normal"] = Field(
+        "log_normal", description="delays in rounds, log-normally distributed"
+    )
     mu: float = Field(0.0, description="mean of log d")
     sigma: float = Field(1.0, ge=0, description="std of log d")
 
@@ -94,11 +108,14 @@ class LogNormal(DelayModel):
 
 
 class ClientSpeedParams(DelayParams):
-    kind: Literal["client_speed"] = "client_speed"
+    kind: Literal["client_speed"] = Field(
+        "client_speed",
+        description="a fixed speed per client: slow or fast devices, the same all run",
+    )
     base: float = Field(1.0, ge=0, description="delay of a speed-1 client, in rounds")
     slow_fraction: float = Field(0.2, ge=0, le=1, description="share of slow devices")
     slow_factor: float = Field(5.0, gt=0, description="slow devices take this many times base")
-    fast_factor: float = Field(1.0, gt=0)
+    fast_factor: float = Field(1.0, gt=0, description="other devices take this many times base")
     jitter: float = Field(0.0, ge=0, description="σ of multiplicative log-normal noise per job")
 
 

@@ -19,12 +19,18 @@ class Domain(StrictModel):
     grids), ``choice: [v, ...]`` (sampled), ``uniform: [lo, hi]``, ``loguniform: [lo, hi]``,
     ``randint: [lo, hi)`` or ``quniform: [lo, hi, q]``."""
 
-    grid: list[Any] | None = None
-    choice: list[Any] | None = None
-    uniform: list[float] | None = None
-    loguniform: list[float] | None = None
-    randint: list[int] | None = None
-    quniform: list[float] | None = None
+    grid: list[Any] | None = Field(
+        None, description="every value, crossed with the other grids, e.g. [0.01, 0.1]"
+    )
+    choice: list[Any] | None = Field(None, description="values to sample from, e.g. [16, 32]")
+    uniform: list[float] | None = Field(None, description="[low, high], sampled uniformly")
+    loguniform: list[float] | None = Field(
+        None, description="[low, high], uniform in log scale (low > 0), e.g. [1e-4, 1e-1]"
+    )
+    randint: list[int] | None = Field(None, description="[low, high): an integer, uniformly")
+    quniform: list[float] | None = Field(
+        None, description="[low, high, q]: uniform, rounded to a multiple of q"
+    )
 
     @model_validator(mode="after")
     def _one_kind(self) -> Domain:
@@ -80,20 +86,30 @@ class Asha(StrictModel):
     """ASHA over rounds (the time attribute is the round the coordinator reports)."""
 
     grace_period: int = Field(1, ge=1, description="rounds every trial runs before a cut")
-    reduction_factor: int = Field(2, ge=2)
-    max_t: int | None = Field(None, ge=1, description="default: the run's rounds")
+    reduction_factor: int = Field(2, ge=2, description="one trial in this many goes on at each cut")
+    max_t: int | None = Field(
+        None, ge=1, description="the most rounds a trial runs; None: the run's rounds"
+    )
 
 
 class TuneSection(StrictModel):
     """``raysim tune``: one trial is one raysim run of the config with the sampled values."""
 
-    space: dict[str, Domain] = Field(description="dotted config key -> search domain")
+    space: dict[str, Domain] = Field(
+        description="dotted config key -> search domain, e.g. {local.lr: {loguniform: [1e-3, 0.1]}}"
+    )
     metric: str = Field("accuracy", description="a per-round metric the run reports")
-    mode: Literal["max", "min"] = "max"
+    mode: Literal["max", "min"] = Field(
+        "max", description="whether metric is maximised or minimised"
+    )
     num_samples: int = Field(1, ge=1, description="samples (each grid point this many times)")
-    max_concurrent_trials: int | None = Field(None, ge=1)
-    scheduler: Literal["fifo", "asha"] = "fifo"
-    asha: Asha = Field(default_factory=Asha)
+    max_concurrent_trials: int | None = Field(
+        None, ge=1, description="trials at a time at most; None: as many as the resources fit"
+    )
+    scheduler: Literal["fifo", "asha"] = Field(
+        "fifo", description="fifo: every trial runs to the end; asha: poor trials stop early"
+    )
+    asha: Asha = Field(default_factory=Asha, description="scheduler asha: its settings")
     search: Literal["random", "grid"] = Field(
         "random", description="random samples the non-grid domains; grid needs only grid ones"
     )

@@ -64,14 +64,20 @@ def train_local(
     penalty: Callable[[Sequence[torch.Tensor]], torch.Tensor] | None = None,
     objective: Callable[[Any], torch.Tensor] | None = None,
 ) -> dict[str, float]:
-    """Mini-batch training of ``params`` for ``cfg.epochs`` epochs; returns the mean train loss.
+    """Mini-batch training of ``params``, in place, through ``module`` on ``data``, as ``cfg``
+    says (the steps of ``step_batches``: ``cfg.epochs``, at most ``cfg.max_steps``; optimiser and
+    backend): what the default ``ClientAlgorithm.train`` runs, and what an override calls.
 
-    A fresh optimiser (and schedule) per call on ``cfg.backend``; shuffling uses ``generator``
-    only, so the result depends on nothing but the inputs. Each step's batch is split into
-    ``cfg.grad_accumulation`` micro-batches; a micro-batch's loss is ``objective(batch)`` (default:
-    the task loss) plus ``penalty(params)``, and the step's gradient is the mean over its
-    micro-batches (an epoch's short last batch has fewer). The reported loss is the mean over steps
-    of that micro-batch mean.
+    ``params``: the tensors to train (``ctx.model.global_parameters()``, or a group's). A
+    micro-batch's loss is ``objective(batch)`` (default: ``task``'s loss of ``module``) plus
+    ``penalty(params)``. A fresh optimiser (and schedule) per call on ``cfg.backend``; shuffling
+    uses ``generator`` only, so the result depends on nothing but the inputs. Each step's batch
+    is split into ``cfg.grad_accumulation`` micro-batches, and the step's gradient is the mean
+    over them (an epoch's short last batch has fewer). With ``cfg.dp_sgd`` the steps are
+    DP-SGD's (refused with an ``objective``, which is not a sum over examples).
+
+    Returns ``train_loss`` (the mean over steps of each step's micro-batch mean; NaN without a
+    step) and ``local_steps`` (the optimiser steps taken), and with DP-SGD ``dp_sgd_steps``.
     """
     module.train()
     task = training_task(task, data, cfg)

@@ -17,9 +17,17 @@ class DeepSpeedSettings(StrictModel):
 
     model_config = ConfigDict(frozen=True)
 
-    zero_stage: Literal[0, 1, 2, 3] = 2
-    offload_optimizer: bool = False  # optimizer state and step on the CPU (ZeRO 1-3)
-    offload_params: bool = False  # parameters on the CPU between uses (ZeRO 3 only)
+    zero_stage: Literal[0, 1, 2, 3] = Field(
+        2,
+        description="ZeRO stage: 0 none, 1 optimizer state, 2 also gradients, 3 also parameters "
+        "partitioned",
+    )
+    offload_optimizer: bool = Field(
+        False, description="optimizer state and step on the CPU (zero_stage 1 to 3)"
+    )
+    offload_params: bool = Field(
+        False, description="parameters on the CPU between uses (zero_stage 3 only)"
+    )
 
     @model_validator(mode="after")
     def _offload_needs_zero(self) -> DeepSpeedSettings:
@@ -63,31 +71,65 @@ class LocalTrainingConfig(StrictModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
-    epochs: int = Field(1, ge=0)
-    #: stop after this many optimizer steps (a fraction of an epoch, FedBaF spec §4.4's E/λ)
-    max_steps: int | None = Field(None, ge=0)
-    batch_size: int = Field(16, ge=1)  # the effective batch of one optimizer step
+    epochs: int = Field(
+        1,
+        ge=0,
+        description="passes over the client's data per local call (sampling independent: as "
+        "many steps as these passes would take)",
+    )
+    max_steps: int | None = Field(
+        None,
+        ge=0,
+        description="stop after this many optimizer steps (e.g. a fraction of an epoch, FedBaF "
+        "spec §4.4's E/λ); with sampling independent, exactly this many; None: no limit",
+    )
+    batch_size: int = Field(
+        16, ge=1, description="examples per optimizer step (the effective batch)"
+    )
     sampling: Literal["epochs", "independent"] = Field(
         "epochs",
         description="epochs: shuffled passes over the client's data (the last batch of a pass "
         "may be short); independent: every step draws batch_size distinct samples afresh "
         "(FedOT spec §3.5 'sample B examples'; a client with fewer samples uses them all)",
     )
-    lr: float = Field(0.05, gt=0)
-    optimizer: Literal["sgd", "adam", "adamw"] = "sgd"
-    momentum: float = Field(0.0, ge=0, lt=1)
-    weight_decay: float = Field(0.0, ge=0)
-    backend: Literal["torch", "accelerate", "deepspeed"] = "torch"
-    grad_accumulation: int = Field(1, ge=1)  # micro-batch = batch_size // grad_accumulation
-    mixed_precision: Literal["no", "bf16", "fp16"] = "no"
-    max_grad_norm: float | None = Field(None, gt=0)
-    lr_schedule: Literal["constant", "linear"] = "constant"  # linear: to 0 within each call
+    lr: float = Field(0.05, gt=0, description="the client optimizer's learning rate")
+    optimizer: Literal["sgd", "adam", "adamw"] = Field(
+        "sgd", description="the client optimizer, made afresh for every local call"
+    )
+    momentum: float = Field(0.0, ge=0, lt=1, description="sgd: the momentum coefficient")
+    weight_decay: float = Field(
+        0.0, ge=0, description="L2 weight decay (adamw: decoupled, as torch's AdamW)"
+    )
+    backend: Literal["torch", "accelerate", "deepspeed"] = Field(
+        "torch",
+        description="what runs the optimizer steps: torch's own loop, Hugging Face Accelerate, "
+        "or DeepSpeed (local.deepspeed)",
+    )
+    grad_accumulation: int = Field(
+        1,
+        ge=1,
+        description="micro-batches per optimizer step (micro-batch = batch_size / this; it "
+        "must divide batch_size)",
+    )
+    mixed_precision: Literal["no", "bf16", "fp16"] = Field(
+        "no",
+        description="autocast to bf16 or fp16 (fp16 with loss scaling); the torch backend "
+        "applies it on a GPU only",
+    )
+    max_grad_norm: float | None = Field(
+        None, gt=0, description="clip each step's gradient to this L2 norm; None: no clipping"
+    )
+    lr_schedule: Literal["constant", "linear"] = Field(
+        "constant", description="linear: decay to 0 over each local call's steps, no warm-up"
+    )
     absent_logits: Literal["keep", "zero", "neg_inf"] = Field(
         "keep",
         description="classification: logits of classes the client lacks are set to 0 or -inf "
         "in its loss (FedBaF spec §4.2; zero is the paper's literal reading)",
     )
-    deepspeed: DeepSpeedSettings = Field(default_factory=DeepSpeedSettings)
+    deepspeed: DeepSpeedSettings = Field(
+        default_factory=DeepSpeedSettings, description="backend deepspeed: its ZeRO options"
+    )
     dp_sgd: DpSgdSettings | None = Field(
         None,
         description="sample-level DP-SGD in every client's local training (None: off); needs "

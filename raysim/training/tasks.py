@@ -8,13 +8,17 @@ import torch
 
 
 class Task(Protocol):
-    """What the local training loop needs to know about the data."""
+    """What the local training loop needs to know about the data (``ClientContext.task``):
+    ``ClassificationTask`` for ``(inputs, targets)``, ``CausalLMTask`` for token tensors."""
 
-    def num_examples(self, data: Any) -> int: ...
+    def num_examples(self, data: Any) -> int:
+        """How many examples ``data`` holds."""
 
-    def batch(self, data: Any, index: torch.Tensor) -> Any: ...
+    def batch(self, data: Any, index: torch.Tensor) -> Any:
+        """The examples ``index`` of ``data``, as ``loss`` takes them."""
 
-    def loss(self, module: torch.nn.Module, batch: Any) -> torch.Tensor: ...
+    def loss(self, module: torch.nn.Module, batch: Any) -> torch.Tensor:
+        """The mean training loss of ``module`` on ``batch`` (a scalar to differentiate)."""
 
 
 class ClassificationTask:

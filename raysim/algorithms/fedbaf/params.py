@@ -15,10 +15,25 @@ from .matching import MatchRule
 class FedBaFParams(HookParams):
     foundation: str = Field(description="the server-private foundation weights (safetensors)")
     psi: float = Field(1.0, ge=0, description="ψ; c_0 ∈ [ψ, 2ψ] (§2.2; 1 is the default)")
-    match: MatchRule = Field("exact", description="the layer matcher (§2.4)")
-    exclude: list[str] = Field(default_factory=list, description="names never mixed (re.search)")
-    tau_scope: Literal["all", "matched"] = Field("all", description="the norms' vector, §2.4 (c)")
-    rng: Literal["seeded", "secure"] = Field("seeded", description="the u_t stream (§2.5)")
+    match: MatchRule = Field(
+        "exact",
+        description="which global tensors mix with which foundation tensors: exact (same name "
+        "and shape), shape_in_order, or leading_slice (FedBaF spec §2.4)",
+    )
+    exclude: list[str] = Field(
+        default_factory=list,
+        description="regular expressions (re.search) of tensor names never mixed, e.g. ['^fc\\.']",
+    )
+    tau_scope: Literal["all", "matched"] = Field(
+        "all",
+        description="the vector whose norms give r_t: every aggregated tensor, or the matched "
+        "ones only (FedBaF spec §2.4 (c))",
+    )
+    rng: Literal["seeded", "secure"] = Field(
+        "seeded",
+        description="the u_t stream: seeded (reproducible, resumed with the run) or secure (OS "
+        "entropy; FedBaF spec §2.5)",
+    )
     tau_decay: bool = Field(
         True, description="§3's ablation: false drops the √(t+1) from τ_t = r_t/√(t+1)"
     )
@@ -58,7 +73,9 @@ class FedBaFMethodParams(FedBaFParams):
         default_factory=dict, description="the base method's own parameters, e.g. {mu: 0.01}"
     )
     fedprox_server_mode: Literal["paper_damped", "standard"] = Field(
-        "paper_damped", description="FedProx's server line 8 (§2.6)"
+        "paper_damped",
+        description="base fedprox: the server step damped toward the previous model, (1−μ)·mean "
+        "+ μ·w_t (the paper's line 8), or the plain weighted mean (FedBaF spec §2.6)",
     )
 
     @model_validator(mode="after")

@@ -27,10 +27,14 @@ OOD_CLASSIFIER = Needs(ood_pool=True, model=frozenset({"classifier"}), example=M
 class ServerTrainingParams(MethodParams):
     """The server's own optimiser (Feddle spec §4.1, §4.6, §4.8: Adam [I]; batch 32, A11)."""
 
-    server_lr: float = Field(1e-3, gt=0, description="server learning rate")
-    server_epochs: int = Field(1, ge=0, description="server epochs per call")
-    server_batch_size: int = Field(32, ge=1)
-    server_optimizer: Literal["adam", "sgd"] = "adam"
+    server_lr: float = Field(1e-3, gt=0, description="the server optimiser's learning rate")
+    server_epochs: int = Field(
+        1, ge=0, description="passes over the server data each time the server trains"
+    )
+    server_batch_size: int = Field(32, ge=1, description="server examples per step (A11)")
+    server_optimizer: Literal["adam", "sgd"] = Field(
+        "adam", description="the server's optimiser, made afresh for every call"
+    )
 
     def recipe(self) -> LocalTrainingConfig:
         return LocalTrainingConfig(
@@ -47,13 +51,25 @@ class CenterParams(ServerTrainingParams):
 
 
 class FedFTParams(ServerTrainingParams):
-    base_aggregator: Literal["fedavg", "fedbuff_per_round"] = "fedavg"
+    base_aggregator: Literal["fedavg", "fedbuff_per_round"] = Field(
+        "fedavg",
+        description="the aggregation before the server's fine-tuning: fedavg (Feddle spec §4.2) "
+        "or fedbuff_per_round (A15)",
+    )
 
 
 class FedDFParams(ServerTrainingParams):
     temperature: float = Field(1.0, gt=0, description="T of the distillation softmax")
-    feddf_teacher: Literal["local_model", "transplanted"] = "local_model"
-    source: Literal["id", "ood"] = Field("id", description="distil on ID or OOD server inputs")
+    feddf_teacher: Literal["local_model", "transplanted"] = Field(
+        "local_model",
+        description="each teacher: the model the client trained, ω^{k_j} + Δ_j, or its delta "
+        "on the current model, ω^k + Δ_j (Feddle spec §4.8, A17)",
+    )
+    source: Literal["id", "ood"] = Field(
+        "id",
+        description="distil on the in-distribution server samples (data.server.id_size) or on "
+        "an out-of-domain pool (data.server.ood)",
+    )
     ood_pool: str | None = Field(None, description="which data.server.ood pool (default: first)")
     ood_samples_per_round: int | None = Field(
         1000, ge=1, description="OOD inputs per round, a fresh subset; None: the whole pool (A12)"
@@ -61,24 +77,63 @@ class FedDFParams(ServerTrainingParams):
 
 
 class FedDFOODParams(FedDFParams):
-    source: Literal["id", "ood"] = Field("ood", description="distil on ID or OOD server inputs")
+    source: Literal["id", "ood"] = Field(
+        "ood",
+        description="distil on an out-of-domain pool (data.server.ood) or on the "
+        "in-distribution server samples (data.server.id_size)",
+    )
 
 
 class FeddleParams(MethodParams):
     atlas_size: int | None = Field(
-        None, ge=1, description="M, anchors kept; default 2·S (§3.1: 20 for S=10)"
+        None,
+        ge=1,
+        description="M, anchors (client deltas) kept; None: 2·S, e.g. 20 for S = 10 (Feddle "
+        "spec §3.1)",
     )
-    eviction: Literal["importance", "fifo"] = Field("importance", description="§3.2")
-    new_anchor_score: Literal["protect", "inherit"] = Field("protect", description="§3.2, A6")
-    normalize: Literal["median", "none"] = Field("median", description="Eq. 5, §3.3")
-    fallback_init: Literal["fedbuff", "zero"] = Field("fedbuff", description="§3.6")
+    eviction: Literal["importance", "fifo"] = Field(
+        "importance",
+        description="which anchor a new one replaces in a full atlas: the lowest importance "
+        "|ĉ_m| of the last search, or the oldest (fifo, the ablation's Base; Feddle spec §3.2)",
+    )
+    new_anchor_score: Literal["protect", "inherit"] = Field(
+        "protect",
+        description="a new anchor's score until its first search: protect (never evicted "
+        "before it) or inherit the evicted one's (Algorithm 1 literally; Feddle spec §3.2, A6)",
+    )
+    normalize: Literal["median", "none"] = Field(
+        "median",
+        description="rescale every anchor to the median of their norms before a search (Eq. "
+        "5, Feddle spec §3.3), or none",
+    )
+    fallback_init: Literal["fedbuff", "zero"] = Field(
+        "fedbuff",
+        description="where the coefficient search starts: c' that reproduces FedBuff's step, "
+        "or 0 (Feddle spec §3.6)",
+    )
     fallback_scope: Literal["new_arrivals", "whole_atlas"] = Field(
-        "new_arrivals", description="§3.6, A8"
+        "new_arrivals",
+        description="the anchors c' steps FedBuff-style on: this round's arrivals, or the whole "
+        "atlas as the buffer (Feddle spec §3.6, A8)",
     )
-    fallback_norm_correction: bool = Field(True, description="c' in the normalised basis (§3.6)")
-    fallback_lr: float = Field(1.0, gt=0, description="η_fb, FedBuff's server lr (§3.6)")
-    staleness_weight: StalenessWeight = Field("none", description="w(τ), A9")
-    mode: Literal["id", "ood"] = Field("id", description="the server's data: §3.4 or §3.5")
+    fallback_norm_correction: bool = Field(
+        True,
+        description="c' in the normalised basis, so that it reproduces FedBuff's step exactly; "
+        "false: η_fb·w(τ)/|N_k| (Feddle spec §3.6)",
+    )
+    fallback_lr: float = Field(
+        1.0,
+        gt=0,
+        description="η_fb, the server lr of the FedBuff step c' reproduces (Feddle spec §3.6)",
+    )
+    staleness_weight: StalenessWeight = Field(
+        "none", description="w(τ) in c': none (1) or inv_sqrt, 1/√(1+τ) (Feddle spec A9)"
+    )
+    mode: Literal["id", "ood"] = Field(
+        "id",
+        description="the server's data: id, labelled in-distribution samples (data.server."
+        "id_size, Feddle spec §3.4); ood, an out-of-domain pool and a probe head (§3.5)",
+    )
     lam: float | None = Field(
         None, ge=0, description="λ, tie to c' (Eq. 11); default 0 for ID (§3.4), 0.01 for OOD"
     )
@@ -86,26 +141,50 @@ class FeddleParams(MethodParams):
     ood_samples_per_round: int | None = Field(
         1000, ge=1, description="a fresh random subset each round; None: the whole pool (A12)"
     )
-    theta_init: Literal["warm", "fresh"] = Field("warm", description="the probe θ (A13)")
-    theta_epochs: int = Field(1, ge=1, description="probe epochs per round (A13)")
-    theta_lr: float = Field(1e-3, gt=0, description="probe Adam lr (A13)")
+    theta_init: Literal["warm", "fresh"] = Field(
+        "warm",
+        description="ood: the probe head θ, kept from round to round or made afresh each round "
+        "(Feddle spec §3.5, A13)",
+    )
+    theta_epochs: int = Field(
+        1, ge=1, description="ood: epochs that fit the probe head each round (Feddle spec A13)"
+    )
+    theta_lr: float = Field(
+        1e-3, gt=0, description="ood: the probe head's Adam learning rate (Feddle spec A13)"
+    )
     log_gradient_cosine: bool = Field(
         True, description="cos(∇_c h, ∇_c ℓ) when OOD and ID server data both exist (Fig. 7)"
     )
-    server_lr: float = Field(1e-3, gt=0, description="η_g (§3.7)")
-    server_epochs: int = Field(10, ge=0, description="E_g; 0 = no search (I-6)")
-    server_batch_size: int = Field(32, ge=1, description="A11")
-    coef_optimizer: Literal["adam", "sgd"] = Field("adam", description="A10; fresh every round")
+    server_lr: float = Field(
+        1e-3, gt=0, description="η_g, the coefficient search's learning rate (Feddle spec §3.7)"
+    )
+    server_epochs: int = Field(
+        10,
+        ge=0,
+        description="E_g, passes of the search over the server data per round; 0: no search, "
+        "the fallback step alone (Feddle spec invariant I-6)",
+    )
+    server_batch_size: int = Field(
+        32, ge=1, description="server examples per search step (Feddle spec A11)"
+    )
+    coef_optimizer: Literal["adam", "sgd"] = Field(
+        "adam", description="the coefficients' optimiser, made afresh every round (Feddle spec A10)"
+    )
     tie_step: Literal["explicit", "proximal"] = Field(
         "explicit",
         description="SGD's step on the tie (λ/2)‖c − c'‖²: explicit (its gradient, Eq. 11 as "
         "written) or proximal (exact; stable for any λ; search.SearchConfig)",
     )
     search_trigger: Literal["every_round", "on_new_arrivals"] = Field(
-        "every_round", description="A5 (§2.2's names; the earlier 'new_arrivals' still reads)"
+        "every_round",
+        description="search every round with a non-empty atlas, or only in rounds with new "
+        "arrivals (Feddle spec A5; the earlier name new_arrivals still reads)",
     )
     bn_buffers: Literal["fallback_mean", "fedavg_models", "freeze"] = Field(
-        "fallback_mean", description="§3.1, A14"
+        "fallback_mean",
+        description="BatchNorm statistics, which are no anchors: plus the mean of the arriving "
+        "buffer deltas, the sample-weighted mean of the arriving models', or frozen (Feddle spec "
+        "§3.1, A14)",
     )
     log_server_loss: bool = Field(True, description="server loss before and after the search")
     log_flops: bool = Field(True, description="the search's FLOPs per round (Table 6)")
@@ -134,7 +213,11 @@ class FeddleParams(MethodParams):
 
 
 class FeddleOODParams(FeddleParams):
-    mode: Literal["id", "ood"] = "ood"
+    mode: Literal["id", "ood"] = Field(
+        "ood",
+        description="the server's data: ood, an out-of-domain pool (data.server.ood) and a "
+        "probe head (Feddle spec §3.5); id, labelled in-distribution samples (§3.4)",
+    )
 
 
 M = "raysim.algorithms.feddle."

@@ -57,10 +57,23 @@ class FedOTParams(MethodParams):
     cost: Literal["w2_reg", "w1_lip"] = Field(
         "w2_reg", description="eq. 10 (regularised W2) | eq. 8 (W1: ‖v_i‖ ≤ 1, spectral caps)"
     )
-    psi_family: MapFamily = "affine_diag"
-    psi_scope: Literal["pixel", "image"] = "pixel"
+    psi_family: MapFamily = Field(
+        "affine_diag",
+        description="each client's map ψ_i, starting at the identity (FedOT spec §4): "
+        "affine_diag a ⊙ x + b; affine_full Θx + θ₀; pixel_relu ReLU(Θ₂x + θ₁) + θ₀; "
+        "lowrank_affine e + BAe + b on embeddings (§9.4)",
+    )
+    psi_scope: Literal["pixel", "image"] = Field(
+        "pixel",
+        description="pixel_relu: per pixel's RGB 3-vector (colour-shifted inputs) or on the "
+        "flat image",
+    )
     psi_rank: int = Field(4, ge=1, description="rank of lowrank_affine maps (§9.4)")
-    potential: PotentialFamily = "quad_diag"
+    potential: PotentialFamily = Field(
+        "quad_diag",
+        description="each client's potential φ_i (FedOT spec §2.4, §4): quad_diag Σ_d (½q_d y_d² "
+        "+ l_d y_d); quad_full ½yᵀVy + lᵀy; nn v₂ᵀReLU(V₁y + v₀) with a shared trunk",
+    )
     potential_input: Literal["raw", "embedding_std"] = Field(
         "raw",
         description="§9.4 (an extension): the map and potentials work on the embeddings e as they "

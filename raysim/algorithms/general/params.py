@@ -16,17 +16,33 @@ class FedProxParams(MethodParams):
 
 class FedOptParams(MethodParams):
     server_lr: float = Field(0.01, gt=0, description="server learning rate η")
-    beta1: float = Field(0.9, ge=0, lt=1)
-    beta2: float = Field(0.99, ge=0, lt=1)
+    beta1: float = Field(
+        0.9, ge=0, lt=1, description="β1, the decay of the first moment m of the mean delta"
+    )
+    beta2: float = Field(
+        0.99,
+        ge=0,
+        lt=1,
+        description="β2 of the second moment v (fedadam: v ← β2 v + (1−β2) Δ²; fedyogi: "
+        "Yogi's signed update)",
+    )
     tau: float = Field(1e-3, gt=0, description="adaptivity ε (τ in Reddi et al.)")
 
 
 class FedAsyncParams(MethodParams):
     mixing: float = Field(0.4, gt=0, le=1, description="α, the mixing hyper-parameter")
-    staleness: Literal["constant", "polynomial", "hinge"] = "polynomial"
+    staleness: Literal["constant", "polynomial", "hinge"] = Field(
+        "polynomial",
+        description="s(τ) that scales α by staleness τ (Xie et al. §5.2): constant 1; "
+        "polynomial (τ+1)^(−a); hinge 1 up to τ = b, then 1/(a(τ−b)+1)",
+    )
     a: float = Field(0.5, ge=0, description="decay exponent (polynomial) or slope (hinge)")
-    b: float = Field(4.0, ge=0, description="hinge threshold")
-    form: Literal["model_mixing", "delta"] = "model_mixing"
+    b: float = Field(4.0, ge=0, description="hinge: the staleness up to which s(τ) = 1")
+    form: Literal["model_mixing", "delta"] = Field(
+        "model_mixing",
+        description="model_mixing: ω ← (1−α_t)ω + α_t·(the client's trained model), the "
+        "original; delta: ω ← ω + α_t·Δ (Feddle spec A16)",
+    )
     staleness_unit: Literal["versions", "rounds"] = Field(
         "versions",
         description="τ in s(τ): versions elapsed since the download (Feddle spec §4.3, one per "
@@ -39,18 +55,32 @@ StalenessWeight = Literal["none", "inv_sqrt"]
 
 class FedBuffParams(MethodParams):
     buffer_size: int = Field(10, ge=1, description="K, updates per flush")
-    server_lr: float = Field(1.0, gt=0, description="η")
-    staleness_weight: StalenessWeight = "none"
-    per_round: bool = False
+    server_lr: float = Field(
+        1.0, gt=0, description="η: a flush adds η times the buffer's mean delta"
+    )
+    staleness_weight: StalenessWeight = Field(
+        "none",
+        description="w(τ) on each buffered delta: none (1) or inv_sqrt, 1/√(1+τ) with τ in "
+        "versions (Feddle spec A9)",
+    )
+    per_round: bool = Field(
+        False,
+        description="flush at every round end, K := the round's arrivals (fedbuff_per_round), "
+        "instead of at K arrivals",
+    )
 
 
 class FedBuffPerRoundParams(FedBuffParams):
-    per_round: bool = True
+    per_round: bool = Field(
+        True,
+        description="flush at every round end, K := the round's arrivals (Feddle spec §4.4); "
+        "false: at buffer_size arrivals, as fedbuff",
+    )
 
 
 class CA2FLParams(MethodParams):
     buffer_size: int = Field(10, ge=1, description="K, updates per flush")
-    server_lr: float = Field(1.0, gt=0, description="η")
+    server_lr: float = Field(1.0, gt=0, description="η, the server learning rate of a flush")
 
 
 class DampParams(HookParams):
@@ -62,7 +92,9 @@ class ClipStepParams(HookParams):
 
 
 class CorruptParams(BehaviourParams):
-    value: Literal["nan", "inf"] = "nan"
+    value: Literal["nan", "inf"] = Field(
+        "nan", description="what replaces the update's first entry (the server rejects it)"
+    )
 
 
 class ScaleParams(BehaviourParams):

@@ -608,7 +608,7 @@ def on_files(files, config, **kwargs):
     return files
 
 
-_LINK = re.compile(r"(!?)\[([^\]\n]*)\]\(([^)\s]+)\)")
+_LINK = re.compile(r"(!?)\[([^\]]*)\]\(([^)\s]+)\)")
 
 
 def _rewrite_links(markdown: str, repo_page: str, page_src: str, docs_dir: Path) -> str:

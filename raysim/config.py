@@ -891,13 +891,50 @@ def parse_value(text: str) -> Any:
         return text
 
 
+def check_override(item: str) -> None:
+    """Refuse, in one line that shows how to write it, an override that is not ``key=value`` or
+    whose YAML value holds a mapping key with a colon and no value: ``'algorithm={name:fedit}'``
+    (no space after the colon) reads as the key ``name:fedit``, where ``{name: fedit}`` was
+    meant."""
+    key, sep, text = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {item!r} is not of the form key=value")
+    if ":" not in text:
+        return
+    glued = _glued_keys(parse_value(text))
+    if glued:
+        fixed = text
+        for k in glued:
+            name, _, value = k.partition(":")
+            fixed = fixed.replace(k, f"{name}: {value}", 1)
+        raise ConfigError(
+            f"override {item!r}: YAML reads {glued[0]!r} as one key with no value (a colon "
+            f"needs a space after it); write '{key}={fixed}'"
+        )
+
+
+def _glued_keys(value: Any) -> list[str]:
+    """The keys ``a:b`` with no value in a parsed override, nested ones included."""
+    out: list[str] = []
+    if isinstance(value, dict):
+        for k, v in value.items():
+            name, colon, rest = k.partition(":") if isinstance(k, str) else ("", "", "")
+            if colon and name.strip() and rest.strip() and v is None:
+                out.append(k)
+            out += _glued_keys(v)
+    elif isinstance(value, list):
+        for v in value:
+            out += _glued_keys(v)
+    return out
+
+
 def apply_overrides(raw: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
-    """Apply ``a.b.c=value`` overrides to a nested dict (a copy); intermediate dicts are created."""
+    """Apply ``a.b.c=value`` overrides to a nested dict (a copy); intermediate dicts are created.
+    A malformed override is refused (``check_override``)."""
     out = yaml.safe_load(yaml.safe_dump(raw)) or {}
     for item in overrides:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"override {item!r} is not of the form key=value")
+        check_override(item)
+        key, _, value = item.partition("=")
         node = out
         parts = key.strip().split(".")
         for part in parts[:-1]:

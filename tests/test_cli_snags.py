@@ -141,6 +141,14 @@ def test_a_flow_mapping_without_a_space_after_the_colon_says_how_to_write_it(
     assert "needs a space after it" in line and f"write '{written}'" in line, line
 
 
+def test_python_callers_get_the_same_hint():
+    """``raysim.run(config, overrides=[...])`` reads overrides through ``load_config`` too."""
+    from raysim.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"write 'algorithm=\{name: fedit\}'"):
+        load_config(QUICKSTART, ["algorithm={name:fedit}"])
+
+
 def test_a_colon_in_a_plain_value_or_after_a_space_is_no_mistake(capsys, tmp_path):
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     argv = ["run", QUICKSTART, "--dry-run", f"tracking.uri={uri}", "algorithm={name: fedbuff}"]

@@ -60,41 +60,11 @@ def user_errors() -> tuple[type[BaseException], ...]:
 
 
 def check_overrides(items: Iterable[str]) -> None:
-    """Refuse, in one line that shows how to write it, an override whose YAML value holds a
-    mapping key with a colon and no value: ``'algorithm={name:fedit}'`` (no space after the
-    colon), which YAML reads as the key ``name:fedit``, where ``{name: fedit}`` was meant."""
-    from raysim.config import ConfigError, parse_value
+    """Refuse a malformed override before anything starts (``raysim.config.check_override``)."""
+    from raysim.config import check_override
 
     for item in items:
-        key, sep, text = item.partition("=")
-        if not sep or ":" not in text:
-            continue
-        glued = _glued_keys(parse_value(text))
-        if not glued:
-            continue
-        fixed = text
-        for k in glued:
-            name, _, value = k.partition(":")
-            fixed = fixed.replace(k, f"{name}: {value}", 1)
-        raise ConfigError(
-            f"override {item!r}: YAML reads {glued[0]!r} as one key with no value (a colon "
-            f"needs a space after it); write '{key}={fixed}'"
-        )
-
-
-def _glued_keys(value: Any) -> list[str]:
-    """The keys ``a:b`` with no value in a parsed override, nested ones included."""
-    out: list[str] = []
-    if isinstance(value, dict):
-        for k, v in value.items():
-            name, colon, rest = k.partition(":") if isinstance(k, str) else ("", "", "")
-            if colon and name.strip() and rest.strip() and v is None:
-                out.append(k)
-            out += _glued_keys(v)
-    elif isinstance(value, list):
-        for v in value:
-            out += _glued_keys(v)
-    return out
+        check_override(item)
 
 
 def command_overrides(args: Any) -> list[str]:

@@ -12,6 +12,7 @@ import pytest
 from raysim import cli
 from raysim.cli.parser import build_parser
 from tests.conftest import ROOT
+from tests.test_first_hour import one_line_error
 
 QUICKSTART = str(ROOT / "examples" / "quickstart.yaml")
 
@@ -55,17 +56,6 @@ def wide(monkeypatch):
 
     monkeypatch.setenv("COLUMNS", "200")
     monkeypatch.setattr(common.console, "_width", 200)
-
-
-def one_line_error(capsys, argv) -> str:
-    """Run the CLI in-process; it must exit 2 with exactly one line on stderr and no output."""
-    rc = cli.main(argv)
-    out, err = capsys.readouterr()
-    assert rc == 2, (out, err)
-    assert out == "" and "Traceback" not in err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("raysim: error: "), err
-    return lines[0]
 
 
 def test_methods_module_lists_and_shows_a_users_own_method(plugin, capsys, wide):

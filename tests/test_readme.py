@@ -30,6 +30,8 @@ ELSEWHERE = {
     "raysim run CONFIG.yaml --address auto": "a placeholder config and a cluster to join "
     "(tests/test_first_hour.py, tests/test_multinode.py)",
     "raysim ui": "tests/test_ui_browser.py (serves on 127.0.0.1; the runs view in Chromium)",
+    "raysim ui --uri sqlite:///runs/mlflow.db --port 5001": "serves until stopped: "
+    "tests/test_ui_browser.py",
     "raysim run --resume RUN_ID": "tests/test_checkpoint.py (CLI resume of a real run)",
     "raysim run --resume RUN_ID workers.count=1": "tests/test_checkpoint.py",
     "raysim run --resume ./ckpt": "tests/test_checkpoint.py",

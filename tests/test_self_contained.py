@@ -21,6 +21,7 @@ OUTSIDE = [
     (r"\.\./shared\b|(?<![\w/-])shared/(?:specs|seeds)/", "a folder beside the repository"),
     (r"\b(?:DESIGN|ENVIRONMENT|ARCHITECTURE-ANCHORS)\.md\b", "a team note outside the repository"),
     (r"\b\d{3}_[0-9a-f]{16}\.txt\b", "a paper's text file (cite the paper instead)"),
+    (r"\b(?:papers?|seeds?) 00\d\b", "a paper by its file's label (cite the paper instead)"),
     (
         rf"(?<![\w/-])(?<!\]\()(?:{'|'.join(PAPERS)})\.md\b",
         "a spec by its bare file name (write 'FedOA spec §N'; the spec is docs/specs/)",
@@ -63,6 +64,7 @@ def test_no_shipped_file_names_a_file_outside_the_repository():
         "see ../shared/specs/fedoa.md §2.9",
         "as DESIGN.md §1 says",
         "the paper (003_7f305b563e3a9189.txt)",
+        "FedOA (papers 000/001; FedOA spec §2)",
         "(fedoa.md §2.9)",
         "fedbaf.md §4.4's E/λ",
     ],

@@ -1,8 +1,8 @@
-"""Loader for the released Flan subsets (spec §4.1): one folder per family of jsonl files.
+"""Loader for the released Flan subsets (FedOA spec §4.1): one folder per family of jsonl files.
 
 Layout: ``<data_dir>/<family>/<name>_train.jsonl`` and ``<name>_test.jsonl``; every line is
 ``{"instruction": ..., "output": ..., "task": ..., "category": ...}``. The sub-dataset id is
-``<name>`` and the family is the folder (spec §4.1 "Grouping"), not the ``category`` field.
+``<name>`` and the family is the folder (FedOA spec §4.1 "Grouping"), not the ``category`` field.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def load_flan(
     n_test: int | None = None,
     cache_dir: str | None = None,
 ) -> dict[str, dict[str, list[TextExample]]]:
-    """``{name: {"train": [...], "test": [...]}}`` from the released files (spec §4.1).
+    """``{name: {"train": [...], "test": [...]}}`` from the released files (FedOA spec §4.1).
 
     Each split is down-sampled to ``n_train``/``n_test`` rows (a seeded subset kept in file
     order; all rows when there are fewer or ``None``). ``cache_dir`` goes to ``datasets``.

@@ -1,4 +1,4 @@
-"""Synthetic Flan-mini (spec §7.1): eight sub-datasets over seeded pseudo-word pools.
+"""Synthetic Flan-mini (FedOA spec §7.1): eight sub-datasets over seeded pseudo-word pools.
 
 Also the shared vocabulary other corpora reuse: ``word_pools`` (the content words of both
 domains) and ``_OPTIONS`` (the label words and phrases of every sub-dataset).
@@ -86,7 +86,7 @@ class WordPool:
 
 
 def word_pools(seed: int) -> dict[str, WordPool]:
-    """Disjoint pseudo-word pools ``{"d1": ..., "d2": ...}`` (CVCV syllables, spec §7.1)."""
+    """Disjoint pseudo-word pools ``{"d1": ..., "d2": ...}`` (CVCV syllables, FedOA spec §7.1)."""
     c, v, f = _CONSONANTS, _VOWELS, _FINAL_VOWELS
     reserved = _reserved_words()
     candidates = [a + b + x + y for a in c for b in v for x in c for y in f]

@@ -1,4 +1,4 @@
-"""Instruction examples, task families and the prompt template (spec §4.1, §4.5).
+"""Instruction examples, task families and the prompt template (FedOA spec §4.1, §4.5).
 
 The bottom of the instruction-tuning data layer: every other text-task module (``flan_mini``,
 ``flan``, ``loto``, ``lm_encoding``, ``foundation_corpus``, ``text_tasks``) builds on these names
@@ -29,7 +29,7 @@ FLAN_MINI_TASKS: tuple[str, ...] = tuple(TASK_FAMILY)
 
 @dataclass(frozen=True)
 class TextExample:
-    """One instruction/answer pair (spec §4.1 line format; ``task`` = sub-dataset id)."""
+    """One instruction/answer pair (FedOA spec §4.1 line format; ``task`` = sub-dataset id)."""
 
     instruction: str
     output: str
@@ -37,7 +37,7 @@ class TextExample:
     family: str
 
 
-# --- prompt template (spec §4.5) --------------------------------------------------------
+# --- prompt template (FedOA spec §4.5) --------------------------------------------------------
 
 TEMPLATES: dict[str, str] = {
     "alpaca_short": "### Instruction:\n{instruction}\n\n### Response:\n",
@@ -49,7 +49,7 @@ TEMPLATES: dict[str, str] = {
 
 
 def format_prompt(example_or_instruction: TextExample | str, template: str = "alpaca_short") -> str:
-    """The prompt prefix (everything up to and including ``### Response:\\n``), spec §4.5.
+    """The prompt prefix (everything up to and including ``### Response:\\n``), FedOA spec §4.5.
 
     Training text is this prefix + ``output`` + EOS; generation starts right after it.
     """

@@ -1,4 +1,4 @@
-"""Prompt encoding for causal-LM training and generation (spec §4.4, §4.5)."""
+"""Prompt encoding for causal-LM training and generation (FedOA spec §4.4, §4.5)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from raysim.data.instructions import TextExample, format_prompt
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
-IGNORE_INDEX = -100  # label of prompt and padding tokens (spec §4.4)
+IGNORE_INDEX = -100  # label of prompt and padding tokens (FedOA spec §4.4)
 
 
 def _token_ids(tokenizer: PreTrainedTokenizerFast, texts: list[str]) -> list[list[int]]:
@@ -37,7 +37,8 @@ def encode_for_training(
     cutoff_len: int = 512,
     train_on_inputs: bool = False,
 ) -> dict[str, np.ndarray]:
-    """Teacher-forced ``input_ids``/``attention_mask``/``labels``, int64 ``(N, L)`` (spec §4.4).
+    """Teacher-forced ``input_ids``/``attention_mask``/``labels``, int64 ``(N, L)``
+    (FedOA spec §4.4).
 
     Row = BOS + tokens(prompt + output), truncated to ``cutoff_len``, then EOS if there is
     room. Labels are -100 on the prompt (unless ``train_on_inputs``) and on padding. Rows are
@@ -72,7 +73,7 @@ def encode_prompts(
     examples: Sequence[TextExample],
     template: str = "alpaca_short",
 ) -> list[list[int]]:
-    """Generation prompts: BOS + tokens(prompt prefix), no EOS, unpadded (spec §4.5)."""
+    """Generation prompts: BOS + tokens(prompt prefix), no EOS, unpadded (FedOA spec §4.5)."""
     bos = _bos(tokenizer)
     prompts = [format_prompt(e, template) for e in examples]
     return [bos + ids for ids in _token_ids(tokenizer, prompts)]

@@ -1,4 +1,4 @@
-"""Leave-one-task-out and leave-one-domain-out client splits (spec §4.2, §3.1 pooling)."""
+"""Leave-one-task-out and leave-one-domain-out client splits (FedOA spec §4.2, §3.1 pooling)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ SHARD_TAG = 12  # rng = default_rng([seed, SHARD_TAG, crc32(task)]) for LOTO sha
 
 @dataclass(frozen=True)
 class LOTOSplit:
-    """Leave-one-task-out clients and test sets (spec §4.2 items 1-3)."""
+    """Leave-one-task-out clients and test sets (FedOA spec §4.2 items 1-3)."""
 
     held_out: str
     clients: list[list[TextExample]]  # train examples per client
@@ -40,7 +40,7 @@ def leave_one_task_out(
     seed: int = 0,
 ) -> LOTOSplit:
     """Hold out one family; every other sub-dataset becomes 1 client or ``shards_per_task``
-    disjoint random near-equal shards (spec §4.2 item 3, shards drawn from ``seed``)."""
+    disjoint random near-equal shards (FedOA spec §4.2 item 3, shards drawn from ``seed``)."""
     if held_out not in FAMILIES:
         raise ValueError(f"held_out must be one of {list(FAMILIES)}, got {held_out!r}")
     held = {t for t, splits in tasks.items() if _task_family(t, splits) == held_out}
@@ -105,7 +105,7 @@ def _hold_out(
 
 
 def pool_split(split: LOTOSplit) -> LOTOSplit:
-    """All training clients merged into one (Centralized, spec §3.1).
+    """All training clients merged into one (Centralized, FedOA spec §3.1).
 
     The one client holds every training example (client order kept) and its ID test set is the
     union of the training sub-datasets' test splits, each sub-dataset once (shards share theirs).

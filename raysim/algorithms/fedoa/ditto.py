@@ -12,12 +12,12 @@ The server is FedAvg; v never leaves the client and persists across rounds; v an
 client (``evaluate_with = personal``).
 
 Switches (defaults first): ``lambda`` (alias ``lam``) 0.1 [proposal; Ditto tunes λ per task];
-``personal_init`` fresh (spec §2.8 default) | copy_global; ``personal_start_round`` 0 (paper) | 1
-(authors' code); ``order`` personal_first | global_first; ``global_update_mode`` local_epochs |
+``personal_init`` fresh (FedOA spec §2.8 default) | copy_global; ``personal_start_round`` 0 (paper)
+| 1 (authors' code); ``order`` personal_first | global_first; ``global_update_mode`` local_epochs |
 single_full_grad_step; ``train_global`` true; ``log_feature_distance`` true (the Fig. 2 diagnostic,
 on a causal LM only; ``distance``/``feature_layer``/``feature_pool``/``teacher_dropout`` only shape
-that diagnostic). Every round also logs ``param_distance`` = ‖v − φ_g^{t-1}‖₂ (flat vectors).
-With λ = 0 the personal trajectory is Local-only's bit for bit (invariant I18).
+that diagnostic). Every round also logs ``param_distance`` = ‖v − φ_g^{t-1}‖₂ (flat vectors). With λ
+= 0 the personal trajectory is Local-only's bit for bit (invariant I18).
 """
 
 from __future__ import annotations

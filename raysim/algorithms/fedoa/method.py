@@ -1,4 +1,4 @@
-"""FedOA (papers 000/001; spec FedOA spec §2): a global and a personal LoRA adapter per client, and
+"""FedOA (Yang et al. 2025; FedOA spec §2): a global and a personal LoRA adapter per client, and
 Local-only (FedOA with λ = 0).
 
 Per round, client e (FedOA spec §2.3):

@@ -159,7 +159,7 @@ SPECS = (
         M + "method",
         FedOAParams,
         LORA_LM,
-        "FedOA (seeds 000/001); FedOA spec §2",
+        "Yang et al. 2025, FedOA; FedOA spec §2",
         False,
         sums=True,
         own_training=True,

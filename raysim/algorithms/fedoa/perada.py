@@ -17,7 +17,7 @@ Switches (defaults first):
 - ``param_prox_detached`` false | true: the authors'-code form (§2.13), ``λ_p Σ_tensors
   ‖θ_p − θ_g‖₂ / 32`` added as a Python float, so it adds *no gradient* and the personal trajectory
   is Local-only's (invariant I21); ``prox_on``/``squared`` are then ignored;
-- ``personal_init`` fresh (spec §2.8 default; PerAda itself copies the global) | copy_global;
+- ``personal_init`` fresh (FedOA spec §2.8 default; PerAda itself copies the global) | copy_global;
 - ``personal_start_round`` 0 (paper) | 1 (authors' code);
 - as FedOA: ``order``, ``global_update_mode``, ``train_global``, ``log_feature_distance`` (the
   Fig. 2 diagnostic; ``distance``/``feature_*``/``teacher_dropout`` only shape that diagnostic).

@@ -16,9 +16,9 @@ schedule restart for every minibatch (pFedMe's own inner solver is stateless SGD
 constant schedule this is exactly it); the outer step is a plain, unclipped step. The logged
 ``train_loss`` is the mean inner objective (task loss + prox), ``param_distance`` = ‖θ_e − w_e‖₂.
 
-Authors'-code mode (``authors_code = true``, spec §3.3 last bullet, §2.13): round index 0 trains
-only the global copy, FedIT-style; from round index 1 the personal model is trained K epochs on
-the task loss plus the detached (gradient-free) penalty λ Σ_tensors ‖θ_p − w‖₂ / 32, then the
+Authors'-code mode (``authors_code = true``, FedOA spec §3.3 last bullet, §2.13): round index 0
+trains only the global copy, FedIT-style; from round index 1 the personal model is trained K epochs
+on the task loss plus the detached (gradient-free) penalty λ Σ_tensors ‖θ_p − w‖₂ / 32, then the
 global copy takes one step w ← w − 2·λ·η·(w − θ_p) with no data pass (θ_p = this round's trained
 personal model).
 
@@ -27,7 +27,7 @@ Switches (defaults first, all [proposal] unless noted):
   ``regular_weight``) in authors'-code mode;
 - ``inner_steps`` K_in = 5; ``beta`` β = 1.0 (server, > 0);
 - ``lr_personal`` η_p and ``lr_global`` η: default the local lr (``local.lr``);
-- ``personal_init`` fresh (spec §2.8 default) | copy_global (θ_e ← w on the first visit);
+- ``personal_init`` fresh (FedOA spec §2.8 default) | copy_global (θ_e ← w on the first visit);
 - ``authors_code`` false | true.
 """
 

@@ -176,7 +176,7 @@ SPECS = (
         M + "method",
         FedOTParams,
         PLAIN_SGD,
-        "FedOT-GDA (seed 004, Farnia et al.); FedOT spec §3",
+        "FedOT-GDA (Farnia et al. 2022); FedOT spec §3",
         sums=True,
         own_training=True,
     ),

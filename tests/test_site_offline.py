@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from tests.test_ui_browser import CHROMIUM, FLAGS
+from tests.test_ui_browser import CHROMIUM, FLAGS, needs_chromium
 
 pytestmark = pytest.mark.matrix  # suite time (~60 s: a whole site build): the fast suite's budget
 
@@ -38,10 +38,7 @@ def test_no_page_loads_a_script_a_style_or_a_font_from_another_host(site):
         assert "assets/javascripts/iframe-worker.js" in html
 
 
-@pytest.mark.skipif(
-    CHROMIUM is None and not os.environ.get("RAYSIM_REQUIRE_BROWSER"),
-    reason="needs Chromium (`make browser`; CI installs it and sets RAYSIM_REQUIRE_BROWSER)",
-)
+@needs_chromium
 def test_search_answers_on_the_site_opened_from_disk(site):
     from playwright.sync_api import sync_playwright
 

@@ -85,11 +85,16 @@ def test_ui_serves_the_store_on_localhost_only(ui):
         socket.create_connection((outward, port), timeout=2)
 
 
-@pytest.mark.skipif(
+#: a browser is a machine's, like a GPU: skipped where Chromium is missing, except in CI, which
+#: installs it and sets RAYSIM_REQUIRE_BROWSER so that a missing one fails
+needs_chromium = pytest.mark.skipif(
     CHROMIUM is None and not os.environ.get("RAYSIM_REQUIRE_BROWSER"),
     reason="needs a browser, and Chromium is not installed: `make browser` installs it (CI does, "
     "and sets RAYSIM_REQUIRE_BROWSER so that this test then fails rather than skips)",
 )
+
+
+@needs_chromium
 def test_the_printed_url_lists_the_runs_in_a_real_browser(ui):
     from playwright.sync_api import sync_playwright
 

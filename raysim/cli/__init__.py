@@ -14,7 +14,7 @@ import sys
 import threading
 from typing import NoReturn
 
-from raysim.cli.common import check_overrides, command_overrides, error, errors, user_errors
+from raysim.cli.common import error, errors, user_errors
 from raysim.cli.parser import build_parser
 
 __all__ = ["build_parser", "entry", "main"]
@@ -30,7 +30,6 @@ def main(argv: list[str] | None = None) -> int:
 
     quiet_libraries()
     try:
-        check_overrides(command_overrides(args))
         return int(args.func(args))
     except user_errors() as e:
         return error(str(e))

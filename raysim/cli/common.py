@@ -4,11 +4,10 @@ one-line report of a user's mistake."""
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from rich.console import Console
@@ -57,21 +56,3 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from raysim.util.kernels import KernelsError
 
     return (ConfigError, PluginError, ResourceError, ClusterError, MissingInput, KernelsError)
-
-
-def check_overrides(items: Iterable[str]) -> None:
-    """Refuse a malformed override before anything starts (``raysim.config.check_override``)."""
-    from raysim.config import check_override
-
-    for item in items:
-        check_override(item)
-
-
-def command_overrides(args: Any) -> list[str]:
-    """The ``key=value`` overrides a command was given (``raysim run --resume`` may take its first
-    as CONFIG: ``cli.run._run_args``)."""
-    items = list(getattr(args, "overrides", None) or ())
-    config = getattr(args, "config", None)
-    if isinstance(config, str) and "=" in config and not os.path.isfile(config):
-        items.insert(0, config)
-    return items

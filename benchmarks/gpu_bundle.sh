@@ -17,8 +17,9 @@
 # The image guard (benchmarks/gpu_image/) proves here that nothing else is needed:
 #   RAYSIM_BUNDLE=cp311 RAYSIM_IMAGE_GUARD=1 source benchmarks/gpu_env.sh && python -c ...
 #
-# Environment: PY (the python whose pip builds, default .venv/bin/python), MAX_MIB (58),
-# RAYSIM_BUNDLE_WORK (wheel cache and staging, default ${TMPDIR:-/tmp}/raysim-gpu-bundle).
+# Environment: PY (the python whose pip builds, default .venv/bin/python), MAX_MIB (58), XZ_LEVEL
+# (9, the smallest file to carry; CI's check packs at 6, in half the time and a larger file, so
+# the size limit is checked with room to spare), RAYSIM_BUNDLE_WORK (wheel cache and staging, default ${TMPDIR:-/tmp}/raysim-gpu-bundle).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$PWD
@@ -175,10 +176,10 @@ mv "$LIST.tmp" "$LIST"
 "$PY" "$ROOT/benchmarks/gpu_image/sitecustomize.py" --bundle-site "$STAGE" \
   --write "$OUTDIR/guard-$TAG.txt"
 
-echo "gpu_bundle: packing ($(du -sm "$STAGE" | cut -f1) MiB unpacked)"
+echo "gpu_bundle: packing ($(du -sm "$STAGE" | cut -f1) MiB unpacked, xz -${XZ_LEVEL:-9})"
 TAR=$OUTDIR/bundle-$TAG.tar.xz
 tar -C "$STAGE" --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -cf - . |
-  xz -9 -T0 >"$TAR.tmp"
+  xz "-${XZ_LEVEL:-9}" -T0 >"$TAR.tmp"
 mv "$TAR.tmp" "$TAR"
 bytes=$(stat -c %s "$TAR")
 mib=$(awk -v b="$bytes" 'BEGIN { printf "%.1f", b / 1048576 }')

@@ -4,6 +4,11 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DOCS_STAMP := $(VENV)/.docs-installed
+# pytest workers for both suites (pytest-xdist; 0: one process). Two cut the wall time by a third
+# to a half on a 2-vCPU machine (much of a test waits on Ray and subprocesses: docs/development.md);
+# a file's tests stay on one worker (loadfile), so its module fixtures start once
+PYTEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 
 .PHONY: demo test test-matrix lint docs bench browser clean gpu-bundle gpu-check
 
@@ -22,12 +27,12 @@ demo: $(STAMP)
 # The fast suite (pyproject's addopts leave out the tests marked matrix and e2e)
 test: $(STAMP)
 	$(BIN)/ruff check raysim tests benchmarks examples docs/hooks docs/figures
-	$(BIN)/python -m pytest -q
+	$(PYTEST)
 
 # The slower tier: the fault matrix, long end-to-end runs, the rest of the grids (CI runs it
 # after make test; docs/development.md)
 test-matrix: $(STAMP)
-	$(BIN)/python -m pytest -q -m matrix
+	$(PYTEST) -m matrix
 
 lint: $(STAMP)
 	$(BIN)/ruff check raysim tests benchmarks examples docs/hooks docs/figures

@@ -5,7 +5,7 @@ held out), then decides the spec's directional claims with ``raysim.verdicts`` (
 95 % intervals; issue 45) and writes a Markdown report with the measured numbers (nothing here
 is copied from the papers), listing the verdicts that changed from the committed RESULTS.md.
 
-    raysim pretrain tiny-llama --out foundations/tiny-s0     # once, ~25 min of one core (portable)
+    raysim pretrain tiny-llama --out foundations/tiny-s0     # once, ~15 min of one core (portable)
     python examples/fedoa/qualitative.py --seeds 0,1,2 --out runs/qualitative   # ~25 min a seed
 
 ``--quick`` shrinks the data and rounds for a fast look (not the T2 budget).

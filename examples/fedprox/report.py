@@ -131,7 +131,7 @@ def claims(g: Grid, out: list[str]) -> None:
          ("50 % − 0 %", paired_levels(g, d, 0.5, 0.0, "fedavg", loss), "loss")])  # fmt: skip
     for d in ("1_1", "0_0", "0.5_0.5"):
         name = DATA[d]
-        fig = (lambda n: f"(Figure {n})") if d == "1_1" else EXTENSION.format  # noqa: E731
+        fig = ("(Figure {})" if d == "1_1" else EXTENSION).format
         add("C2: FedProx μ = 0 (partial work) ends below FedAvg's training loss at 50 % and "
             f"90 %, {name} {fig(1)}", d,
             [(f"{s:.0%}", paired(g, d, s, "fedprox_mu0", "fedavg", loss, greater=False), "loss")

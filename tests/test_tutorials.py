@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -86,13 +88,16 @@ def test_the_comparison_finds_lines_in_order_and_only_then():
 
 
 @pytest.fixture(scope="module")
-def reader(tmp_path_factory):
-    here = tmp_path_factory.mktemp("reader")
+def reader():
+    # A short folder: the run's table shows the store's path in a 100-column terminal, and
+    # pytest's own temporary paths (longer under xdist: ``popen-gw0``) would be cut there.
+    here = Path(tempfile.mkdtemp(prefix="tut-"))
     (here / "examples").symlink_to(ROOT / "examples")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "RAY_ADDRESS"))}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
     env["COLUMNS"] = "100"
-    return here, env
+    yield here, env
+    shutil.rmtree(here, ignore_errors=True)
 
 
 def test_there_is_a_tutorial_track():

@@ -272,6 +272,8 @@ def test_fedoa_claims_are_decided_over_foundations_with_the_gate_per_foundation(
     void = q.nested_claims(_by_foundation(q, gaps=(20.0, 1.0, 2.0, 3.0, 0.0)))
     assert void[0][1] == "held on 1 of 5"
     assert {v for _, v, _ in void[1:]} == {"void (gate held on 1 of 5 foundations)", "report"}
+    with pytest.raises(ValueError, match="2\\+ foundations are needed, got 1"):
+        q.nested_claims(dict(list(by.items())[:1]))
 
 
 def test_fedoa_report_is_written_from_raw_results_alone(tmp_path):

@@ -212,6 +212,11 @@ def nested_claims(by_foundation: dict[str, dict[str, list[dict]]]) -> list[tuple
     per foundation on its seeds' mean, then every later claim over the foundations that pass it,
     paired by foundation (t with F − 1 degrees of freedom, sign flips over F); void where fewer
     than two pass."""
+    if len(by_foundation) < 2:
+        raise ValueError(
+            f"the foundation is a random factor: 2+ foundations are needed, got "
+            f"{len(by_foundation)}"
+        )
     gaps = {}
     for name, rows in by_foundation.items():
         t = means({m: rows[m] for m in ("fedit", "zero_shot")})

@@ -301,6 +301,12 @@ def test_fedoa_report_is_written_from_raw_results_alone(tmp_path):
     assert "| tiny-f4 | `abababababab` | 0.750 | portable (DEFAULT) | AMD EPYC | 0, 1 |" in text
     assert "- 1a: inconclusive → held" in text
     assert report.markdown(results, text) == text
+    # a claim void before and void again (another gate, another reason) is not a change
+    for f, rows in _by_foundation(q, gaps=(20.0, 1.0, 2.0, 3.0, 0.0)).items():
+        results["foundations"][f]["rows"] = rows
+    text = report.markdown(results, "| 1a. old | void (gate not held) | x |")
+    assert "| void (gate held on 1 of 5 foundations) |" in text
+    assert "- none (a claim void before is void again" in text and "- 1a:" not in text
 
 
 def test_the_t2_driver_names_its_foundation_and_will_not_mix_two(foundation_dir, tmp_path):

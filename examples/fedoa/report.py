@@ -93,6 +93,11 @@ def previous_verdicts(text: str) -> dict[str, str]:
     return old
 
 
+def _kind(verdict: str) -> str:
+    """A verdict's kind: every void verdict is one, whichever gate voided it."""
+    return "void" if verdict.startswith("void") else verdict
+
+
 def markdown(results: dict, previous: str = "") -> str:
     by = {name: f["rows"] for name, f in results["foundations"].items()}
     checks = nested_claims(by)
@@ -100,14 +105,15 @@ def markdown(results: dict, previous: str = "") -> str:
     cpus = sorted({f["foundation"]["cpu"] for f in results["foundations"].values()})
     current = {t.split(".")[0].split(":")[0].strip(): v for t, v, _ in checks if v != "report"}
     old = previous_verdicts(previous)
-    changed = [f"- {k}: {old[k]} → {v}" for k, v in current.items() if k in old and old[k] != v]
+    moved = [k for k, v in current.items() if k in old and _kind(old[k]) != _kind(v)]
+    changed = [f"- {k}: {old[k]} → {current[k]}" for k in moved]
     fresh = [
         "Verdicts that changed from the report this one replaces (one foundation's seeds "
         "treated as independent replicates, a held-out family chosen after a screen), and why: "
         "the claims are now decided over foundations, the gate per foundation, and a claim "
         "after a failed gate is void (issue 62):",
         "",
-        *(changed or ["- none"]),
+        *(changed or ["- none (a claim void before is void again; its row says why)"]),
     ]
     lines = [
         "# FedOA qualitative mini reproduction (FedOA spec §7.1, tier T2)",

@@ -42,7 +42,7 @@ def _summary_table(result: Any) -> Table:
     m = result.metrics
     table = Table(title=f"raysim · {result.config.name} · {result.config.algorithm.name}")
     table.add_column("metric")
-    table.add_column("value", justify="right")
+    table.add_column("value", justify="right", overflow="fold")  # a long store path: whole
     shown = [
         ("final accuracy", "accuracy"),
         ("final loss", "loss"),

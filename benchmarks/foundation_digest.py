@@ -49,12 +49,13 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--kernels", choices=["portable", "native"], default="portable")
     ap.add_argument("--record", action="store_true", help="keep this machine's digest")
+    ap.add_argument("--records", type=Path, default=RECORDS, help="the recorded digests (JSON)")
     args = ap.parse_args()
     key = f"steps={args.steps} seed={args.seed} kernels={args.kernels}"
     meta, seconds = pretrain(args.steps, args.seed, args.kernels)
     here = {"cpu": meta["machine"]["cpu"], "capability": meta["machine"]["cpu_capability"],
             "torch": meta["machine"]["torch"], "sha256": meta["weights_sha256"]}  # fmt: skip
-    records = json.loads(RECORDS.read_text()) if RECORDS.is_file() else {}
+    records = json.loads(args.records.read_text()) if args.records.is_file() else {}
     before = records.get(key, [])
     report("foundation_digest", machine=machine(), settings=key, seconds=round(seconds, 1))
     report("foundation_digest", sha256=here["sha256"], cpu=here["cpu"])
@@ -68,8 +69,8 @@ def main() -> int:
         print("  nothing recorded for these settings yet (--record keeps this one)")
     if args.record and here not in before:
         records[key] = [*before, here]
-        RECORDS.write_text(json.dumps(records, indent=1) + "\n")
-        print(f"  recorded in {RECORDS.name}")
+        args.records.write_text(json.dumps(records, indent=1) + "\n")
+        print(f"  recorded in {args.records}")
     return 1 if differs else 0
 
 

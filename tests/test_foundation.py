@@ -292,13 +292,32 @@ def test_fedoa_report_is_written_from_raw_results_alone(tmp_path):
     spec.loader.exec_module(report)
     base = {"weights_sha256": "ab" * 32, "heldout_exact_match": 0.75, "cpu": "AMD EPYC",
             "cpu_capability": "DEFAULT", "kernels": "portable", "path": "x"}  # fmt: skip
+    shape = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}
+    recipe = {
+        "steps": 8000,
+        "batch_size": 32,
+        "lr": 0.003,
+        "corpus_size": 40000,
+        "families": ["copy"],
+        "shape": shape,
+        "parameters": 112320,
+        "vocab_size": 235,
+    }
     results = {"foundations": {
-        name: {"foundation": base, "seeds": ["0", "1"], "rows": rows, "wall_s": 60.0}
-        for name, rows in _by_foundation(q).items()
+        name: {"foundation": base, "seeds": ["0", "1"], "rows": rows, "wall_s": 60.0,
+               "parent_run_id": f"{i}" * 32,
+               "pretraining": {**recipe, "init_seed": i, "pretrain_seconds": 60.0 * (i + 1)}}
+        for i, (name, rows) in enumerate(_by_foundation(q).items())
     }}  # fmt: skip
     previous = "| 1a. old | inconclusive | x |\n| 2b. old | held | y |"
     text = report.markdown(json.loads(json.dumps(results)), previous)
-    assert "| tiny-f4 | `abababababab` | 0.750 | portable (DEFAULT) | AMD EPYC | 0, 1 |" in text
+    assert (
+        "| tiny-f4 | 4 | `abababababab` | 0.750 | portable (DEFAULT) | AMD EPYC | 0, 1 "
+        "| `444444444444` |" in text
+    )
+    assert "held on every foundation" in text and "- Later claims:" in text
+    assert "112,320 parameters" in text and "1–5 min of wall time" in text
+    assert "raysim pretrain tiny-llama --seed 4 --out x" in text
     assert "- 1a: inconclusive → held" in text
     assert report.markdown(results, text) == text
     # a claim void before and void again (another gate, another reason) is not a change
@@ -306,6 +325,8 @@ def test_fedoa_report_is_written_from_raw_results_alone(tmp_path):
         results["foundations"][f]["rows"] = rows
     text = report.markdown(results, "| 1a. old | void (gate not held) | x |")
     assert "| void (gate held on 1 of 5 foundations) |" in text
+    assert "**So every later claim is void**" in text and "On 4 of 5 foundations" in text
+    assert "| tiny-f1 | " in text and "(fails) |" in text  # the per-foundation gate
     assert "- none (a claim void before is void again" in text and "- 1a:" not in text
 
 

@@ -19,6 +19,7 @@ EXAMPLES = ROOT / "examples"
 REPORTS = {
     "feddle": ["examples/feddle/report.py", "--out", "examples/feddle", "--write", "{out}"],
     "fedbaf": ["examples/fedbaf/report.py", "--out", "examples/fedbaf", "--write", "{out}"],
+    "fedoa": ["examples/fedoa/report.py", "--write", "{out}"],
     "fedot": ["examples/fedot/report.py", "--write", "{out}"],
     "fedprox": ["examples/fedprox/report.py", "examples/fedprox/results.json", "--write", "{out}"],
     "robust": ["examples/robust/report.py", "--to", "{out}"],

@@ -342,6 +342,23 @@ def foundation_used(overrides: list[str]) -> dict:
     }
 
 
+def pretraining_recipe(path: str) -> dict:
+    """How the foundation at ``path`` was pre-trained, from its ``raysim_foundation.json``: the
+    report's "which model" (kept beside the runs; the identity is ``foundation_used``'s)."""
+    from raysim.models.foundation import foundation_metadata
+
+    meta = foundation_metadata(path) or {}
+    config = meta.get("config", {})
+    keep = ("steps", "batch_size", "lr", "init_seed", "data_seed", "corpus_size", "families")
+    return {
+        **{k: config[k] for k in keep if k in config},
+        "shape": config.get("shape", {}),
+        "parameters": meta.get("parameters"),
+        "vocab_size": meta.get("vocab_size"),
+        "pretrain_seconds": meta.get("pretrain_seconds"),
+    }
+
+
 def describe_foundation(base: dict) -> str:
     """One line naming the foundation ``foundation_used`` found."""
     match = base.get("heldout_exact_match")
@@ -524,6 +541,7 @@ def run_foundation(
     )  # fmt: skip
     results["foundations"][name] = {
         "foundation": base,
+        "pretraining": pretraining_recipe(path),
         "seeds": seeds,
         "rows": per_seed(res.results, seeds, list(methods)),
         "parent_run_id": res.parent_run_id,

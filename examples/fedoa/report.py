@@ -15,17 +15,26 @@ import argparse
 import json
 from pathlib import Path
 
+import yaml
 from qualitative import (
+    CONFIG,
+    GATE_MARGIN,
+    METHODS,
     RANDOM_FACTOR,
     VERDICT_WORDS,
     foundation_means,
+    means,
     nested_claims,
+    plot_curves,
 )
 
 from raysim.verdicts import RULES, Summary, changes_block
 
 HERE = Path(__file__).parent
 RESULTS = HERE / "results.json"
+#: per-round curves over every foundation's runs (``--curves``: from the MLflow store, which is
+#: not committed; results.json keeps each run's final figures only)
+CURVES_PNG = "results-curves.png"
 COLUMNS = {
     "ood_rouge1": ("OOD R-1 (routed)", True),
     "ood_rouge1_global": ("OOD R-1 (global)", True),
@@ -48,19 +57,114 @@ setting of its own (`model.lora.targets` over every linear module), to be report
 """
 
 
+ROUTING = """
+Methods: FedOA with λ ∈ {0, 0.1, 0.5, 2} and D ∈ {L2, cosine, Pearson} at λ = 0.5, and as
+baselines FedIT, Centralized, Local-only, FedLoRA, PERADA, pFedMe (K_in = 2, as §7.1 allows),
+FedSDR, Ditto and the frozen base (`zero_shot`: FedIT with no local epoch). Scoring follows §4.6:
+**OOD R-1 (routed)** scores each personalised method with each client's personal adapter,
+averaged over clients (FedIT, Centralized and zero-shot use the global adapter); **OOD R-1
+(global)** is the global adapter, which every method but pFedMe trains as FedIT does, apart
+from its personal adapters (the same figures as FedIT's, run for run); **ID R-1** is each client
+on its own sub-dataset's test split. Local-only is FedOA at λ = 0, so their rows agree.
+"""
+
+
 def foundations_table(results: dict) -> list[str]:
     lines = [
-        "| foundation | weights sha256 | held-out exact match | kernels | pre-trained on | seeds |",
+        "| foundation | pre-training seed | weights sha256 | held-out exact match | kernels "
+        "| pre-trained on | training seeds | MLflow parent run |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, f in results["foundations"].items():
+        base, recipe = f["foundation"], f.get("pretraining", {})
+        match = base.get("heldout_exact_match")
+        lines.append(
+            f"| {name} | {recipe.get('init_seed', '—')} | `{base['weights_sha256'][:12]}` | "
+            f"{'—' if match is None else f'{match:.3f}'} | {base.get('kernels', 'native')} "
+            f"({base['cpu_capability']}) | {base['cpu']} | {', '.join(f['seeds'])} | "
+            f"`{f['parent_run_id'][:12]}` |"
+        )
+    return lines
+
+
+def setup_table(results: dict) -> list[str]:
+    """The setting, read from ``qualitative.yaml`` and the foundations' recorded recipe."""
+    cfg = yaml.safe_load(CONFIG.read_text())
+    text, local, lora = cfg["data"]["text"], cfg["local"], cfg["model"]["lora"]
+    recipes = [f.get("pretraining", {}) for f in results["foundations"].values()]
+    r = recipes[0]
+    shape = r.get("shape", {})
+    minutes = [x["pretrain_seconds"] / 60 for x in recipes if x.get("pretrain_seconds")]
+    rows = [
+        ("model", f"a LLaMA of hidden {shape.get('hidden_size')}, "
+                  f"{shape.get('num_hidden_layers')} layers, {shape.get('num_attention_heads')} "
+                  f"heads: {r.get('parameters'):,} parameters, a word-level tokenizer of "
+                  f"{r.get('vocab_size')} words"),
+        ("pre-training", f"full-parameter, {r.get('steps'):,} AdamW steps of batch "
+                         f"{r.get('batch_size')}, lr {r.get('lr')}, on a generic instruction "
+                         f"corpus of {r.get('corpus_size'):,} examples "
+                         f"({', '.join(r.get('families', []))}; none of Flan-mini's tasks), "
+                         f"then frozen; {min(minutes):.0f}–{max(minutes):.0f} min of wall "
+                         "time each on the machine below"),
+        ("data", f"Flan-mini, {text['n_train']} train / {text['n_test']} test per "
+                 f"sub-dataset, data seed {text['data_seed']}"),
+        ("clients", f"{cfg['clients']['num']}, {cfg['clients']['per_round']} a round"),
+        ("held-out family", f"{text['held_out'].replace('_', ' ')} (the out-of-distribution set)"),
+        ("schedule", f"T = {cfg['rounds']} rounds, K = {local['epochs']} local epochs, "
+                     f"B = {local['batch_size']}"),
+        ("local optimiser", f"{local['optimizer']}, lr {local['lr']}, {local['lr_schedule']} "
+                            f"decay per call, clip {local['max_grad_norm']}"),
+        ("LoRA", f"r = {lora['r']}, α = {lora['alpha']}, dropout {lora['dropout']}, on "
+                 f"{'/'.join(x.removesuffix('_proj') for x in lora['targets'])}"),
+        ("evaluation", f"greedy decoding, at most {cfg['eval']['max_new_tokens']} new tokens, "
+                       "ROUGE-1 via `rouge-score`"),
+    ]  # fmt: skip
+    return ["| setting | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)]
+
+
+def per_foundation_table(results: dict) -> list[str]:
+    """Each foundation's mean over its seeds: the gate's two terms and claim 1's differences."""
+    lines = [
+        "| foundation | zero-shot OOD | FedIT OOD | FedIT − zero-shot (gate: > +5) "
+        "| FedOA(0.5) − Local-only (1a) | FedOA(0.5) − FedLoRA (1b) |",
         "|---|---|---|---|---|---|",
     ]
     for name, f in results["foundations"].items():
-        base = f["foundation"]
-        match = base.get("heldout_exact_match")
+        t = {m: v["ood_rouge1"] for m, v in means(f["rows"]).items()}
+        gap = t["fedit"] - t["zero_shot"]
         lines.append(
-            f"| {name} | `{base['weights_sha256'][:12]}` | "
-            f"{'—' if match is None else f'{match:.3f}'} | {base.get('kernels', 'native')} "
-            f"({base['cpu_capability']}) | {base['cpu']} | {', '.join(f['seeds'])} |"
+            f"| {name} | {t['zero_shot']:.2f} | {t['fedit']:.2f} | {gap:+.2f}"
+            f"{'' if gap > GATE_MARGIN else ' (fails)'} | "
+            f"{t['fedoa_l0.5'] - t['local_only']:+.2f} | {t['fedoa_l0.5'] - t['fedlora']:+.2f} |"
         )
+    return lines
+
+
+def verdict_first(checks: list[tuple[str, str, str]], results: dict) -> list[str]:
+    """The headline, from the claims as decided."""
+    gate, later = checks[0], [c for c in checks[1:] if c[1] != "report"]
+    n = len(results["foundations"])
+    void = [c for c in later if c[1].startswith("void")]
+    by_key = {c[0].split(".")[0]: c for c in later}
+    passing = n if gate[1] == "held" else int(gate[1].split()[2])  # "held on k of n"
+    held = "held on every foundation" if gate[1] == "held" else f"{gate[1]} foundations"
+    lines = [f"- **The sanity gate** (FedIT − frozen base > +{GATE_MARGIN:g} on the held-out "
+             f"family, per foundation): {held}. {gate[2]}."]  # fmt: skip
+    if len(void) == len(later):
+        lines.append(
+            f"- **So every later claim is void** ({len(void)} of {len(later)}), as FedOA spec "
+            "§7.1 says of results after a failed gate and as the rule below, written before the "
+            f"runs, decides. On {n - passing} of {n} foundations of one recipe, federated "
+            "instruction tuning on the training families does not carry over to the held-out "
+            "family by the margin the spec asks of a setting before it can test FedOA's claims."
+        )
+        measured = [by_key[k] for k in ("1a", "1b") if k in by_key]
+        lines += [f"- Measured, not decided: {c[0]}: {c[2]}." for c in measured]
+    else:
+        counts: dict[str, int] = {}
+        for c in later:
+            counts[c[1]] = counts.get(c[1], 0) + 1
+        lines.append("- Later claims: " + ", ".join(f"{v} {k}" for k, v in counts.items()) + ".")
     return lines
 
 
@@ -115,12 +219,32 @@ def markdown(results: dict, previous: str = "") -> str:
         "",
         *(changed or ["- none (a claim void before is void again; its row says why)"]),
     ]
+    experiment = yaml.safe_load(CONFIG.read_text())["tracking"]["experiment"]
+    seeds = next(iter(results["foundations"].values()))["seeds"]
+    runs = sum(len(rows) for f in results["foundations"].values() for rows in f["rows"].values())
     lines = [
         "# FedOA qualitative mini reproduction (FedOA spec §7.1, tier T2)",
+        "",
+        "## Verdict first",
+        "",
+        *verdict_first(checks, results),
         DESIGN,
+        "## Setup",
+        "",
+        *setup_table(results),
+        ROUTING,
         "## Foundations",
         "",
         *foundations_table(results),
+        "",
+        "## Per foundation (the mean of its seeds, OOD ROUGE-1 routed)",
+        "",
+        *per_foundation_table(results),
+        "",
+        f"![Per-round curves, mean over {len(by)} foundations × their seeds]({CURVES_PNG})",
+        "",
+        "Per-round curves: the mean over every foundation's runs, drawn by `report.py --curves` "
+        "from the MLflow store that ran them.",
         "",
         f"## Each method over {len(by)} foundations (mean ± sample std of the foundations' means)",
         "",
@@ -138,10 +262,28 @@ def markdown(results: dict, previous: str = "") -> str:
         "",
         *changes_block(previous, old, current, fresh),
         "",
+        "## Reproduce",
+        "",
+        "```bash",
+        *(f"raysim pretrain tiny-llama --seed {f['pretraining'].get('init_seed', '?')} "
+          f"--out {f['foundation']['path']}" for f in results["foundations"].values()),
+        f"python examples/fedoa/qualitative.py --seeds "
+        f"{','.join(next(iter(results['foundations'].values()))['seeds'])} --out runs/fedoa \\",
+        "    --foundations " + ",".join(f["foundation"]["path"]
+                                        for f in results["foundations"].values()),
+        "cp runs/fedoa/results.json examples/fedoa/results.json",
+        "python examples/fedoa/report.py",
+        "```",
+        "",
+        f"Each foundation's runs are an MLflow parent run (the table above) in the experiment "
+        f"`{experiment}` of the store that ran them (`raysim ui`); the store is not committed, "
+        f"`examples/fedoa/results.json` keeps every run's figures: {runs} runs ({len(METHODS)} "
+        f"methods × {len(seeds)} seeds × {len(results['foundations'])} foundations).",
+        "",
         "## Where it ran",
         "",
         f"{'; '.join(cpus)}; {wall / 60:.0f} min of wall time in all, CPU only.",
-    ]
+    ]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -149,7 +291,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--results", type=Path, default=RESULTS)
     ap.add_argument("--write", type=Path, default=HERE, help="where RESULTS.md goes")
+    ap.add_argument(
+        "--curves",
+        action="store_true",
+        help=f"also draw {CURVES_PNG} from the MLflow store that ran the foundations' parent runs",
+    )
     args = ap.parse_args()
+    if args.curves:
+        foundations = json.loads(args.results.read_text())["foundations"].values()
+        try:
+            plot_curves([f["parent_run_id"] for f in foundations], args.write / CURVES_PNG)
+        except Exception as e:  # MlflowException: a parent run this store does not hold
+            raise SystemExit(
+                f"--curves: {e}; run it where qualitative.py ran (its MLflow store), or without "
+                "--curves"
+            ) from e
     old = args.write / "RESULTS.md"
     text = markdown(json.loads(args.results.read_text()), old.read_text() if old.is_file() else "")
     (args.write / "RESULTS.md").write_text(text)

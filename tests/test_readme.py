@@ -47,8 +47,9 @@ ELSEWHERE = {
     "foundations/tiny-f0,foundations/tiny-f1,foundations/tiny-f2,foundations/tiny-f3,"
     "foundations/tiny-f4": "hours on 2 cores; tests/test_foundation.py decides claims over "
     "foundations on made-up rows",
-    "python examples/fedoa/report.py --results runs/fedoa/results.json": "after the runs; "
-    "tests/test_foundation.py writes a report from made-up results",
+    "python examples/fedoa/report.py --results runs/fedoa/results.json --curves": "after the "
+    "runs (its curves from their MLflow store); tests/test_foundation.py writes a report from "
+    "made-up results, tests/test_reports.py the committed one",
     "raysim tune examples/tune-async.yaml": "a 12-trial sweep; tests/test_tune.py runs a sweep",
     "raysim pretrain digits --out foundations/digits": "tests/test_fedbaf_data.py (the CLI, "
     "fewer epochs)",

@@ -27,6 +27,8 @@ from pathlib import Path
 
 from common import ROOT, machine, report
 
+from raysim.models.foundation import foundation_metadata
+
 RECORDS = Path(__file__).with_name("foundation_digests.json")
 
 
@@ -40,7 +42,7 @@ def pretrain(steps: int, seed: int, kernels: str) -> tuple[dict, float]:
         t0 = time.perf_counter()
         subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
         seconds = time.perf_counter() - t0
-        return json.loads((out / "raysim_foundation.json").read_text()), seconds
+        return foundation_metadata(out), seconds
 
 
 def main() -> int:

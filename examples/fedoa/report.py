@@ -23,6 +23,7 @@ from qualitative import (
     RANDOM_FACTOR,
     VERDICT_WORDS,
     foundation_means,
+    gate_gaps,
     means,
     nested_claims,
     plot_curves,
@@ -76,10 +77,10 @@ def foundations_table(results: dict) -> list[str]:
         "|---|---|---|---|---|---|---|---|",
     ]
     for name, f in results["foundations"].items():
-        base, recipe = f["foundation"], f.get("pretraining", {})
+        base = f["foundation"]
         match = base.get("heldout_exact_match")
         lines.append(
-            f"| {name} | {recipe.get('init_seed', '—')} | `{base['weights_sha256'][:12]}` | "
+            f"| {name} | {f['pretraining']['init_seed']} | `{base['weights_sha256'][:12]}` | "
             f"{'—' if match is None else f'{match:.3f}'} | {base.get('kernels', 'native')} "
             f"({base['cpu_capability']}) | {base['cpu']} | {', '.join(f['seeds'])} | "
             f"`{f['parent_run_id'][:12]}` |"
@@ -87,23 +88,21 @@ def foundations_table(results: dict) -> list[str]:
     return lines
 
 
-def setup_table(results: dict) -> list[str]:
-    """The setting, read from ``qualitative.yaml`` and the foundations' recorded recipe."""
-    cfg = yaml.safe_load(CONFIG.read_text())
+def setup_table(cfg: dict, results: dict) -> list[str]:
+    """The setting, from ``qualitative.yaml`` (``cfg``) and the foundations' recorded recipe."""
     text, local, lora = cfg["data"]["text"], cfg["local"], cfg["model"]["lora"]
-    recipes = [f.get("pretraining", {}) for f in results["foundations"].values()]
-    r = recipes[0]
-    shape = r.get("shape", {})
-    minutes = [x["pretrain_seconds"] / 60 for x in recipes if x.get("pretrain_seconds")]
+    recipes = [f["pretraining"] for f in results["foundations"].values()]
+    r, shape = recipes[0], recipes[0]["shape"]
+    minutes = [x["pretrain_seconds"] / 60 for x in recipes]
     rows = [
-        ("model", f"a LLaMA of hidden {shape.get('hidden_size')}, "
-                  f"{shape.get('num_hidden_layers')} layers, {shape.get('num_attention_heads')} "
-                  f"heads: {r.get('parameters'):,} parameters, a word-level tokenizer of "
-                  f"{r.get('vocab_size')} words"),
-        ("pre-training", f"full-parameter, {r.get('steps'):,} AdamW steps of batch "
-                         f"{r.get('batch_size')}, lr {r.get('lr')}, on a generic instruction "
-                         f"corpus of {r.get('corpus_size'):,} examples "
-                         f"({', '.join(r.get('families', []))}; none of Flan-mini's tasks), "
+        ("model", f"a LLaMA of hidden {shape['hidden_size']}, "
+                  f"{shape['num_hidden_layers']} layers, {shape['num_attention_heads']} "
+                  f"heads: {r['parameters']:,} parameters, a word-level tokenizer of "
+                  f"{r['vocab_size']} words"),
+        ("pre-training", f"full-parameter, {r['steps']:,} AdamW steps of batch "
+                         f"{r['batch_size']}, lr {r['lr']}, on a generic instruction "
+                         f"corpus of {r['corpus_size']:,} examples "
+                         f"({', '.join(r['families'])}; none of Flan-mini's tasks), "
                          f"then frozen; {min(minutes):.0f}–{max(minutes):.0f} min of wall "
                          "time each on the machine below"),
         ("data", f"Flan-mini, {text['n_train']} train / {text['n_test']} test per "
@@ -122,7 +121,7 @@ def setup_table(results: dict) -> list[str]:
     return ["| setting | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)]
 
 
-def per_foundation_table(results: dict) -> list[str]:
+def per_foundation_table(results: dict, gaps: dict[str, float]) -> list[str]:
     """Each foundation's mean over its seeds: the gate's two terms and claim 1's differences."""
     lines = [
         "| foundation | zero-shot OOD | FedIT OOD | FedIT − zero-shot (gate: > +5) "
@@ -131,7 +130,7 @@ def per_foundation_table(results: dict) -> list[str]:
     ]
     for name, f in results["foundations"].items():
         t = {m: v["ood_rouge1"] for m, v in means(f["rows"]).items()}
-        gap = t["fedit"] - t["zero_shot"]
+        gap = gaps[name]
         lines.append(
             f"| {name} | {t['zero_shot']:.2f} | {t['fedit']:.2f} | {gap:+.2f}"
             f"{'' if gap > GATE_MARGIN else ' (fails)'} | "
@@ -140,13 +139,13 @@ def per_foundation_table(results: dict) -> list[str]:
     return lines
 
 
-def verdict_first(checks: list[tuple[str, str, str]], results: dict) -> list[str]:
-    """The headline, from the claims as decided."""
+def verdict_first(checks: list[tuple[str, str, str]], gaps: dict[str, float]) -> list[str]:
+    """The headline, from the claims as decided and the gate's measure per foundation."""
     gate, later = checks[0], [c for c in checks[1:] if c[1] != "report"]
-    n = len(results["foundations"])
+    n = len(gaps)
     void = [c for c in later if c[1].startswith("void")]
     by_key = {c[0].split(".")[0]: c for c in later}
-    passing = n if gate[1] == "held" else int(gate[1].split()[2])  # "held on k of n"
+    passing = sum(g > GATE_MARGIN for g in gaps.values())
     held = "held on every foundation" if gate[1] == "held" else f"{gate[1]} foundations"
     lines = [f"- **The sanity gate** (FedIT − frozen base > +{GATE_MARGIN:g} on the held-out "
              f"family, per foundation): {held}. {gate[2]}."]  # fmt: skip
@@ -205,6 +204,7 @@ def _kind(verdict: str) -> str:
 def markdown(results: dict, previous: str = "") -> str:
     by = {name: f["rows"] for name, f in results["foundations"].items()}
     checks = nested_claims(by)
+    gaps = gate_gaps(by)
     wall = sum(f["wall_s"] for f in results["foundations"].values())
     cpus = sorted({f["foundation"]["cpu"] for f in results["foundations"].values()})
     current = {t.split(".")[0].split(":")[0].strip(): v for t, v, _ in checks if v != "report"}
@@ -219,19 +219,20 @@ def markdown(results: dict, previous: str = "") -> str:
         "",
         *(changed or ["- none (a claim void before is void again; its row says why)"]),
     ]
-    experiment = yaml.safe_load(CONFIG.read_text())["tracking"]["experiment"]
-    seeds = next(iter(results["foundations"].values()))["seeds"]
+    cfg = yaml.safe_load(CONFIG.read_text())
+    foundations = results["foundations"].values()
+    seeds = next(iter(foundations))["seeds"]
     runs = sum(len(rows) for f in results["foundations"].values() for rows in f["rows"].values())
     lines = [
         "# FedOA qualitative mini reproduction (FedOA spec §7.1, tier T2)",
         "",
         "## Verdict first",
         "",
-        *verdict_first(checks, results),
+        *verdict_first(checks, gaps),
         DESIGN,
         "## Setup",
         "",
-        *setup_table(results),
+        *setup_table(cfg, results),
         ROUTING,
         "## Foundations",
         "",
@@ -239,7 +240,7 @@ def markdown(results: dict, previous: str = "") -> str:
         "",
         "## Per foundation (the mean of its seeds, OOD ROUGE-1 routed)",
         "",
-        *per_foundation_table(results),
+        *per_foundation_table(results, gaps),
         "",
         f"![Per-round curves, mean over {len(by)} foundations × their seeds]({CURVES_PNG})",
         "",
@@ -265,18 +266,17 @@ def markdown(results: dict, previous: str = "") -> str:
         "## Reproduce",
         "",
         "```bash",
-        *(f"raysim pretrain tiny-llama --seed {f['pretraining'].get('init_seed', '?')} "
-          f"--out {f['foundation']['path']}" for f in results["foundations"].values()),
-        f"python examples/fedoa/qualitative.py --seeds "
-        f"{','.join(next(iter(results['foundations'].values()))['seeds'])} --out runs/fedoa \\",
-        "    --foundations " + ",".join(f["foundation"]["path"]
-                                        for f in results["foundations"].values()),
+        *(f"raysim pretrain tiny-llama --seed {f['pretraining']['init_seed']} "
+          f"--out {f['foundation']['path']}" for f in foundations),
+        f"python examples/fedoa/qualitative.py --seeds {','.join(seeds)} --out runs/fedoa \\",
+        "    --foundations " + ",".join(f["foundation"]["path"] for f in foundations),
         "cp runs/fedoa/results.json examples/fedoa/results.json",
         "python examples/fedoa/report.py",
         "```",
         "",
         f"Each foundation's runs are an MLflow parent run (the table above) in the experiment "
-        f"`{experiment}` of the store that ran them (`raysim ui`); the store is not committed, "
+        f"`{cfg['tracking']['experiment']}` of the store that ran them (`raysim ui`); the store "
+        "is not committed, "
         f"`examples/fedoa/results.json` keeps every run's figures: {runs} runs ({len(METHODS)} "
         f"methods × {len(seeds)} seeds × {len(results['foundations'])} foundations).",
         "",
@@ -297,17 +297,20 @@ def main() -> None:
         help=f"also draw {CURVES_PNG} from the MLflow store that ran the foundations' parent runs",
     )
     args = ap.parse_args()
+    results = json.loads(args.results.read_text())
     if args.curves:
-        foundations = json.loads(args.results.read_text())["foundations"].values()
+        from mlflow.exceptions import MlflowException
+
+        parents = [f["parent_run_id"] for f in results["foundations"].values()]
         try:
-            plot_curves([f["parent_run_id"] for f in foundations], args.write / CURVES_PNG)
-        except Exception as e:  # MlflowException: a parent run this store does not hold
+            plot_curves(parents, args.write / CURVES_PNG)
+        except MlflowException as e:  # a parent run this store does not hold
             raise SystemExit(
                 f"--curves: {e}; run it where qualitative.py ran (its MLflow store), or without "
                 "--curves"
             ) from e
     old = args.write / "RESULTS.md"
-    text = markdown(json.loads(args.results.read_text()), old.read_text() if old.is_file() else "")
+    text = markdown(results, old.read_text() if old.is_file() else "")
     (args.write / "RESULTS.md").write_text(text)
     print(text, end="")
 

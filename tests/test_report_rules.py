@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -115,6 +116,46 @@ def test_fedot_a5_is_no_nan_and_the_zero_sum_invariant_whatever_collapsed(exampl
     assert got["A5"][0] == HELD and "decided under A4" in got["A5"][1]
     cells["affine/1/fedot"]["table"][0]["zero_sum_residual"] = 1e-3
     assert fedot_criteria(report, cells, tmp_path)["A5"][0] == "not held"
+
+
+def test_fedot_a_cell_diverged_again_keeps_every_attempt_s_seeds(example, tmp_path, monkeypatch):
+    """Seeds added to a cell whose runs all diverged before: its earlier runs' lines are kept
+    beside the new ones (an attempt's own error files only), and A4 counts them all."""
+    report = example("fedot")
+    import reproduce
+
+    import raysim
+
+    label = "colour/5/fedot"
+    earlier = [f"round 13{s}: client 0's dual_penalty is 1049" for s in (5, 5, 4)]
+    results = tmp_path / "results.json"
+    failed = {"error": "x", "diverged": earlier, "table": [], "seconds": 10.0, "rounds": 200}
+    results.write_text(json.dumps({label: {**failed, "machine": reproduce.machine()}}))
+    storage = (tmp_path / "out" / "tune" / label).resolve()
+    stale = storage / "an earlier attempt" / "error.txt"  # left by the first attempt
+    stale.parent.mkdir(parents=True)
+    stale.write_text(f"Diverged: {earlier[0]}\n")
+    os.utime(stale, (0, 0))
+
+    def tune(raw: dict, storage: Path):
+        assert raw["tune"]["space"]["seed"]["grid"] == [3, 4]  # only the seeds not yet tried
+        for s in (3, 4):
+            error = storage / f"trial {s}" / "error.txt"
+            error.parent.mkdir(parents=True)
+            error.write_text(f"Traceback ...\nDiverged: round 13{s}: client 0's dual_penalty\n")
+        raise RuntimeError("no trial finished with 'accuracy'")
+
+    monkeypatch.setattr(raysim, "tune", tune)
+    cell = reproduce.Reproduction(tmp_path / "out", quick=False, results=results).cell(
+        "colour", 5, "fedot"
+    )
+    assert cell["seeds"] == [0, 1, 2, 3, 4] and cell["seconds"] >= 10.0
+    added = [f"round 13{s}: client 0's dual_penalty" for s in (3, 4)]
+    assert cell["diverged"] == [*earlier, *added]
+    assert json.loads(results.read_text())[label] == cell
+    cells = {**affine_cells(report, {}), label: cell, "colour/5/fedavg": fedot_cell([0.7] * 5)}
+    got = fedot_criteria(report, cells, tmp_path)
+    assert got["A4 (colour)"][0] == "not held" and "5 of 5 seeds" in got["A4 (colour)"][1]
 
 
 def test_fedbaf_rounds_to_a_threshold_count_from_one_and_censor_at_t_plus_one(example, tmp_path):

@@ -178,9 +178,10 @@ class Report:
 
         def compared(name: str, a: str, b: str, margin: float, what: str, extra: str = ""):
             stopped = self.results.get(a, {}).get("diverged", [])
+            tried = len(self.results.get(a, {}).get("seeds", stopped))
             if not len(self.scores(a)) and self.collapsed(a):  # no run of a reached its end
                 return line(name, "not held", f"{what}: every run of {a} collapsed and the "
-                            f"dual guard stopped it ({len(stopped)} of {len(stopped)}; "
+                            f"dual guard stopped it ({len(stopped)} of {tried} seeds; "
                             f"{stopped[0].split(';')[0]})")  # fmt: skip
             if min(len(self.scores(a)), len(self.scores(b))) < 2:
                 return line(name, "", "", a, b)

@@ -100,11 +100,14 @@ def run_digest(client: Any, run_id: str) -> dict[str, Any]:
     }
 
 
-def diverged(storage: Path) -> list[str]:
+def diverged(storage: Path, since: float = 0.0) -> list[str]:
     """Each failed trial's ``Diverged`` line (the run's own words: round, client, which guard),
-    from Tune's ``error.txt`` files under ``storage``."""
+    from Tune's ``error.txt`` files under ``storage`` written at or after ``since`` (one
+    attempt's, where an earlier attempt left its own there)."""
     lines = []
     for error in sorted(storage.rglob("error.txt")):
+        if error.stat().st_mtime < since:
+            continue
         said = [x for x in error.read_text().splitlines() if "Diverged:" in x]
         if said:
             lines.append(said[-1].split("Diverged:", 1)[1].strip())
@@ -201,12 +204,16 @@ class Reproduction:
         except RuntimeError as e:  # every trial failed (a diverged run stops with Diverged)
             if done and done.get("table"):
                 raise SystemExit(f"{label}: the added seeds {missing} all failed ({e})") from e
+            earlier = done or {}  # a cell whose every run diverged before: these are added
             self.results[label] = {
                 "error": str(e),
-                "diverged": diverged((self.out / "tune" / label).resolve()),
+                "diverged": [
+                    *earlier.get("diverged", []),
+                    *diverged((self.out / "tune" / label).resolve(), since=t0),
+                ],
                 "table": [],
-                "seeds": self.seeds,
-                "seconds": time.time() - t0,
+                "seeds": sorted(ran | set(missing)),
+                "seconds": earlier.get("seconds", 0.0) + time.time() - t0,
                 "rounds": raw["rounds"],
                 "execution": self.execution,
                 "machine": machine(),

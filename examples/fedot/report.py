@@ -249,6 +249,13 @@ class Report:
             if m
         }
         new = {m[1]: m[2] for m in map(CRITERION.match, criteria) if m}
+        machines = {self.machine(label) for label in self.results}
+        seeds = {len(c.get("table") or c.get("seeds", [])) for c in self.results.values()}
+        where = (
+            f"; and every cell ran on one machine ({machines.pop()}) on {seeds.pop()} seeds"
+            if len(machines) == 1 and len(seeds) == 1
+            else ""
+        )
         fresh = [
             f"Verdicts that changed from {before or 'the report this one replaces'}, and why "
             "(issue 62): a comparison is now held or not held only where its interval clears "
@@ -256,7 +263,7 @@ class Report:
             "never reach; a comparison between cells that ran on different machines decides "
             "nothing; A2 compares FedOT with every baseline, not only the best by mean; A5 is "
             "decided on its letter (no NaN, the zero-sum invariant), the collapse at colour "
-            "τ = 5 staying under A4:",
+            f"τ = 5 staying under A4{where}:",
             "",
             *(changed(criteria, previous_text) or ["- none"]),
         ]
@@ -329,10 +336,9 @@ class Report:
         for m, about in settings.items():
             label = f"{shift}/{tau}/{m}"
             said = self.results.get(label, {}).get("diverged", [])
-            lines.append(
-                f"| {about} | {self.cell(label)} | {len(self.scores(label))} | "
-                f"{said[0] if said else '—'} |"
-            )
+            done, tried = len(self.scores(label)), len(self.results.get(label, {}).get("seeds", []))
+            ran = f"{done} of {tried}" if tried > done else f"{done}"  # tried: every run stopped
+            lines.append(f"| {about} | {self.cell(label)} | {ran} | {said[0] if said else '—'} |")
         fedavg, against = f"{shift}/{tau}/fedavg", []
         for m, about in settings.items():
             label = f"{shift}/{tau}/{m}"

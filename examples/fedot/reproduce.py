@@ -1,6 +1,6 @@
 """FedOT's offline reproduction (FedOT spec §9), through raysim's own sweeps.
 
-The grid of §9.2: {affine, colour} × {τ = 1, τ = 5 with rounds/5} × methods × 3 seeds on
+The grid of §9.2: {affine, colour} × {τ = 1, τ = 5 with rounds/5} × methods × 5 seeds on
 sklearn's digits (n = 50 clients, m = 30, the other 297 images as every client's test pool seen
 through its own shift). Methods: FedOT (λ > 0), the FedOT λ = 0 ablation, FedAvg, L-FedAvg (100
 fine-tuning steps, and the paper's 500), FedMI (output space, α = 0.5), Fed-FOMAML (α = β = 0.05,
@@ -10,7 +10,7 @@ a child run per seed).
 
 Then §9.4's extension (``fm-mini.yaml``): FedOT (as §9.4 writes it, and with its potentials
 reading the embeddings in units of the table's std), its λ = 0 ablation, FedAvg and Local-only
-with LoRA on a frozen LLaMA built from a config, under per-client embedding shifts, 3 seeds
+with LoRA on a frozen LLaMA built from a config, under per-client embedding shifts, 5 seeds
 (``fm/*``).
 
 Results go to ``--results`` (``examples/fedot/results.json``, committed) after each cell: the

@@ -205,8 +205,9 @@ def markdown(results: dict, previous: str = "") -> str:
     by = {name: f["rows"] for name, f in results["foundations"].items()}
     checks = nested_claims(by)
     gaps = gate_gaps(by)
-    wall = sum(f["wall_s"] for f in results["foundations"].values())
-    cpus = sorted({f["foundation"]["cpu"] for f in results["foundations"].values()})
+    foundations = results["foundations"].values()
+    wall = sum(f["wall_s"] for f in foundations)
+    cpus = sorted({f["foundation"]["cpu"] for f in foundations})
     current = {t.split(".")[0].split(":")[0].strip(): v for t, v, _ in checks if v != "report"}
     old = previous_verdicts(previous)
     moved = [k for k, v in current.items() if k in old and _kind(old[k]) != _kind(v)]
@@ -220,9 +221,8 @@ def markdown(results: dict, previous: str = "") -> str:
         *(changed or ["- none (a claim void before is void again; its row says why)"]),
     ]
     cfg = yaml.safe_load(CONFIG.read_text())
-    foundations = results["foundations"].values()
     seeds = next(iter(foundations))["seeds"]
-    runs = sum(len(rows) for f in results["foundations"].values() for rows in f["rows"].values())
+    runs = sum(len(rows) for f in foundations for rows in f["rows"].values())
     lines = [
         "# FedOA qualitative mini reproduction (FedOA spec §7.1, tier T2)",
         "",

@@ -148,6 +148,12 @@ class Report:
         pick = lambda rows: [next(r["accuracy"] for r in rows if r["seed"] == k) for k in seeds]  # noqa: E731
         return Paired.of(pick(x), pick(y), margin=margin / 100)
 
+    def tried(self, label: str) -> int:
+        """How many seeds a cell ran: its table's rows, or, where every run diverged, the seeds
+        ``reproduce.py`` recorded (its ``Diverged`` lines in reports before it did)."""
+        cell = self.results.get(label, {})
+        return len(cell.get("table") or cell.get("seeds", cell.get("diverged", [])))
+
     def machine(self, label: str) -> str:
         return self.results.get(label, {}).get("machine", "machine not recorded")
 
@@ -178,10 +184,9 @@ class Report:
 
         def compared(name: str, a: str, b: str, margin: float, what: str, extra: str = ""):
             stopped = self.results.get(a, {}).get("diverged", [])
-            tried = len(self.results.get(a, {}).get("seeds", stopped))
             if not len(self.scores(a)) and self.collapsed(a):  # no run of a reached its end
                 return line(name, "not held", f"{what}: every run of {a} collapsed and the "
-                            f"dual guard stopped it ({len(stopped)} of {tried} seeds; "
+                            f"dual guard stopped it ({len(stopped)} of {self.tried(a)} seeds; "
                             f"{stopped[0].split(';')[0]})")  # fmt: skip
             if min(len(self.scores(a)), len(self.scores(b))) < 2:
                 return line(name, "", "", a, b)
@@ -250,7 +255,7 @@ class Report:
         }
         new = {m[1]: m[2] for m in map(CRITERION.match, criteria) if m}
         machines = {self.machine(label) for label in self.results}
-        seeds = {len(c.get("table") or c.get("seeds", [])) for c in self.results.values()}
+        seeds = {self.tried(label) for label in self.results}
         where = (
             f"; and every cell ran on one machine ({machines.pop()}) on {seeds.pop()} seeds"
             if len(machines) == 1 and len(seeds) == 1
@@ -336,8 +341,8 @@ class Report:
         for m, about in settings.items():
             label = f"{shift}/{tau}/{m}"
             said = self.results.get(label, {}).get("diverged", [])
-            done, tried = len(self.scores(label)), len(self.results.get(label, {}).get("seeds", []))
-            ran = f"{done} of {tried}" if tried > done else f"{done}"  # tried: every run stopped
+            done, tried = len(self.scores(label)), self.tried(label)
+            ran = f"{done} of {tried}" if tried > done else f"{done}"
             lines.append(f"| {about} | {self.cell(label)} | {ran} | {said[0] if said else '—'} |")
         fedavg, against = f"{shift}/{tau}/fedavg", []
         for m, about in settings.items():

@@ -20,7 +20,7 @@ def _digest(records, *extra):
     )  # fmt: skip
 
 
-@pytest.mark.matrix  # suite time: two pre-trainings in fresh processes, about 70 s on 2 vCPUs
+@pytest.mark.matrix  # suite time: three short pre-trainings in fresh processes, about 40 s on 2 vCPUs
 def test_the_digest_is_recorded_then_compared_and_a_difference_fails(tmp_path):
     records = tmp_path / "digests.json"
     first = _digest(records, "--record")
@@ -37,3 +37,17 @@ def test_the_digest_is_recorded_then_compared_and_a_difference_fails(tmp_path):
     assert f"vs {mine['cpu']} (same CPU kind" in second.stdout
     assert ": same" in second.stdout
     assert "vs Another CPU (another CPU kind" in second.stdout and "DIFFERS" in second.stdout
+    # posing as an older CPU (glibc told of no AVX or FMA, MKL held to SSE4.2): portable kernels
+    # give this CPU's own bits, and the pose is checked to have taken
+    records.write_text(json.dumps({"steps=2 seed=0 kernels=portable": [mine]}))
+    older = _digest(records, "--as-older-cpu")
+    assert older.returncode == 0, older.stdout + older.stderr[-2000:]
+    assert "foundation_digest.glibc_masked=yes" in older.stdout
+    assert f"vs {mine['cpu']} (same CPU kind" in older.stdout and ": same" in older.stdout
+
+
+def test_a_digest_made_posing_as_an_older_cpu_is_never_recorded(tmp_path):
+    records = tmp_path / "digests.json"
+    refused = _digest(records, "--as-older-cpu", "--record")
+    assert refused.returncode == 2 and "never recorded" in refused.stderr
+    assert not records.exists()

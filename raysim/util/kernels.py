@@ -6,7 +6,8 @@ their own order, and thousands of optimiser steps carry that into other weights:
 and seeds pre-train a different foundation on another machine. Pinned, ATen runs its default
 (non-AVX) kernels, MKL its conditional-numerical-reproducibility path, oneDNN its SSE4.1 code
 and torch one thread; slower, and meant to give the same bits on every x86 CPU those libraries
-support (checked on one CPU kind so far: ``benchmarks/foundation_digest.py`` compares another).
+support (checked on one CPU kind so far, also posing as an older one without AVX or FMA:
+``benchmarks/foundation_digest.py`` compares another).
 """
 
 from __future__ import annotations

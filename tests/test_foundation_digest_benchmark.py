@@ -20,7 +20,7 @@ def _digest(records, *extra):
     )  # fmt: skip
 
 
-@pytest.mark.matrix  # suite time: three short pre-trainings in fresh processes, about 40 s on 2 vCPUs
+@pytest.mark.matrix  # suite time: three pre-trainings in fresh processes, about 40 s on 2 vCPUs
 def test_the_digest_is_recorded_then_compared_and_a_difference_fails(tmp_path):
     records = tmp_path / "digests.json"
     first = _digest(records, "--record")

@@ -50,6 +50,10 @@ ELSEWHERE = {
     "python examples/fedoa/report.py --results runs/fedoa/results.json --curves": "after the "
     "runs (its curves from their MLflow store); tests/test_foundation.py writes a report from "
     "made-up results, tests/test_reports.py the committed one",
+    "python examples/feddle/report.py --out examples/feddle": "tests/test_reports.py (the "
+    "committed report, byte for byte)",
+    "python examples/fedbaf/report.py --out examples/fedbaf": "tests/test_reports.py (the "
+    "committed report, byte for byte)",
     "raysim tune examples/tune-async.yaml": "a 12-trial sweep; tests/test_tune.py runs a sweep",
     "raysim pretrain digits --out foundations/digits": "tests/test_fedbaf_data.py (the CLI, "
     "fewer epochs)",

@@ -38,3 +38,16 @@ def test_the_committed_report_is_regenerated_from_the_committed_results(paper, t
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
     assert (tmp_path / "RESULTS.md").read_text() == committed.read_text()
+
+
+@pytest.mark.parametrize("paper", ["feddle", "fedbaf"])
+def test_a_report_without_results_says_where_they_are_in_one_line(paper, tmp_path):
+    """Run bare on a fresh clone, the report looks for reproduce.py's results (``runs/``), which
+    are not there: one line naming them and the committed ones, not a traceback."""
+    res = subprocess.run(
+        [sys.executable, f"examples/{paper}/report.py", "--out", str(tmp_path / "none")],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert "no results.json in" in res.stderr and f"--out examples/{paper}" in res.stderr
+    assert not (tmp_path / "none").exists()

@@ -730,6 +730,11 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("runs/fedbaf-mini"))
     ap.add_argument("--write", type=Path, default=None, help="write RESULTS.md and the plot here")
     args = ap.parse_args()
+    if not (args.out / "results.json").is_file():  # one line, not a traceback
+        ap.error(
+            f"no results.json in {args.out}: run reproduce.py --out {args.out} first, or pass "
+            "--out examples/fedbaf to remake the report from the committed results"
+        )
     dest = args.write or args.out
     old = dest / "RESULTS.md"
     report = Report(args.out, old.read_text() if old.is_file() else "")

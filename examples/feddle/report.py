@@ -597,6 +597,11 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("runs/feddle-mini"))
     ap.add_argument("--write", type=Path, default=Path(__file__).parent)
     args = ap.parse_args()
+    if not (args.out / "results.json").is_file():  # one line, not a traceback
+        ap.error(
+            f"no results.json in {args.out}: run reproduce.py --out {args.out} first, or pass "
+            "--out examples/feddle to remake the report from the committed results"
+        )
     old = args.write / "RESULTS.md"
     report = Report(args.out, old.read_text() if old.is_file() else "")
     plot = "results-curves.png"

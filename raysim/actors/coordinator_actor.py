@@ -40,6 +40,10 @@ OPENING_S = 10.0
 PLAN_FILE = "plan.json"
 
 
+class RunStopped(RuntimeError):
+    """``Coordinator.stop`` came before the run's MLflow run was begun: none is made."""
+
+
 class Coordinator:
     """Owns the run; the single MLflow writer. Wrapped with ``ray.remote`` by the driver, or
     built in the driver's own process (a Tune trial's, or a run without Ray,
@@ -88,6 +92,8 @@ class Coordinator:
         self._saving = threading.Lock()  # held while a checkpoint is written
         self._opened: list[Tracker] = []  # MLflow runs this actor opened, for ``stop``
         self._opening_lock = threading.Lock()  # ``stop`` sees each run opened, or it sees stop
+        #: set once the MLflow run being made exists and ``stop`` can see it (None: none begun)
+        self._made: threading.Event | None = None
         self.pool: RayWorkerPool | InProcessExecutor | None = None
         self.tracker: Tracker | None = None
         self._tracking: Future[Tracker] | None = None  # the new run's, made in a thread
@@ -222,12 +228,35 @@ class Coordinator:
         session: str | None,
         resume: dict[str, Any] | None = None,
     ) -> Tracker:
-        """The run's MLflow run: a new one with its params, tags and config, or ``resume``'s."""
+        """The run's MLflow run: a new one with its params, tags and config, or ``resume``'s;
+        ``RunStopped`` where ``stop`` came first."""
+        if self._opening is not None:
+            self._opening.join()
+        with self._opening_lock:  # a run stopped before its MLflow run was begun makes none
+            if self._stopping.is_set():
+                raise RunStopped("stopped before its MLflow run was made")
+            self._made = made = threading.Event()  # ``stop`` waits for this one
+        try:
+            tracker = self._make_tracker(cfg, method, tracking_uri, session, resume)
+            with self._opening_lock:
+                if self._stopping.is_set():  # stopped while it was made: ``stop`` waits
+                    tracker.fail("KILLED")
+                self._opened.append(tracker)
+        finally:
+            made.set()
+        return tracker
+
+    def _make_tracker(
+        self,
+        cfg: RunConfig,
+        method: Any,
+        tracking_uri: str,
+        session: str | None,
+        resume: dict[str, Any] | None,
+    ) -> Tracker:
         from raysim.config import flatten
         from raysim.security.policy import audit_tags
 
-        if self._opening is not None:
-            self._opening.join()
         args = {
             "experiment": cfg.tracking.experiment,
             "run_name": cfg.run_name(),
@@ -247,10 +276,6 @@ class Coordinator:
         tracker = self._writer.open(**args) if self._writer else Tracker(tracking_uri, **args)
         if resume is None:
             tracker.log_config(cfg.to_dict())
-        with self._opening_lock:
-            if self._stopping.is_set():  # stopped while it opened: ``stop`` did not see it
-                tracker.fail("KILLED")
-            self._opened.append(tracker)
         return tracker
 
     def _abandon_tracking(self, error: str) -> None:
@@ -413,10 +438,12 @@ class Coordinator:
         newest checkpoint resumes at; the driver then ends this actor and its workers."""
         with self._opening_lock:
             self._stopping.set()
-        making = self._tracking  # a new run being made in a thread (set-up): it marks itself
-        if making is not None:  # KILLED once made (``_new_tracker``); wait for that, or the
-            with contextlib.suppress(Exception):  # driver ends this actor and it stays RUNNING
-                making.result(timeout=OPENING_S)
+            made = self._made
+        # an MLflow run being made (set-up, in a thread or not) is marked KILLED once it exists
+        # (``_new_tracker``): wait for that, or the driver ends this actor and it stays RUNNING.
+        # One not begun yet (the store still opening, ~2 s) is never made: nothing to wait for
+        if made is not None:
+            made.wait(timeout=OPENING_S)
         with self._opening_lock:
             opened = list(self._opened)
         with self._saving:

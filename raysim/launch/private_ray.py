@@ -161,12 +161,19 @@ PRIVATE_RAY_ENV = {
     "RAY_raylet_client_num_connect_attempts": "100",
 }
 
+#: Ray settings of the driver's own Ray core, with any Ray (a user's own environment wins): a
+#: signal (Ctrl-C, SIGTERM) reaches Python within 0.1 s of a blocking ``ray.get`` instead of
+#: Ray's 1 s, the look between waits for the objects (a stop during start-up took up to 1 s
+#: longer: the driver waits on the coordinator's set-up then). A private Ray's processes inherit
+#: it; a named cluster's do not.
+DRIVER_RAY_ENV = {"RAY_get_check_signal_interval_milliseconds": "100"}
+
 
 @contextlib.contextmanager
 def private_ray_params(local: bool) -> Iterator[None]:
     """Start-up settings for a private Ray that ``ray.init`` does not expose: the environment
     of ``PRIVATE_RAY_ENV``, three of Ray's node parameters, and its API server started beside the
-    rest (``_api_server_beside``):
+    rest (``_api_server_beside``); with any Ray, the driver's ``DRIVER_RAY_ENV``:
 
     - the node's address is loopback (``LOOPBACK``): Ray binds its GCS, raylet, workers and
       agents to the node's address, which ``ray.init`` otherwise sets to the LAN address even
@@ -199,6 +206,8 @@ def private_ray_params(local: bool) -> Iterator[None]:
     starting: list[threading.Thread] = []
     with contextlib.ExitStack() as stack:
         stack.enter_context(_driver_without_crash_handler())
+        driver = {k: v for k, v in DRIVER_RAY_ENV.items() if k not in os.environ}
+        stack.enter_context(mock.patch.dict(os.environ, driver))
         if local:
             env = {k: v for k, v in PRIVATE_RAY_ENV.items() if k not in os.environ}
             stack.enter_context(mock.patch.dict(os.environ, env))

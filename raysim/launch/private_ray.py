@@ -206,11 +206,10 @@ def private_ray_params(local: bool) -> Iterator[None]:
     starting: list[threading.Thread] = []
     with contextlib.ExitStack() as stack:
         stack.enter_context(_driver_without_crash_handler())
-        driver = {k: v for k, v in DRIVER_RAY_ENV.items() if k not in os.environ}
-        stack.enter_context(mock.patch.dict(os.environ, driver))
+        wanted = {**DRIVER_RAY_ENV, **(PRIVATE_RAY_ENV if local else {})}
+        env = {k: v for k, v in wanted.items() if k not in os.environ}
+        stack.enter_context(mock.patch.dict(os.environ, env))
         if local:
-            env = {k: v for k, v in PRIVATE_RAY_ENV.items() if k not in os.environ}
-            stack.enter_context(mock.patch.dict(os.environ, env))
             if base is not None:
                 stack.enter_context(mock.patch.object(parameter, "RayParams", PrivateRayParams))
             popen = _own_session_popen(services)
